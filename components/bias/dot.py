@@ -1,0 +1,26 @@
+"""Dot-product bias: Hebbian memories (linear attention, RetNet, DLA)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import sympy as sp
+import torch
+
+from miras.components.base import Bias
+from miras.symbols import ChannelSum, v, y
+
+
+class DotBias(Bias):
+    """Dot-product similarity: reward predictions aligned with the value.
+
+    Equation: L(M(k), v) = -<M(k), v>   (MIRAS eq. 6; its gradient gives the Hebbian update)
+    """
+
+    kind: Literal["dot"] = "dot"
+
+    def expression(self) -> sp.Expr:
+        return ChannelSum(-y * v)
+
+    def reference_loss(self, y, v, **scalars) -> torch.Tensor:
+        return -(y * v).sum(-1)

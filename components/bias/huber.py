@@ -1,0 +1,31 @@
+"""Huber bias (Yaad)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import sympy as sp
+import torch
+
+from miras.components.base import POSITIVE, Bias, Range, gate_or
+from miras.symbols import ChannelSum, e, gate_symbol
+
+
+class HuberBias(Bias):
+    """Huber loss: squared error for small errors, absolute error past the threshold delta.
+
+    Equation: L = sum_j { 1/2 e_j^2 if |e_j| <= delta_t; delta_t (|e_j| - delta_t / 2) otherwise }   (MIRAS eq. 12, Yaad)
+    """
+
+    kind: Literal["huber"] = "huber"
+    delta: gate_or(POSITIVE) = "gate"
+    gateable: ClassVar[dict[str, Range]] = {"delta": POSITIVE}
+
+    def expression(self) -> sp.Expr:
+        d = gate_symbol("delta")
+        return ChannelSum(sp.Piecewise((e**2 / 2, sp.Abs(e) <= d), (d * (sp.Abs(e) - d / 2), True)))
+
+    def reference_loss(self, y, v, delta=None, **scalars) -> torch.Tensor:
+        d = self.delta if delta is None else delta
+        err = (y - v).abs()
+        return torch.where(err <= d, 0.5 * err**2, d * (err - 0.5 * d)).sum(-1)

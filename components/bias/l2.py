@@ -1,0 +1,26 @@
+"""Squared-error bias: the delta rule (DeltaNet, Titans)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import sympy as sp
+import torch
+
+from miras.components.base import Bias
+from miras.symbols import ChannelSum, e
+
+
+class L2Bias(Bias):
+    """l2 regression: half the squared error between prediction and value.
+
+    Equation: L(M(k), v) = 1/2 ||M(k) - v||_2^2   (MIRAS eq. 7; the delta rule)
+    """
+
+    kind: Literal["l2"] = "l2"
+
+    def expression(self) -> sp.Expr:
+        return ChannelSum(e**2 / 2)
+
+    def reference_loss(self, y, v, **scalars) -> torch.Tensor:
+        return 0.5 * ((y - v) ** 2).sum(-1)

@@ -1,0 +1,35 @@
+"""Robust (value-shift) bias."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import sympy as sp
+import torch
+
+from miras.components.base import POSITIVE, Bias, Range, gate_or
+from miras.formula import NORM_EPS
+from miras.symbols import ChannelSum, e, gate_symbol
+
+
+class RobustBias(Bias):
+    """Robust to a value shift of radius Delta: the worst case of l2 over ||delta v|| <= Delta.
+
+    Equation: L = 1/2 ||e||^2 + Delta ||e|| + 1/2 Delta^2, e = M(k) - v   (MIRAS eq. 13; ||e|| ~ sqrt(||e||^2 + 1e-12))
+    """
+
+    kind: Literal["robust"] = "robust"
+    radius: gate_or(POSITIVE) = 0.1
+    gateable: ClassVar[dict[str, Range]] = {"radius": POSITIVE}
+
+    def expression(self) -> sp.Expr:
+        r = gate_symbol("radius")
+        sq = ChannelSum(e**2)
+        return sq / 2 + r * sp.sqrt(sq + NORM_EPS) + r**2 / 2
+
+    def reference_loss(self, y, v, radius=None, **scalars) -> torch.Tensor:
+        r = self.radius if radius is None else radius
+        if torch.is_tensor(r) and r.dim() > 0:
+            r = r.squeeze(-1)  # a scalar per vector: [..., 1] -> [...]
+        sq = ((y - v) ** 2).sum(-1)
+        return 0.5 * sq + r * torch.sqrt(sq + float(NORM_EPS)) + 0.5 * r**2

@@ -1,0 +1,42 @@
+"""Polynomial feature map with learnable coefficients (ATLAS, OmegaNet)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import sympy as sp
+import torch
+
+from miras.components.base import FeatureMap, Range, number
+from miras.symbols import x
+
+
+class PolynomialMap(FeatureMap):
+    """Elementwise polynomial of degree p whose coefficients are learned (ATLAS's input gating).
+
+    Equation: phi(x) = sum_{i=1..p} a_i x^i, a_i initialized to 1/i!   (ATLAS eq. 21)
+    """
+
+    kind: Literal["polynomial"] = "polynomial"
+    degree: number(Range(1, 8, lo_closed=True, hi_closed=True), integer=True) = 2
+    learnable: bool = True
+
+    def output_dim(self, d: int) -> int:
+        return d
+
+    def coefficient_symbols(self) -> list[sp.Symbol]:
+        return [sp.Symbol(f"a{i}", real=True) for i in range(1, self.degree + 1)]
+
+    def expression(self) -> sp.Expr:
+        return sum(a * x**i for i, a in enumerate(self.coefficient_symbols(), start=1))
+
+    def initial_coefficients(self) -> torch.Tensor:
+        """[degree]: a_i = 1/i!, the Taylor coefficients of exp(x) - 1."""
+        return torch.tensor([1 / math.factorial(i) for i in range(1, self.degree + 1)])
+
+    def apply(self, x: torch.Tensor, coefficients: torch.Tensor | None = None) -> torch.Tensor:
+        """`x`: [..., D]; `coefficients`: [degree] (defaults to the initial ones)."""
+        a = self.initial_coefficients() if coefficients is None else coefficients
+        a = a.to(x.dtype)
+        return sum(a[i - 1] * x**i for i in range(1, self.degree + 1))

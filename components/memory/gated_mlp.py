@@ -1,0 +1,24 @@
+"""Gated MLP memory (Atlas++)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from miras.components.base import POSITIVE, Memory, number
+from miras.components.memory.mlp import Activation
+
+
+class GatedMLPMemory(Memory):
+    """A gated MLP (SwiGLU-like) whose weights are the memory (ATLAS, Atlas++).
+
+    Equation: M(x) = W_1 (act(W_2 x) * W_3 x)
+    """
+
+    kind: Literal["gated_mlp"] = "gated_mlp"
+    expansion: number(POSITIVE) = 4.0
+    activation: Activation = "silu"
+
+    def parameter_shapes(self, d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
+        hidden = max(1, math.ceil(self.expansion * d_in))
+        return {"W1": (d_out, hidden), "W2": (hidden, d_in), "W3": (hidden, d_in)}

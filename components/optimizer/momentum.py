@@ -1,0 +1,32 @@
+"""Momentum: Titans' surprise with its decay."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+
+from miras.components.base import HALF_OPEN_UNIT, POSITIVE, Optimizer, Range, gate_or
+
+
+class Momentum(Optimizer):
+    """Momentum over the inner gradient: the past surprise decays by theta_t (Titans eq. 10).
+
+    Equation: s_t = theta_t s_{t-1} + b_t g_t,  u_t = s_t
+    """
+
+    kind: Literal["momentum"] = "momentum"
+    lr: gate_or(POSITIVE) = "gate"
+    momentum: gate_or(HALF_OPEN_UNIT) = "gate"
+    gateable: ClassVar[dict[str, Range]] = {"lr": POSITIVE, "momentum": HALF_OPEN_UNIT}
+
+    def update(
+        self,
+        grad: torch.Tensor,
+        state: torch.Tensor | None,
+        lr: torch.Tensor,
+        momentum: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`grad`, `state`: [..., *param]. Returns (u_t, s_t)."""
+        s = lr * grad if state is None else momentum * state + lr * grad
+        return s, s

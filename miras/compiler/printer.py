@@ -1,0 +1,182 @@
+"""`TorchPrinter`: sympy expressions to torch source, strict.
+
+Every construct the printer knows has a `_print_<Class>` method or an entry in `FUNCTIONS`;
+anything else raises `UnsupportedExpression`, so no half-printed code is ever emitted.
+Arguments of emitted functions are tensors that broadcast together; numbers are literals.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+from sympy.printing.printer import Printer
+
+from miras.symbols import ChannelSum, sigmoid, soft_threshold, softplus
+
+
+class UnsupportedExpression(ValueError):
+    """The printer has no translation for a sympy construct."""
+
+
+class TorchPrinter(Printer):
+    printmethod = "_torchcode"
+
+    # sympy function class -> torch function name, for one-argument functions.
+    FUNCTIONS: dict[type, str] = {
+        sp.exp: "torch.exp",
+        sp.log: "torch.log",
+        sp.Abs: "torch.abs",
+        sp.sign: "torch.sign",
+        sp.tanh: "torch.tanh",
+        sp.cosh: "torch.cosh",
+        sp.sinh: "torch.sinh",
+        sp.asinh: "torch.asinh",
+        sp.atan: "torch.atan",
+        sp.sin: "torch.sin",
+        sp.cos: "torch.cos",
+        sp.erf: "torch.erf",
+        sigmoid: "torch.sigmoid",
+        softplus: "torch.nn.functional.softplus",
+    }
+
+    def doprint(self, expr) -> str:  # type: ignore[override]
+        return self._print(sp.sympify(expr))
+
+    def _print(self, expr, **kwargs) -> str:
+        if isinstance(expr, sp.Expr) and expr.is_number and not isinstance(expr, sp.Symbol):
+            return self._number(expr)
+        if isinstance(expr, sp.Function) and type(expr) in self.FUNCTIONS:
+            return f"{self.FUNCTIONS[type(expr)]}({self._print(expr.args[0])})"
+        return super()._print(expr, **kwargs)
+
+    def emptyPrinter(self, expr):
+        raise UnsupportedExpression(
+            f"the torch printer does not support {type(expr).__name__}: {expr}"
+        )
+
+    # Atoms ---------------------------------------------------------------------------------
+    def _number(self, expr: sp.Expr) -> str:
+        value = complex(expr.evalf(17))
+        if value.imag != 0:
+            raise UnsupportedExpression(f"complex constant {expr}")
+        if expr.is_Integer:
+            return str(int(expr))
+        return repr(float(value.real))
+
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return expr.name
+
+    def _print_BooleanTrue(self, expr) -> str:
+        return "True"
+
+    # Arithmetic ----------------------------------------------------------------------------
+    def _print_Add(self, expr: sp.Add) -> str:
+        terms = list(sp.Add.make_args(expr))
+        out = self._print(terms[0])
+        for term in terms[1:]:
+            coeff, rest = term.as_coeff_Mul()
+            if coeff.is_negative:
+                out += " - " + self._factor(-term)
+            else:
+                out += " + " + self._factor(term)
+        return f"({out})"
+
+    def _factor(self, expr: sp.Expr) -> str:
+        # Composite printers parenthesize their own output, so a factor needs no more.
+        return self._print(expr)
+
+    def _print_Mul(self, expr: sp.Mul) -> str:
+        coeff, rest = expr.as_coeff_Mul()
+        if coeff == -1:
+            return f"(-{self._factor(rest)})"
+        numer, denom = [], []
+        for factor in sp.Mul.make_args(expr):
+            if factor.is_Pow and factor.exp.is_number and factor.exp.is_negative:
+                denom.append(factor.base ** (-factor.exp))
+            elif factor.is_Rational and factor.q != 1 and factor.p == 1:
+                denom.append(sp.Integer(factor.q))
+            else:
+                numer.append(factor)
+        text = "*".join(self._factor(f) for f in numer) if numer else "1"
+        for f in denom:
+            text += "/" + self._factor(f)
+        return f"({text})"
+
+    def _print_Pow(self, expr: sp.Pow) -> str:
+        base, exp = expr.base, expr.exp
+        if exp == sp.Rational(1, 2):
+            return f"torch.sqrt({self._print(base)})"
+        if exp == -sp.Rational(1, 2):
+            return f"torch.rsqrt({self._print(base)})"
+        if exp == -1:
+            return f"(1/{self._factor(base)})"
+        if exp.is_number and exp.is_negative:
+            return f"(1/{self._factor(base)}**{self._print(-exp)})"
+        return f"({self._factor(base)}**{self._factor(exp)})"
+
+    # Comparisons and branches ----------------------------------------------------------------
+    def _relational(self, expr, op: str) -> str:
+        return f"({self._print(expr.lhs)} {op} {self._print(expr.rhs)})"
+
+    def _print_StrictLessThan(self, expr) -> str:
+        return self._relational(expr, "<")
+
+    def _print_LessThan(self, expr) -> str:
+        return self._relational(expr, "<=")
+
+    def _print_StrictGreaterThan(self, expr) -> str:
+        return self._relational(expr, ">")
+
+    def _print_GreaterThan(self, expr) -> str:
+        return self._relational(expr, ">=")
+
+    def _print_And(self, expr) -> str:
+        args = [self._print(a) for a in expr.args]
+        out = args[0]
+        for a in args[1:]:
+            out = f"torch.logical_and({out}, {a})"
+        return out
+
+    def _print_Or(self, expr) -> str:
+        args = [self._print(a) for a in expr.args]
+        out = args[0]
+        for a in args[1:]:
+            out = f"torch.logical_or({out}, {a})"
+        return out
+
+    def _print_Piecewise(self, expr: sp.Piecewise) -> str:
+        *branches, (last_value, last_cond) = expr.args
+        if last_cond is not sp.true:
+            raise UnsupportedExpression(f"Piecewise without a default (True) branch: {expr}")
+        out = self._print(last_value)
+        for value, cond in reversed(branches):
+            out = f"torch.where({self._print(cond)}, {self._print(value)}, {out})"
+        return out
+
+    def _minmax(self, expr, fn: str, clamp: str) -> str:
+        numbers = [a for a in expr.args if a.is_number]
+        tensors = [self._print(a) for a in expr.args if not a.is_number]
+        out = tensors[0]
+        for t in tensors[1:]:
+            out = f"torch.{fn}({out}, {t})"
+        for n in numbers:
+            out = f"torch.clamp({out}, {clamp}={self._number(n)})"
+        return out
+
+    def _print_Min(self, expr) -> str:
+        return self._minmax(expr, "minimum", "max")
+
+    def _print_Max(self, expr) -> str:
+        return self._minmax(expr, "maximum", "min")
+
+    # miras functions -----------------------------------------------------------------------
+    def _print_soft_threshold(self, expr: soft_threshold) -> str:
+        z, t = (self._print(a) for a in expr.args)
+        return f"(torch.sign({z})*torch.clamp(torch.abs({z}) - {t}, min=0))"
+
+    def _print_ChannelSum(self, expr: ChannelSum) -> str:
+        return f"{self._factor(expr.args[0])}.sum(dim=-1, keepdim=True)"
+
+
+def torch_code(expr: sp.Expr) -> str:
+    """The torch source of one expression."""
+    return TorchPrinter().doprint(expr)

@@ -1,0 +1,38 @@
+"""Errors that name what is wrong and what is allowed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class FormulaError(ValueError):
+    """A formula in a spec is malformed or uses something outside the whitelist."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec: where it is (a dotted field path) and what to do."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class SpecError(ValueError):
+    """Every problem found in one spec, reported at once.
+
+    `source` names the file (or '<dict>', '<yaml text>'); `problems` lists each bad field.
+    """
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source = source
+        self.problems = list(problems)
+        n = len(self.problems)
+        head = f"{source}: {n} problem{'s' if n != 1 else ''} in the spec"
+        super().__init__("\n".join([head, *(f"  - {p}" for p in self.problems)]))
+
+
+class DerivationError(ValueError):
+    """The compiler cannot derive a rule the spec asks for (e.g. F' has no closed-form inverse)."""

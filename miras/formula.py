@@ -1,0 +1,269 @@
+"""A safe parser from formula text (a spec field) to a sympy expression.
+
+The text is parsed by Python's `ast` module into a syntax tree, which is then walked node by
+node against a whitelist: numbers, the symbols the component declares, arithmetic, comparisons
+(inside `where`/`Piecewise`) and the functions in `FUNCTIONS`. Nothing is ever evaluated as
+Python: no `eval`, no `sympify` of the text, no attribute access, no names outside the list.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from collections.abc import Mapping
+
+import sympy as sp
+
+from miras.errors import FormulaError
+from miras.symbols import ChannelSum, sigmoid, softplus
+
+MAX_LENGTH = 2000  # characters of formula text
+MAX_NODES = 400  # syntax-tree nodes
+MAX_EXPONENT = 16  # |n| in x**n, so no formula asks sympy to expand an absurd power
+MAX_LITERAL = 1e12  # |number| allowed as a literal
+NORM_EPS = sp.Rational(1, 10**12)  # norm(e) = sqrt(sum_j e_j^2 + eps): smooth at e = 0
+
+
+def _unary(fn):
+    return lambda args: fn(*args)
+
+
+FUNCTIONS: dict[str, tuple[int, object]] = {
+    # name: (number of arguments, builder from sympy arguments); -1 means two or more.
+    "exp": (1, _unary(sp.exp)),
+    "log": (1, _unary(sp.log)),
+    "log1p": (1, lambda a: sp.log(1 + a[0])),
+    "sqrt": (1, _unary(sp.sqrt)),
+    "abs": (1, _unary(sp.Abs)),
+    "sign": (1, _unary(sp.sign)),
+    "tanh": (1, _unary(sp.tanh)),
+    "cosh": (1, _unary(sp.cosh)),
+    "sinh": (1, _unary(sp.sinh)),
+    "asinh": (1, _unary(sp.asinh)),
+    "atan": (1, _unary(sp.atan)),
+    "sin": (1, _unary(sp.sin)),
+    "cos": (1, _unary(sp.cos)),
+    "erf": (1, _unary(sp.erf)),
+    "sigmoid": (1, _unary(sigmoid)),
+    "softplus": (1, _unary(softplus)),
+    "min": (-1, lambda a: sp.Min(*a)),
+    "max": (-1, lambda a: sp.Max(*a)),
+    "where": (3, lambda a: sp.Piecewise((a[1], a[0]), (a[2], True))),
+}
+# Constructs handled by the walker itself rather than by a builder.
+SPECIAL_FUNCTIONS = ("Piecewise", "sum", "norm")
+CONSTANTS = {"pi": sp.pi}
+
+_BINARY = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
+_COMPARE = {
+    ast.Lt: sp.StrictLessThan,
+    ast.LtE: sp.LessThan,
+    ast.Gt: sp.StrictGreaterThan,
+    ast.GtE: sp.GreaterThan,
+}
+
+
+def allowed_functions(channel_sums: bool = False) -> list[str]:
+    names = [*FUNCTIONS, "Piecewise"]
+    return [*names, "sum", "norm"] if channel_sums else names
+
+
+def parse_formula(
+    text: str,
+    symbols: Mapping[str, sp.Symbol],
+    *,
+    channel_sums: bool = False,
+) -> sp.Expr:
+    """Parse `text` into a sympy expression over `symbols` (name -> sympy symbol).
+
+    `channel_sums` enables `sum(f)` (a sum over the value channels) and `norm(f)` (the smoothed
+    l2 norm over the channels); the attentional bias uses them. Raises `FormulaError` with a
+    message that says what is wrong and what is allowed.
+    """
+    if not isinstance(text, str):
+        raise FormulaError(f"expected formula text, got {type(text).__name__}")
+    if not text.strip():
+        raise FormulaError("the formula is empty")
+    if len(text) > MAX_LENGTH:
+        raise FormulaError(f"the formula is {len(text)} characters long; at most {MAX_LENGTH}")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as err:
+        col = f" at column {err.offset}" if err.offset else ""
+        raise FormulaError(f"syntax error{col}: {err.msg}") from None
+    n_nodes = sum(1 for _ in ast.walk(tree))
+    if n_nodes > MAX_NODES:
+        raise FormulaError(f"the formula has {n_nodes} syntax nodes; at most {MAX_NODES}")
+    return _Walker(symbols, channel_sums).visit(tree.body)
+
+
+class _Walker:
+    def __init__(self, symbols: Mapping[str, sp.Symbol], channel_sums: bool):
+        self.symbols = dict(symbols)
+        self.channel_sums = channel_sums
+        self.inside_sum = False
+
+    def visit(self, node: ast.AST) -> sp.Basic:
+        method = getattr(self, "visit_" + type(node).__name__, None)
+        if method is None:
+            raise FormulaError(f"{_describe(node)} is not allowed in a formula")
+        return method(node)
+
+    def visit_Constant(self, node: ast.Constant) -> sp.Basic:
+        value = node.value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise FormulaError(f"only numbers are allowed as constants, got {value!r}")
+        if abs(value) > MAX_LITERAL:
+            raise FormulaError(f"the number {value!r} is too large (at most {MAX_LITERAL:g})")
+        return sp.Integer(value) if isinstance(value, int) else sp.Float(value)
+
+    def visit_Name(self, node: ast.Name) -> sp.Basic:
+        name = node.id
+        if name.startswith("__"):
+            raise FormulaError(f"the name '{name}' is not allowed")
+        if name in self.symbols:
+            return self.symbols[name]
+        if name in CONSTANTS:
+            return CONSTANTS[name]
+        if name == "True":
+            return sp.true
+        allowed = sorted(self.symbols) + sorted(CONSTANTS)
+        if name in FUNCTIONS or name in SPECIAL_FUNCTIONS:
+            raise FormulaError(f"'{name}' is a function: call it as {name}(...)")
+        raise FormulaError(
+            f"unknown symbol '{name}'; allowed symbols: {', '.join(allowed)}{did_you_mean(name, allowed)}"
+        )
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> sp.Basic:
+        operand = self.visit(node.operand)
+        if isinstance(node.op, ast.USub):
+            return -operand
+        if isinstance(node.op, ast.UAdd):
+            return operand
+        raise FormulaError(f"the operator {type(node.op).__name__} is not allowed")
+
+    def visit_BinOp(self, node: ast.BinOp) -> sp.Basic:
+        if isinstance(node.op, ast.Pow):
+            return self._power(node)
+        if type(node.op) not in _BINARY:
+            raise FormulaError(
+                f"the operator {_OPERATOR_NAMES.get(type(node.op), type(node.op).__name__)} "
+                "is not allowed; use + - * / **"
+            )
+        return _BINARY[type(node.op)](self.visit(node.left), self.visit(node.right))
+
+    def _power(self, node: ast.BinOp) -> sp.Basic:
+        base = self.visit(node.left)
+        exponent = self.visit(node.right)
+        if exponent.is_number:
+            if abs(float(exponent)) > MAX_EXPONENT:
+                raise FormulaError(
+                    f"the exponent {exponent} is too large (at most {MAX_EXPONENT} in absolute value)"
+                )
+        elif base.is_number and abs(float(base)) > 1 and not exponent.free_symbols:
+            raise FormulaError("a constant power tower is not allowed")
+        return base**exponent
+
+    def visit_Compare(self, node: ast.Compare) -> sp.Basic:
+        if len(node.ops) != 1:
+            raise FormulaError("chained comparisons are not allowed; write one comparison")
+        op = type(node.ops[0])
+        if op not in _COMPARE:
+            raise FormulaError("only <, <=, >, >= comparisons are allowed")
+        return _COMPARE[op](self.visit(node.left), self.visit(node.comparators[0]))
+
+    def visit_Tuple(self, node: ast.Tuple) -> sp.Basic:
+        raise FormulaError("a tuple is only allowed as a (value, condition) pair of Piecewise")
+
+    def visit_Call(self, node: ast.Call) -> sp.Basic:
+        if not isinstance(node.func, ast.Name):
+            raise FormulaError(f"{_describe(node.func)} cannot be called; only named functions")
+        name = node.func.id
+        if node.keywords:
+            raise FormulaError(f"{name}() takes no keyword arguments")
+        if name == "Piecewise":
+            return self._piecewise(node)
+        if name in ("sum", "norm"):
+            return self._channel_reduction(name, node)
+        if name not in FUNCTIONS:
+            allowed = allowed_functions(self.channel_sums)
+            raise FormulaError(
+                f"the function '{name}' is not allowed; allowed functions: "
+                f"{', '.join(allowed)}{did_you_mean(name, allowed)}"
+            )
+        arity, build = FUNCTIONS[name]
+        args = [self.visit(a) for a in node.args]
+        if arity == -1 and len(args) < 2:
+            raise FormulaError(f"{name}() takes two or more arguments, got {len(args)}")
+        if arity != -1 and len(args) != arity:
+            raise FormulaError(f"{name}() takes {arity} argument(s), got {len(args)}")
+        return build(args)
+
+    def _piecewise(self, node: ast.Call) -> sp.Basic:
+        pieces = []
+        for arg in node.args:
+            if not (isinstance(arg, ast.Tuple) and len(arg.elts) == 2):
+                raise FormulaError("Piecewise takes (value, condition) pairs")
+            pieces.append((self.visit(arg.elts[0]), self.visit(arg.elts[1])))
+        if not pieces or pieces[-1][1] is not sp.true:
+            raise FormulaError("the last Piecewise pair must have the condition True")
+        return sp.Piecewise(*pieces)
+
+    def _channel_reduction(self, name: str, node: ast.Call) -> sp.Basic:
+        if not self.channel_sums:
+            raise FormulaError(f"{name}() is only allowed in an attentional-bias loss")
+        if self.inside_sum:
+            raise FormulaError(f"{name}() cannot be nested inside sum() or norm()")
+        if len(node.args) != 1:
+            raise FormulaError(f"{name}() takes 1 argument, got {len(node.args)}")
+        self.inside_sum = True
+        try:
+            term = self.visit(node.args[0])
+        finally:
+            self.inside_sum = False
+        if name == "sum":
+            return ChannelSum(term)
+        return sp.sqrt(ChannelSum(term**2) + NORM_EPS)
+
+
+_OPERATOR_NAMES = {
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.MatMult: "@",
+    ast.BitAnd: "&",
+    ast.BitOr: "|",
+    ast.BitXor: "^",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+}
+
+
+def _describe(node: ast.AST) -> str:
+    kinds = {
+        "Attribute": "attribute access",
+        "Subscript": "indexing",
+        "Lambda": "a lambda",
+        "ListComp": "a comprehension",
+        "GeneratorExp": "a generator",
+        "List": "a list",
+        "Dict": "a dict",
+        "BoolOp": "and/or",
+        "IfExp": "an inline if (use where(cond, a, b))",
+        "NamedExpr": "an assignment",
+        "JoinedStr": "an f-string",
+        "Starred": "a starred argument",
+        "Await": "await",
+        "Set": "a set",
+    }
+    return kinds.get(type(node).__name__, type(node).__name__)
+
+
+def did_you_mean(word: str, choices) -> str:
+    """' (did you mean 'x'?)' for a near miss, '' otherwise."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,0 +1,97 @@
+"""The sympy vocabulary shared by components, the formula parser and the printers.
+
+Elementwise symbols stand for one channel of a vector (the bias works on the value dimension,
+a retention on one entry of the memory); `ChannelSum` marks a sum over the value channels.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+# Attentional bias: one channel j of the prediction y = M(phi(k)), the target v and e = y - v.
+e, y, v = sp.symbols("e y v", real=True)
+
+# Retention: one entry of the new memory w, the previous memory w0 and the update u.
+w, w0, u = sp.symbols("w w0 u", real=True)
+
+# Feature map input: one channel of a key or query.
+x = sp.Symbol("x", real=True)
+
+# Learning-Retaining weights before reparameterization into gates (MIRAS eq. for W_t).
+eta, alpha = sp.symbols("eta alpha", positive=True)
+
+
+def gate_symbol(name: str) -> sp.Symbol:
+    """A data-dependent gate or a fixed positive scalar of a component, e.g. `decay`."""
+    return sp.Symbol(name, positive=True)
+
+
+class ChannelSum(sp.Function):
+    """`sum_j f(e_j, y_j, v_j)` over the value channels; the argument is one channel's term."""
+
+    nargs = 1
+
+    def _latex(self, printer):
+        return r"\sum_j \left(" + printer._print(self.args[0]) + r"\right)"
+
+    def _sympystr(self, printer):
+        return "sum_j(" + printer._print(self.args[0]) + ")"
+
+
+class sigmoid(sp.Function):  # noqa: N801 - reads like the math function it is
+    """The logistic function 1 / (1 + exp(-x))."""
+
+    nargs = 1
+
+    def fdiff(self, argindex=1):
+        s = sigmoid(self.args[0])
+        return s * (1 - s)
+
+    def _eval_rewrite_as_exp(self, arg, **kwargs):
+        return 1 / (1 + sp.exp(-arg))
+
+    def _latex(self, printer, exp=None):
+        body = r"\sigma\left(" + printer._print(self.args[0]) + r"\right)"
+        return body if exp is None else body + "^{" + exp + "}"
+
+
+class softplus(sp.Function):  # noqa: N801
+    """log(1 + exp(x)), printed with a numerically stable kernel."""
+
+    nargs = 1
+
+    def fdiff(self, argindex=1):
+        return sigmoid(self.args[0])
+
+    def _eval_rewrite_as_exp(self, arg, **kwargs):
+        return sp.log(1 + sp.exp(arg))
+
+
+class soft_threshold(sp.Function):  # noqa: N801
+    """sign(z) max(|z| - t, 0): the proximal map of t |.| (elastic net)."""
+
+    nargs = 2
+
+    def _eval_rewrite_as_Piecewise(self, z, t, **kwargs):
+        return sp.Piecewise((z - t, z > t), (z + t, z < -t), (0, True))
+
+
+def sigmoid_rewrite(expr: sp.Expr) -> sp.Expr:
+    """Name the logistic function where sympy wrote it out: exp(z)/(exp(z)+1) -> sigmoid(z)."""
+    z = sp.Wild("z")
+
+    def visit(node: sp.Basic) -> sp.Basic:
+        # Top-down, so exp(z)/(exp(z)+1) is seen whole before its denominator is.
+        for pattern, value in (
+            (sp.exp(z) / (sp.exp(z) + 1), sigmoid(z)),
+            (1 / (1 + sp.exp(-z)), sigmoid(z)),
+            (1 / (1 + sp.exp(z)), sigmoid(-z)),
+        ):
+            match = node.match(pattern)
+            if match is not None and z in match:
+                return value.subs(z, visit(match[z]))
+        if not node.args:
+            return node
+        return node.func(*[visit(a) for a in node.args])
+
+    return visit(expr)
