@@ -25,4 +25,4 @@ def max_relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """max |actual - expected| / max(|expected|, 1): relative where values are large, absolute
     where they are near zero (so an exact zero is not divided by)."""
     scale = expected.abs().clamp_min(1.0)
-    return float(((actual - expected).abs() / scale).max())
+    return float(((actual - expected).abs() / scale).max().detach())

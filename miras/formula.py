@@ -116,6 +116,8 @@ class _Walker:
 
     def visit_Constant(self, node: ast.Constant) -> sp.Basic:
         value = node.value
+        if value is True:
+            return sp.true  # the default condition of a Piecewise
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise FormulaError(f"only numbers are allowed as constants, got {value!r}")
         if abs(value) > MAX_LITERAL:
@@ -130,8 +132,6 @@ class _Walker:
             return self.symbols[name]
         if name in CONSTANTS:
             return CONSTANTS[name]
-        if name == "True":
-            return sp.true
         allowed = sorted(self.symbols) + sorted(CONSTANTS)
         if name in FUNCTIONS or name in SPECIAL_FUNCTIONS:
             raise FormulaError(f"'{name}' is a function: call it as {name}(...)")

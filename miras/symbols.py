@@ -38,7 +38,7 @@ class ChannelSum(sp.Function):
         return "sum_j(" + printer._print(self.args[0]) + ")"
 
 
-class sigmoid(sp.Function):  # noqa: N801 - reads like the math function it is
+class sigmoid(sp.Function):
     """The logistic function 1 / (1 + exp(-x))."""
 
     nargs = 1
@@ -55,7 +55,7 @@ class sigmoid(sp.Function):  # noqa: N801 - reads like the math function it is
         return body if exp is None else body + "^{" + exp + "}"
 
 
-class softplus(sp.Function):  # noqa: N801
+class softplus(sp.Function):
     """log(1 + exp(x)), printed with a numerically stable kernel."""
 
     nargs = 1
@@ -67,7 +67,7 @@ class softplus(sp.Function):  # noqa: N801
         return sp.log(1 + sp.exp(arg))
 
 
-class soft_threshold(sp.Function):  # noqa: N801
+class soft_threshold(sp.Function):
     """sign(z) max(|z| - t, 0): the proximal map of t |.| (elastic net)."""
 
     nargs = 2

@@ -6,7 +6,6 @@ import math
 from typing import Literal
 
 import torch
-
 from miras.components.base import FeatureMap
 
 
@@ -26,6 +25,7 @@ class TaylorMap(FeatureMap):
         they carry weight 1 and the diagonal 1/sqrt 2, which keeps the inner product above."""
         d = x.shape[-1]
         rows, cols = torch.triu_indices(d, d, device=x.device)
-        weight = torch.where(rows == cols, 1 / math.sqrt(2), 1.0).to(x.dtype)
+        ones = torch.ones(rows.shape, dtype=x.dtype, device=x.device)
+        weight = torch.where(rows == cols, ones / math.sqrt(2), ones)
         quadratic = x[..., rows] * x[..., cols] * weight
         return torch.cat([torch.ones_like(x[..., :1]), x, quadratic], dim=-1)

@@ -73,7 +73,7 @@ class TorchPrinter(Printer):
         terms = list(sp.Add.make_args(expr))
         out = self._print(terms[0])
         for term in terms[1:]:
-            coeff, rest = term.as_coeff_Mul()
+            coeff, _ = term.as_coeff_Mul()
             if coeff.is_negative:
                 out += " - " + self._factor(-term)
             else:

@@ -1,0 +1,73 @@
+"""The plan pass: state layout, gates and the chunk schedule a spec implies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miras.components.base import POSITIVE, Range
+from miras.spec import Spec
+
+
+@dataclass(frozen=True)
+class GateInfo:
+    name: str
+    component: str  # the spec field it belongs to
+    allowed: Range
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.component}) in {self.allowed}: [B, T, H] or [B, T, H, Dv]"
+
+
+@dataclass(frozen=True)
+class Plan:
+    state: tuple[str, ...]  # named state tensors and their shapes, symbolically
+    gates: tuple[GateInfo, ...]
+    schedule: str
+
+    def text(self) -> str:
+        lines = ["state:", *(f"  {s}" for s in self.state), "gates:"]
+        lines += [f"  {g}" for g in self.gates] or ["  (none)"]
+        lines += ["schedule:", f"  {self.schedule}"]
+        return "\n".join(lines)
+
+
+def _memory_state(spec: Spec) -> list[str]:
+    memory = spec.memory
+    if memory.kind == "nonparametric":
+        window = f"last {memory.window}" if memory.window else "all"
+        return [f"keys and values of the {window} past tokens (a KV cache)"]
+    if memory.kind == "matrix":
+        name = "A (accumulator; W = A/||A||_q^(q-2))" if spec.retention.kind == "lq" else "W"
+        return [f"{name}: [B, H, Dv, Dphi] float32 (float64 for float64 inputs)"]
+    # Nominal widths Dphi = 100, Dv = 1000, so that hidden widths read as factors of Dphi.
+    shapes = memory.parameter_shapes(d_in=100, d_out=1000)
+    return [
+        f"{name}: [B, H, {', '.join(_width(n) for n in shape)}] float32"
+        for name, shape in shapes.items()
+    ]
+
+
+def _width(n: int) -> str:
+    return {100: "Dphi", 1000: "Dv"}.get(n, f"{n / 100:g} Dphi")
+
+
+def make_plan(spec: Spec) -> Plan:
+    state = _memory_state(spec)
+    if spec.optimizer.kind in ("momentum", "muon"):
+        state.append("S (momentum): same shapes as the memory")
+    gates = []
+    for field in ("bias", "retention", "optimizer"):
+        component = getattr(spec, field)
+        for name in component.gates():
+            allowed = component.gateable.get(name, POSITIVE)
+            gates.append(GateInfo(name, field, allowed))
+    if spec.window.gamma == "gate":
+        gates.append(GateInfo("gamma", "window", POSITIVE))
+    if spec.memory.kind == "nonparametric":
+        schedule = "closed form: causal softmax attention (no inner optimization)"
+    else:
+        schedule = (
+            "chunked: inside a chunk of b tokens every gradient is taken at the chunk-start "
+            "state; b = 1 is the exact recurrence"
+        )
+    return Plan(tuple(state), tuple(gates), schedule)
