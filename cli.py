@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from miras.components import CATALOGUE
 from rich.console import Console
 from rich.table import Table
 
 from miras.compiler import compile as compile_spec
+from miras.components import CATALOGUE
 from miras.errors import DerivationError, SpecError
 from miras.spec import load_spec
 

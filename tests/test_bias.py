@@ -7,10 +7,10 @@ so a new bias gets every check by adding one class.
 import pytest
 import sympy as sp
 import torch
-from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, RobustBias
 
 from miras.compiler.bias import check_bias, derive_bias
 from miras.compiler.emit import load_module, module_source
+from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, RobustBias
 from miras.errors import DerivationError
 from miras.symbols import e, gate_symbol, v
 

@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
-from miras.components import CATALOGUE, GD, Momentum, Muon, PolynomialMap, TaylorMap
-from miras.components.optimizer.muon import newton_schulz
 
 from miras.compiler.emit import function_source, load_module, module_source
+from miras.components import CATALOGUE, GD, Momentum, Muon, PolynomialMap, TaylorMap
+from miras.components.optimizer.muon import newton_schulz
 
 
 @pytest.mark.parametrize(

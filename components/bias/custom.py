@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import sympy as sp
-from miras.components.base import POSITIVE, Bias, gate_or
 from pydantic import model_validator
 
+from miras.components.base import POSITIVE, Bias, gate_or
 from miras.formula import parse_formula
 from miras.symbols import ChannelSum, e, gate_symbol, v, y
 

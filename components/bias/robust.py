@@ -6,8 +6,8 @@ from typing import ClassVar, Literal
 
 import sympy as sp
 import torch
-from miras.components.base import POSITIVE, Bias, Range, gate_or
 
+from miras.components.base import POSITIVE, Bias, Range, gate_or
 from miras.formula import NORM_EPS
 from miras.symbols import ChannelSum, e, gate_symbol
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 import sympy as sp
-from miras.components.base import FeatureMap
-from miras.components.bias.custom import check_param_names
 from pydantic import model_validator
 
+from miras.components.base import FeatureMap
+from miras.components.bias.custom import check_param_names
 from miras.formula import parse_formula
 from miras.symbols import x
 

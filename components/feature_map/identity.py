@@ -6,8 +6,8 @@ from typing import Literal
 
 import sympy as sp
 import torch
-from miras.components.base import FeatureMap
 
+from miras.components.base import FeatureMap
 from miras.symbols import x
 
 

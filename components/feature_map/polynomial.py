@@ -7,8 +7,8 @@ from typing import Literal
 
 import sympy as sp
 import torch
-from miras.components.base import FeatureMap, Range, number
 
+from miras.components.base import FeatureMap, Range, number
 from miras.symbols import x
 
 

@@ -6,6 +6,7 @@ import math
 from typing import Literal
 
 import torch
+
 from miras.components.base import FeatureMap
 
 

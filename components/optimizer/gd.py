@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 import torch
+
 from miras.components.base import POSITIVE, Optimizer, Range, gate_or
 
 

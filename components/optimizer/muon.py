@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 import torch
+
 from miras.components.base import HALF_OPEN_UNIT, POSITIVE, Optimizer, Range, gate_or, number
 
 # Coefficients of the quintic Newton-Schulz iteration used by Muon: they push every singular
