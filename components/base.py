@@ -142,8 +142,19 @@ class Retention(Component):
     """Retention gate: the regularizers of MIRAS's Learning-Retaining objective."""
 
     family: ClassVar[str] = "retention"
-    # The previous state must be positive (KL) or inside the potential's domain (Bregman).
-    needs_positive_state: ClassVar[bool] = False
+
+    def objective(self) -> sp.Expr:
+        """One entry of <u, W> + (1/eta) D(W, W_{t-1}) + (1/alpha) G(W), in `miras.symbols`
+        w, w0, u, eta, alpha and the component's gates."""
+        raise NotImplementedError
+
+    def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
+        """eta and alpha as expressions in the gates."""
+        raise NotImplementedError
+
+    def domain(self) -> str:
+        """Where the state lives: "real", "positive" (KL) or "unit_interval" (binary entropy)."""
+        return "real"
 
 
 class Optimizer(Component):

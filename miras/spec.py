@@ -190,13 +190,16 @@ def nonparametric_is_attention(spec: Spec) -> list[Problem]:
 
 
 def positive_state_needs_positive_init(spec: Spec) -> list[Problem]:
-    """KL retention takes log W_{t-1}, so the initial state must be positive."""
-    if spec.retention.needs_positive_state and getattr(spec.memory, "init", None) == "zeros":
+    """KL takes log W_{t-1}, and a Bregman potential with log terms lives on w > 0 or
+    0 < w < 1: the initial state must lie in the retention's domain, which zeros do not."""
+    domain = spec.retention.domain()
+    if domain != "real" and getattr(spec.memory, "init", None) == "zeros":
         return [
             Problem(
                 "memory.init",
-                f"{spec.retention.kind} retention needs a positive initial state: log 0 is -inf; "
-                "use init: uniform or leave init unset",
+                f"{spec.retention.kind} retention needs an initial state in its domain "
+                f"({domain}): zeros are outside it (log 0 is -inf); use init: uniform or leave "
+                "init unset",
             )
         ]
     return []

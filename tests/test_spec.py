@@ -306,8 +306,14 @@ BAD = [
     pytest.param(
         {"memory": {"kind": "matrix", "init": "zeros"}, "retention": "kl"},
         "memory.init",
-        ["positive initial state", "log 0", "uniform"],
+        ["initial state in its domain (positive)", "log 0", "uniform"],
         id="kl-with-zero-init",
+    ),
+    pytest.param(
+        {"memory": {"kind": "matrix", "init": "zeros"}, "retention": "bregman"},
+        "memory.init",
+        ["domain (unit_interval)", "zeros are outside it"],
+        id="binary-entropy-with-zero-init",
     ),
     pytest.param(
         {"memory": "nonparametric", "bias": "huber"},

@@ -4,9 +4,44 @@ from __future__ import annotations
 
 from typing import Literal
 
+import sympy as sp
+from pydantic import field_validator
+from sympy.solvers.inequalities import solve_univariate_inequality
+
 from miras.components.base import Range, Retention, number
+from miras.formula import parse_formula
+from miras.symbols import eta, u, w, w0
 
 BINARY_ENTROPY = "w*log(w) + (1 - w)*log(1 - w)"
+
+# The state domains a potential may have, as intervals of w.
+DOMAINS: dict[str, sp.Set] = {
+    "real": sp.S.Reals,
+    "positive": sp.Interval.open(0, sp.oo),
+    "unit_interval": sp.Interval.open(0, 1),
+}
+
+
+def potential_domain(potential: sp.Expr) -> str:
+    """The domain of F inferred from its terms: every log(g) and non-integer power g**p needs
+    g(w) > 0, and the domain is where all of them hold. It must be one of `DOMAINS`; e.g.
+    log(w) and log(1 - w) (binary entropy) give "unit_interval"."""
+    arguments = [f.args[0] for f in potential.atoms(sp.log)]
+    arguments += [p.base for p in potential.atoms(sp.Pow) if not p.exp.is_integer]
+    domain = sp.S.Reals
+    for g in arguments:
+        if g.has(w):
+            try:
+                domain &= solve_univariate_inequality(g > 0, w, relational=False)
+            except NotImplementedError:
+                raise ValueError(f"cannot tell where {g} > 0 (the domain of F)") from None
+    for name, interval in DOMAINS.items():
+        if domain == interval:
+            return name
+    raise ValueError(
+        f"the domain of F inferred from its log and root terms is {domain}; supported "
+        "domains: all reals, w > 0 (log(w)), 0 < w < 1 (log(w) and log(1 - w))"
+    )
 
 
 class BregmanRetention(Retention):
@@ -20,3 +55,32 @@ class BregmanRetention(Retention):
     # closed_form: sympy must invert F'; newton: if it cannot, a few Newton steps on F'(w) = z.
     solver: Literal["closed_form", "newton"] = "closed_form"
     newton_steps: number(Range(1, 50, lo_closed=True, hi_closed=True), integer=True) = 5
+
+    @field_validator("potential")
+    @classmethod
+    def _parse(cls, text: str) -> str:
+        # A FormulaError is a ValueError: pydantic reports it at `retention.potential`.
+        potential = parse_formula(text, {"w": w})
+        if not potential.has(w):
+            raise ValueError(f"the potential F(w) = {text!r} does not depend on w")
+        potential_domain(potential)  # a ValueError if the domain is not a supported one
+        return text
+
+    def potential_expr(self) -> sp.Expr:
+        """F(w) as a sympy expression."""
+        return parse_formula(self.potential, {"w": w})
+
+    def objective(self) -> sp.Expr:
+        """One entry of <u, W> + (1/eta) D_F(W, W_{t-1}), with the Bregman divergence
+        D_F(w, w0) = F(w) - F(w0) - F'(w0) (w - w0); no G."""
+        F = self.potential_expr()
+        slope = sp.diff(F, w).subs(w, w0)
+        return u * w + (F - F.subs(w, w0) - slope * (w - w0)) / eta
+
+    def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
+        """eta = 1: the step size already lives in u_t (the optimizer's lr gate)."""
+        return {eta: sp.Integer(1)}
+
+    def domain(self) -> str:
+        """Where the state lives: "real", "positive" or "unit_interval" (from F's terms)."""
+        return potential_domain(self.potential_expr())

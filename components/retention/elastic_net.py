@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import sympy as sp
+
 from miras.components.base import POSITIVE, UNIT, Range, Retention, gate_or
+from miras.symbols import alpha, eta, gate_symbol, u, w, w0
 
 
 class ElasticNetRetention(Retention):
@@ -17,3 +20,15 @@ class ElasticNetRetention(Retention):
     decay: gate_or(UNIT) = "gate"
     threshold: gate_or(POSITIVE) = 0.001  # gamma, the l1 weight
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT, "threshold": POSITIVE}
+
+    def objective(self) -> sp.Expr:
+        """One entry of <u, W> + 1/(2 eta) ||W - W_{t-1}||^2 + 1/(2 alpha) ||W||^2
+        + gamma ||W||_1. The l1 weight gamma is the `threshold` itself (not scaled by alpha), so
+        that after the reparameterization the threshold of the soft-thresholding is gamma."""
+        gamma = gate_symbol("threshold")
+        return u * w + (w - w0) ** 2 / (2 * eta) + w**2 / (2 * alpha) + gamma * sp.Abs(w)
+
+    def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
+        """As for l2: 1/eta = a, 1/alpha = 1 - a (the quadratic part has curvature 1)."""
+        a = gate_symbol("decay")
+        return {eta: 1 / a, alpha: 1 / (1 - a)}

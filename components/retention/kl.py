@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import sympy as sp
+
 from miras.components.base import POSITIVE, UNIT, Range, Retention, gate_or, number
+from miras.symbols import alpha, eta, gate_symbol, u, w, w0
 
 
 class KLRetention(Retention):
@@ -17,4 +20,17 @@ class KLRetention(Retention):
     decay: gate_or(UNIT) = "gate"  # a_t = 1 - lambda_t
     scale: number(POSITIVE) = 1.0  # c: the sum of each row
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
-    needs_positive_state: ClassVar[bool] = True
+
+    def objective(self) -> sp.Expr:
+        """One entry of <u, W> + (1/eta) KL(W || W_{t-1}) + (1/alpha) sum W log W (negative
+        entropy), minimized subject to each row of W summing to c (`scale`)."""
+        return u * w + w * sp.log(w / w0) / eta + w * sp.log(w) / alpha
+
+    def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
+        """1/eta = a = 1 - lambda and 1/alpha = 1 - a = lambda (as for l2)."""
+        a = gate_symbol("decay")
+        return {eta: 1 / a, alpha: 1 / (1 - a)}
+
+    def domain(self) -> str:
+        """Where the state lives: "real", "positive" or "unit_interval"."""
+        return "positive"

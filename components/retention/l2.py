@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import sympy as sp
+
 from miras.components.base import UNIT, Range, Retention, gate_or
+from miras.symbols import alpha, eta, gate_symbol, u, w, w0
 
 
 class L2Retention(Retention):
@@ -19,3 +22,13 @@ class L2Retention(Retention):
     # a_t W_{t-1} (the Gated DeltaNet order).
     grad_at: Literal["state", "retained"] = "state"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+
+    def objective(self) -> sp.Expr:
+        """One entry of <u, W> + 1/(2 eta) ||W - W_{t-1}||^2 + 1/(2 alpha) ||W||^2."""
+        return u * w + (w - w0) ** 2 / (2 * eta) + w**2 / (2 * alpha)
+
+    def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
+        """1/eta = a and 1/alpha = 1 - a: the curvature 1/eta + 1/alpha is 1, so u_t enters
+        unscaled and a_t multiplies W_{t-1}. At a = 1 the global term vanishes (1/alpha = 0)."""
+        a = gate_symbol("decay")
+        return {eta: 1 / a, alpha: 1 / (1 - a)}

@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from typing import ClassVar, Literal
 
+import sympy as sp
+
 from miras.components.base import UNIT, Range, Retention, gate_or, number
+from miras.symbols import alpha, eta, gate_symbol, u, w, w0
 
 
 class LqRetention(Retention):
@@ -18,3 +21,13 @@ class LqRetention(Retention):
     q: number(Range(1, math.inf)) = 4.0
     decay: gate_or(UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+
+    def objective(self) -> sp.Expr:
+        """One entry of the accumulator's objective: the l2 retention's, with w an entry of A.
+        The read W = A / ||A||_q^(q-2) (per matrix) is Moneta's declared map, not an argmin."""
+        return u * w + (w - w0) ** 2 / (2 * eta) + w**2 / (2 * alpha)
+
+    def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
+        """As for l2: 1/eta = a, 1/alpha = 1 - a."""
+        a = gate_symbol("decay")
+        return {eta: 1 / a, alpha: 1 / (1 - a)}

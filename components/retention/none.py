@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+import sympy as sp
+
 from miras.components.base import Retention
+from miras.symbols import eta, u, w, w0
 
 
 class NoRetention(Retention):
@@ -14,3 +17,11 @@ class NoRetention(Retention):
     """
 
     kind: Literal["none"] = "none"
+
+    def objective(self) -> sp.Expr:
+        """One entry of <u, W> + (1/eta) D(W, W_{t-1}) with D = 1/2 ||W - W_{t-1}||^2, no G."""
+        return u * w + (w - w0) ** 2 / (2 * eta)
+
+    def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
+        """eta = 1: the step size already lives in u_t (the optimizer's lr gate)."""
+        return {eta: sp.Integer(1)}
