@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from miras.compiler import compile as compile_spec
+from miras.compiler.pipeline import compile as compile_spec
 from miras.components import CATALOGUE
 from miras.errors import DerivationError, SpecError
 from miras.spec import load_spec
@@ -20,8 +20,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 SpecPath = Annotated[Path, typer.Argument(help="A spec YAML file.", show_default=False)]
 

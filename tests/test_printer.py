@@ -55,6 +55,7 @@ d = gate_symbol("delta")
         ),
         (sp.And(e > 0, v > 0), "torch.logical_and((e > 0), (v > 0))"),
         (ChannelSum(e**2), "(e**2).sum(dim=-1, keepdim=True)"),
+        (sp.Heaviside(e), "(e > 0).to(e.dtype)"),
         (
             soft_threshold(w0 - u, d),
             "(torch.sign((w0 - u))*torch.clamp(torch.abs((w0 - u)) - delta, min=0))",

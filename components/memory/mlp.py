@@ -5,9 +5,21 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import sympy as sp
+
 from miras.components.base import POSITIVE, Memory, Range, number
+from miras.symbols import sigmoid, x
 
 Activation = Literal["gelu", "silu", "relu", "tanh"]
+
+# Each activation as a formula in x; the compiler derives and emits its derivative, which the
+# explicit backward of the memory uses.
+ACTIVATIONS: dict[str, sp.Expr] = {
+    "gelu": x * (1 + sp.erf(x / sp.sqrt(2))) / 2,
+    "silu": x * sigmoid(x),
+    "relu": sp.Max(x, 0),
+    "tanh": sp.tanh(x),
+}
 
 
 class MLPMemory(Memory):

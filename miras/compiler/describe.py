@@ -40,7 +40,8 @@ def _scalar(component, name: str) -> str:
 def _step_expr(spec: Spec, rule: RetentionRule) -> sp.Expr:
     """The retention step in W_{t-1} and u_t, fixed values substituted."""
     fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in spec.retention.fixed().items()}
-    return rule.step.subs(fixed).subs({w0: W_prev, u: U_t})
+    per_token = {gate_symbol(n): sp.Symbol(f"{n}_t") for n in spec.retention.gates()}
+    return rule.step.subs(fixed).subs({w0: W_prev, u: U_t, **per_token})
 
 
 def _update_lines(spec: Spec, rule: RetentionRule) -> list[str]:
@@ -61,9 +62,12 @@ def _update_lines(spec: Spec, rule: RetentionRule) -> list[str]:
     c = spec.window.c
     gamma = "gamma_i * " if c > 1 else ""
     window = f"sum_{{i=t-{c - 1}..t}} " if c > 1 else ""
-    lines.append(f"g_t = {window}{gamma}grad_W L(M_{{W_e}}(phi(k_i)), v_i)")
+    i = "i" if c > 1 else "t"
+    lines.append(f"g_t = {window}{gamma}grad_W L(M_{{W_e}}(phi(k_{i})), v_{i})")
     if spec.memory.kind == "matrix":
-        lines.append(f"    = {window}{gamma}dL/dy(W_e phi(k_i), v_i) phi(k_i)^T")
+        lines.append(f"    = {window}{gamma}dL/dy(W_e phi(k_{i}), v_{i}) phi(k_{i})^T")
+    elif spec.memory.kind in ("mlp", "gated_mlp"):
+        lines.append("    (the explicit backward through the MLP: dL/dy, then the layers)")
     if opt.kind == "gd":
         lines.append(f"u_t = {lr} * g_t")
     else:

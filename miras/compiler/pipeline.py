@@ -14,15 +14,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 
+import sympy as sp
+import torch
+
 from miras.check import CheckResult
 from miras.compiler.bias import BiasRule, check_bias, derive_bias
 from miras.compiler.describe import Derivation, describe
-from miras.compiler.emit import load_module, module_source
+from miras.compiler.emit import function_source, load_module, module_source
 from miras.compiler.plan import Plan, make_plan
 from miras.compiler.retention import RetentionRule, check_retention, derive_retention
+from miras.components.memory.mlp import ACTIVATIONS
 from miras.errors import DerivationError
+from miras.runtime import run
+from miras.runtime.core import Runtime
+from miras.runtime.memory import MemoryModel
 from miras.spec import Spec, load_spec
-from miras.symbols import e, gate_symbol, u, v, w0
+from miras.symbols import e, gate_symbol, u, v, w0, x
 
 
 @dataclass
@@ -75,9 +82,26 @@ def plan(c: Compilation) -> str:
     return c.plan.text()
 
 
+def _extra_functions(spec: Spec) -> list[str]:
+    """Activation and its derived derivative (MLP memories), a custom feature map."""
+    functions = []
+    activation = getattr(spec.memory, "activation", None)
+    if activation is not None:
+        f = ACTIVATIONS[activation]
+        functions.append(function_source("activation", ["x"], f, doc=f"{activation}(x)"))
+        derivative = sp.diff(f, x)
+        functions.append(
+            function_source("activation_grad", ["x"], derivative, doc=f"d {activation}/dx")
+        )
+    if spec.feature_map.kind == "custom":
+        functions.append(function_source("feature_map", ["x"], spec.feature_map.expression()))
+    return functions
+
+
 def emit(c: Compilation) -> str:
     header = f"Emitted by miras for spec '{c.spec.name}' ({c.spec.digest()[:12]}). Do not edit."
-    c.source = module_source(header, [c.bias.source, c.retention.source])
+    pieces = [c.bias.source, c.retention.source, *_extra_functions(c.spec)]
+    c.source = module_source(header, pieces)
     c.module = load_module(c.source)
     for name in ("bias_loss", "bias_grad", "retention_step", "retention_read"):
         _invariant(callable(getattr(c.module, name, None)), f"emitted module lacks {name}()")
@@ -114,10 +138,10 @@ def _invariant(ok: bool, message: str) -> None:
 def run_passes(spec: Spec, *, checked: bool = True) -> Compilation:
     c = Compilation(spec)
     debug = os.environ.get("MIRAS_DEBUG", "") not in ("", "0")
-    for name, run in PASSES:
+    for name, run_pass in PASSES:
         if name == "check" and not checked:
             continue
-        report = run(c)
+        report = run_pass(c)
         if debug:
             print(f"=== pass {name} ===\n{report}\n", file=sys.stderr)
     return c
@@ -127,10 +151,16 @@ def run_passes(spec: Spec, *, checked: bool = True) -> Compilation:
 
 
 class MemoryRule:
-    """A compiled spec: the derived pieces, their emitted torch functions and checks.
+    """A compiled spec: derived pieces, their emitted torch functions, checks, and backends.
 
-    `gates` names the per-token inputs the rule takes ([B, T, H] or [B, T, H, Dv], natural
-    space). Backends (recurrent, chunk, triton) are added by the runtime.
+        o, state = rule(q, k, v, gates={"lr": beta, "decay": a}, backend="chunk",
+                        chunk_size=64, initial_state=None, output_final_state=True)
+
+    q, k [B, T, H, Dk]; v [B, T, H, Dv]; `gates` names the per-token inputs in `rule.gates`,
+    each [B, T, H] (per head) or [B, T, H, Dv] (per channel), in natural space (a decay is a
+    factor in (0, 1]). No scaling is applied to q. The state of a matrix memory with gd is a
+    tensor [B, H, Dv, Dphi]; otherwise a dict of named tensors [B, H, out, in] (momentum
+    under "S.<name>"). `params` holds learnable component parameters (`default_params()`).
     """
 
     def __init__(self, compilation: Compilation):
@@ -141,10 +171,33 @@ class MemoryRule:
         self.source: str = compilation.source
         self.functions: ModuleType = compilation.module
         self.checks: list[CheckResult] = compilation.checks
+        module = self.functions
+        memory = MemoryModel(
+            self.spec.memory,
+            activation=getattr(module, "activation", None),
+            activation_grad=getattr(module, "activation_grad", None),
+        )
+        self.runtime = Runtime(self.spec, memory, module)
 
     @property
     def gates(self) -> list[str]:
         return list(self.spec.gates())
+
+    def default_params(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """Initial values of the learnable component parameters (polynomial coefficients)."""
+        fm = self.spec.feature_map
+        if fm.kind == "polynomial":
+            return {"feature_map": fm.initial_coefficients().to(dtype)}
+        return {}
+
+    def initial_state(self, batch: int, heads: int, d_key: int, d_value: int, dtype=torch.float32):
+        """The default initial state for inputs of these sizes (what `initial_state=None` uses)."""
+        d_phi = self.spec.feature_map.output_dim(d_key)
+        state = self.runtime.initial_state(batch, heads, d_phi, d_value, dtype, "cpu")
+        return state["W"] if list(state) == ["W"] else state
+
+    def __call__(self, q, k, v, gates=None, **options):
+        return run(self, q, k, v, gates, **options)
 
     def derivation(self) -> Derivation:
         return describe(self.spec, self.bias, self.retention, self.plan)

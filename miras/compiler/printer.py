@@ -168,6 +168,10 @@ class TorchPrinter(Printer):
     def _print_Max(self, expr) -> str:
         return self._minmax(expr, "maximum", "min")
 
+    def _print_Heaviside(self, expr) -> str:
+        z = self._print(expr.args[0])
+        return f"({z} > 0).to({z}.dtype)"
+
     # miras functions -----------------------------------------------------------------------
     def _print_soft_threshold(self, expr: soft_threshold) -> str:
         z, t = (self._print(a) for a in expr.args)

@@ -1,0 +1,161 @@
+"""Run a compiled rule: input checks, layout, state, and the choice of backend.
+
+    o, state = run(rule, q, k, v, gates, backend="chunk", chunk_size=64)
+
+q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates name -> [B, T, H] or [B, T, H, Dv], natural space.
+The state is float32 (float64 when the inputs are); the output has the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from miras.runtime import attention, chunk, recurrent
+from miras.runtime.core import Runtime, State, Tokens
+from miras.runtime.inputs import check_backend, check_chunk_size, check_gates, check_qkv
+
+if TYPE_CHECKING:
+    from miras.compiler.pipeline import MemoryRule
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _state_in(rt: Runtime, initial_state, default: State) -> State:
+    """The public state (a tensor for a matrix memory with plain gd, else a dict) -> a dict.
+    A state without the window's carried tokens (`window.*`) starts with none of them."""
+    if initial_state is None:
+        return default
+    memory_keys = [k for k in default if not k.startswith("window.")]
+    if isinstance(initial_state, torch.Tensor):
+        if memory_keys != ["W"]:
+            raise ValueError(
+                f"initial_state: this rule's state is a dict with keys {memory_keys}, got a tensor"
+            )
+        initial_state = {"W": initial_state}
+    if not isinstance(initial_state, dict):
+        raise ValueError(f"initial_state: expected a tensor or a dict, got {type(initial_state)}")
+    given_keys = set(initial_state)
+    if not set(memory_keys) <= given_keys or not given_keys <= set(default):
+        raise ValueError(
+            f"initial_state: expected keys {sorted(default)}, got {sorted(given_keys)}"
+        )
+    state = dict(default)
+    for name in given_keys:
+        given, expected = initial_state[name], default[name]
+        if name.startswith("window.") and given.shape[-1] == 1:
+            given = given.expand(expected.shape)  # a per-head gate carried into per-channel
+        if tuple(given.shape) != tuple(expected.shape):
+            raise ValueError(
+                f"initial_state[{name!r}]: expected shape {list(expected.shape)}, "
+                f"got {list(given.shape)}"
+            )
+        state[name] = given.to(expected.dtype)
+    return state
+
+
+def _state_out(state: State):
+    return state["W"] if list(state) == ["W"] else state
+
+
+def run(
+    rule: MemoryRule,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: dict[str, torch.Tensor] | None = None,
+    *,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | State | None = None,
+    output_final_state: bool = False,
+    params: dict[str, torch.Tensor] | None = None,
+):
+    shapes = check_qkv(q, k, v)
+    backend = check_backend(backend)
+    chunk_size = check_chunk_size(chunk_size)
+    rt = rule.runtime
+    per_channel_ok = set(rule.spec.bias.gates())
+    if rule.spec.memory.kind == "matrix":
+        per_channel_ok |= set(rule.gates) - {"gamma"}  # gamma weighs a whole loss term
+    gates = check_gates(gates, rule.plan.gates, shapes, per_channel_ok=per_channel_ok)
+    dtype = state_dtype(q.dtype)
+
+    # [B, T, H, D] -> [B, H, T, D], in the state's precision.
+    def heads_first(x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).to(dtype)
+
+    q_, k_, v_ = heads_first(q), heads_first(k), heads_first(v)
+    gates_ = {n: heads_first(g) for n, g in gates.items()}
+
+    if rule.spec.memory.kind == "nonparametric":
+        if initial_state is not None:
+            raise ValueError("initial_state: softmax attention carries no state here; pass None")
+        o = attention.forward(rule.spec.memory.window, q_, k_, v_)
+        return o.transpose(1, 2).to(q.dtype), None
+
+    params = rule.default_params(dtype) if params is None else params
+    phi_q, phi_k = rt.feature(q_, params), rt.feature(k_, params)
+    d_phi = phi_k.shape[-1]
+    default = rt.initial_state(shapes.batch, shapes.heads, d_phi, shapes.d_value, dtype, q.device)
+    default.update(_empty_window(rt, shapes, d_phi, gates_, dtype, q.device))
+    state = _state_in(rt, initial_state, default)
+    seq = _tokens(rt, phi_q, phi_k, v_, gates_, state)
+
+    if backend == "recurrent":
+        o, final = recurrent.forward(rt, seq, state)
+    elif backend == "chunk":
+        o, final = chunk.forward(rt, seq, state, chunk_size)
+    else:
+        raise ValueError(
+            "backend: 'triton' is not available yet; use backend='chunk' (parallel) or "
+            "'recurrent' (the exact reference)"
+        )
+    if seq.past:  # carry the window's last c - 1 tokens
+        final["window.k"] = seq.phi_k[:, :, -seq.past :]
+        final["window.v"] = seq.v[:, :, -seq.past :]
+        final["window.valid"] = seq.valid[:, :, -seq.past :]
+        for n, g in seq.window_gates.items():
+            final[f"window.{n}"] = g[:, :, -seq.past :]
+    o = o.transpose(1, 2).to(q.dtype)
+    return o, (_state_out(final) if output_final_state else None)
+
+
+def _empty_window(rt: Runtime, shapes, d_phi: int, gates, dtype, device) -> State:
+    """The window's carried tokens before the first one: none (valid = 0)."""
+    past = rt.spec.window.c - 1
+    if past == 0:
+        return {}
+    b, h = shapes.batch, shapes.heads
+
+    def zeros(*tail):
+        return torch.zeros(b, h, past, *tail, dtype=dtype, device=device)
+
+    empty = {"window.k": zeros(d_phi), "window.v": zeros(shapes.d_value), "window.valid": zeros(1)}
+    for n in rt.window_gate_names:
+        empty[f"window.{n}"] = zeros(gates[n].shape[-1])
+    return empty
+
+
+def _tokens(rt: Runtime, phi_q, phi_k, v, gates, state: State) -> Tokens:
+    """The sequence with the window's carried tokens in front of the keys, values and gates."""
+    window = set(rt.window_gate_names)
+    step_gates = {n: g for n, g in gates.items() if n not in window}
+    past = rt.spec.window.c - 1
+    if past == 0:
+        valid = torch.ones_like(phi_k[..., :1])
+        window_gates = {n: gates[n] for n in window}
+        return Tokens(phi_q, phi_k, v, valid, step_gates, window_gates, 0)
+    ones = torch.ones_like(phi_k[..., :1])
+    return Tokens(
+        phi_q,
+        torch.cat([state.pop("window.k"), phi_k], dim=2),
+        torch.cat([state.pop("window.v"), v], dim=2),
+        torch.cat([state.pop("window.valid"), ones], dim=2),
+        step_gates,
+        {n: torch.cat([state.pop(f"window.{n}"), gates[n]], dim=2) for n in window},
+        past,
+    )

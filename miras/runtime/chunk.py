@@ -1,0 +1,223 @@
+"""The chunk backend: inside a chunk of b tokens every gradient is taken at the chunk-start
+state (the parallelization of Titans, MIRAS and ATLAS); b = 1 is the exact recurrence.
+
+Two paths, the same semantics:
+- `forward_linear`: matrix memory, linear retention (none, l2), gd or momentum, a linear read.
+  The chunk collapses into matmuls with decay masks (no per-token state): the fast path.
+- `forward_general`: any other spec. Gradients, memory backward and reads are batched over the
+  chunk; the optimizer recurrence and the (possibly nonlinear) retention map run token by token
+  on per-token updates, so each map is applied at every token exactly as in the recurrence
+  (docs/chunking.md).
+
+Within a chunk starting at state S (read as W_S), for token t with window c:
+    W_e,t = W_S                 (grad_at: state)   or   (prod_{j=s..t} a_j) W_S   (retained)
+    g_t   = sum_{i=t-c+1..t} gamma_i grad_W L(M_{W_e,t}(phi(k_i)), v_i)
+and the optimizer and retention recurrences of the exact step run over the g_t.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from miras.components.optimizer.muon import newton_schulz
+from miras.runtime.core import Runtime, State, Tokens, as_param_gate
+
+
+def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
+    """Returns o [B, H, T, Dv] and the final memory state."""
+    if linear_path_applies(rt):
+        return forward_linear(rt, seq, state, chunk_size)
+    return forward_general(rt, seq, state, chunk_size)
+
+
+def linear_path_applies(rt: Runtime) -> bool:
+    spec = rt.spec
+    return (
+        spec.memory.kind == "matrix"
+        and spec.retention.kind in ("none", "l2")
+        and spec.optimizer.kind in ("gd", "momentum")
+    )
+
+
+def _gate(rt: Runtime, component, name: str, gates, sl: slice, like: torch.Tensor):
+    """A gate over the chunk [B, H, n, X], or its fixed value broadcast the same way."""
+    value = getattr(component, name)
+    if value != "gate":
+        return torch.full_like(like[..., :1], float(value))
+    return gates[name][:, :, sl]
+
+
+def _window_gradients(rt: Runtime, weights_e, seq: Tokens, start: int, end: int):
+    """For each window offset j = 0..c-1: (phi(k_i), error signal) for the chunk's tokens t,
+    i = t - j: `grad_y` [B, H, n, Dv] = gamma_i dL/dy(M_{W_e,t}(phi(k_i)), v_i), zero where
+    token i does not exist. `weights_e`: params [B, H, 1 or n, out, in]."""
+    out = []
+    for j in range(rt.spec.window.c):
+        idx = torch.arange(start, end, device=seq.phi_k.device) + seq.past - j
+        x = seq.phi_k[:, :, idx]
+        y = rt.memory.forward(weights_e, x)
+        bias_args = [seq.window_gates[n][:, :, idx] for n in rt.bias_gates]
+        grad_y = rt.functions.bias_grad(y, seq.v[:, :, idx], *bias_args)
+        grad_y = grad_y * rt.scalar(rt.spec.window, "gamma", seq.window_gates, idx)
+        out.append((x, grad_y * seq.valid[:, :, idx]))
+    return out
+
+
+def _retained_decay(rt: Runtime, gates, sl: slice, like: torch.Tensor) -> torch.Tensor:
+    """prod_{j=s..t} a_j for each t of the chunk: [B, H, n, X]."""
+    a = _gate(rt, rt.spec.retention, "decay", gates, sl, like)
+    return torch.cumprod(a, dim=2)
+
+
+# The general path ---------------------------------------------------------------------------
+
+
+def forward_general(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
+    state = dict(state)
+    opt = rt.spec.optimizer
+    gates = seq.step_gates
+    length = seq.length
+    outputs = []
+    for start in range(0, length, chunk_size):
+        end = min(start + chunk_size, length)
+        sl = slice(start, end)
+        n = end - start
+        weights = rt.weights(state)  # W_S [B, H, out, in]
+        weights_e = {name: w.unsqueeze(2) for name, w in weights.items()}  # [B, H, 1, out, in]
+        like = seq.phi_q[:, :, sl]
+        if rt.retained_gradient:
+            decay = as_param_gate(_retained_decay(rt, gates, sl, like))
+            weights_e = {name: decay * w for name, w in weights_e.items()}
+
+        # g_t for every token of the chunk at once: [B, H, n, out, in] per parameter.
+        grads = None
+        for x, grad_y in _window_gradients(rt, weights_e, seq, start, end):
+            g = rt.memory.backward(weights_e, x, grad_y)
+            grads = g if grads is None else {k: grads[k] + g[k] for k in g}
+
+        lr = as_param_gate(_gate(rt, opt, "lr", gates, sl, like))
+        theta = (
+            as_param_gate(_gate(rt, opt, "momentum", gates, sl, like)) if rt.has_momentum else None
+        )
+        retention_args = [as_param_gate(gates[name][:, :, sl]) for name in rt.retention_gates]
+
+        per_token = {name: [] for name in rt.param_names}
+        for t in range(n):
+            for name in rt.param_names:
+                u = lr[:, :, t] * grads[name][:, :, t]
+                if theta is not None:
+                    u = theta[:, :, t] * state[f"S.{name}"] + u
+                    state[f"S.{name}"] = u
+                    if opt.kind == "muon":
+                        u = newton_schulz(u, opt.ns_steps)
+                args = [g[:, :, t] for g in retention_args]
+                state[name] = rt.functions.retention_step(state[name], u, *args)
+                per_token[name].append(state[name])
+        read = {
+            name: rt.functions.retention_read(torch.stack(ws, dim=2))
+            for name, ws in per_token.items()
+        }
+        outputs.append(rt.memory.forward(read, seq.phi_q[:, :, sl]))
+    return torch.cat(outputs, dim=2), state
+
+
+# The linear path ----------------------------------------------------------------------------
+
+
+def _decay_matrix(factors: torch.Tensor) -> torch.Tensor:
+    """L[t, s] = prod_{j=s+1..t} a_j for s <= t, else 0. `factors` [B, H, n, X] ->
+    [B, H, X, n, n] (X = 1 per head or Dv per channel).
+
+    Built as exp of segment sums of log a, accumulated (never differenced), so a zero factor
+    (momentum theta = 0) gives exact zeros instead of inf - inf."""
+    log_a = torch.log(factors).movedim(-1, 2)  # [B, H, X, n]
+    n = log_a.shape[-1]
+    strict = torch.ones(n, n, dtype=torch.bool, device=log_a.device).tril(-1)
+    terms = log_a.unsqueeze(-1).expand(*log_a.shape, n).masked_fill(~strict, 0.0)
+    segment = torch.cumsum(terms, dim=-2)  # [.., t, s] = sum_{s<j<=t} log a_j below the diagonal
+    causal = torch.ones(n, n, dtype=torch.bool, device=log_a.device).tril()
+    return segment.masked_fill(~causal, float("-inf")).exp()
+
+
+def forward_linear(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
+    """Matrix memory, retention none or l2, gd or momentum, as matmuls per chunk.
+
+    With u_t the update, the recurrence
+    W_t = a_t W_{t-1} - u_t unrolls inside a chunk to
+        W_t = D_t W_S - sum_{s<=t} L^a[t, s] u_s,   D_t = prod_{j<=t} a_j,
+    and momentum u_s = theta_s u_{s-1} + lr_s g_s unrolls the same way with L^theta; both are
+    lower-triangular decay matrices, so the read o_t = W_t phi(q_t) is a masked matmul over
+    the chunk's error signals G (each g_s = sum_j G_{s,j} phi(k_{s-j})^T). Exact at b = 1."""
+    opt = rt.spec.optimizer
+    retention = rt.spec.retention
+    gates = seq.step_gates
+    state = dict(state)
+    outputs = []
+    for start in range(0, seq.length, chunk_size):
+        end = min(start + chunk_size, seq.length)
+        sl = slice(start, end)
+        like = seq.phi_q[:, :, sl]
+        w_s = state["W"]  # [B, H, Dv, Dphi]
+        if retention.kind == "l2":
+            decay = _gate(rt, retention, "decay", gates, sl, like)  # [B, H, n, X]
+        else:
+            decay = torch.ones_like(like[..., :1])
+        d_t = torch.cumprod(decay, dim=2)  # prod_{j=s..t} a_j: [B, H, n, X]
+        weights_e = w_s.unsqueeze(2)
+        if rt.retained_gradient:
+            weights_e = d_t.unsqueeze(-1) * weights_e
+        signals = _window_gradients(rt, {"W": weights_e}, seq, start, end)
+
+        lr = _gate(rt, opt, "lr", gates, sl, like)  # [B, H, n, X]
+        mixing = _decay_matrix(decay)  # L^a [B, H, X, n, n]
+        if rt.has_momentum:
+            theta = _gate(rt, opt, "momentum", gates, sl, like)
+            theta_mix = _decay_matrix(theta)  # L^theta [B, H, X, n, n]
+            carry_theta = torch.cumprod(theta, dim=2)  # prod_{j<=t} theta_j
+            mixing_u = mixing @ theta_mix  # u_s -> W_t through both recurrences
+        else:
+            mixing_u = mixing
+
+        # Reads: o_t = D_t W_S phi(q_t) - sum_s K[t, s] lr_s sum_j (phi(k_{s-j}) . phi(q_t)) G_{s,j}
+        q_c = seq.phi_q[:, :, sl]  # [B, H, n, Dphi]
+        o = d_t * torch.einsum("bhvd,bhnd->bhnv", w_s, q_c)
+        coeff = mixing_u * lr.movedim(-1, 2).unsqueeze(-2)  # [B, H, X, n(t), n(s)]
+        for x, grad_y in signals:
+            scores = q_c @ x.transpose(-1, -2)  # [B, H, n(t), n(s)]
+            weight = coeff * scores.unsqueeze(2)  # [B, H, X, n, n]
+            o = o - _mix(weight, grad_y)
+        if rt.has_momentum:
+            s_prev = state["S.W"]
+            # sum_{tau<=t} L^a[t, tau] prod_{j<=tau} theta_j: the carried momentum's weight.
+            carry = (mixing @ carry_theta.movedim(-1, 2).unsqueeze(-1)).squeeze(-1)  # [B,H,X,n]
+            o = o - carry.movedim(2, -1) * torch.einsum("bhvd,bhnd->bhnv", s_prev, q_c)
+        outputs.append(o)
+
+        # The state at the chunk's end: row t = n - 1 of the same sums, as outer products.
+        last = coeff[..., -1, :]  # [B, H, X, n(s)]
+        w_new = d_t[:, :, -1].unsqueeze(-1) * w_s
+        for x, grad_y in signals:
+            w_new = w_new - _outer_sum(last, grad_y, x)
+        if rt.has_momentum:
+            w_new = w_new - carry[..., -1].unsqueeze(-1) * s_prev
+            theta_last = theta_mix[..., -1, :] * lr.movedim(-1, 2)  # [B, H, X, n(s)]
+            s_new = carry_theta[:, :, -1].unsqueeze(-1) * s_prev
+            for x, grad_y in signals:
+                s_new = s_new + _outer_sum(theta_last, grad_y, x)
+            state["S.W"] = s_new
+        state["W"] = w_new
+    return torch.cat(outputs, dim=2), state
+
+
+def _mix(weight: torch.Tensor, signal: torch.Tensor) -> torch.Tensor:
+    """sum_s weight[b, h, x, t, s] signal[b, h, s, v] -> [b, h, t, v] (x broadcasts to v)."""
+    if weight.shape[2] == 1:
+        return weight[:, :, 0] @ signal
+    return torch.einsum("bhvts,bhsv->bhtv", weight, signal)
+
+
+def _outer_sum(coeff: torch.Tensor, signal: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """sum_s coeff[b, h, x, s] signal[b, h, s, v] phi[b, h, s, d] -> [b, h, v, d]."""
+    if coeff.shape[2] == 1:
+        return (signal * coeff[:, :, 0].unsqueeze(-1)).transpose(-1, -2) @ x
+    return torch.einsum("bhvs,bhsv,bhsd->bhvd", coeff, signal, x)

@@ -1,0 +1,114 @@
+"""Checks at the public boundary: every bad input is a ValueError naming the argument."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from miras.compiler.plan import GateInfo
+
+BACKENDS = ("recurrent", "chunk", "triton")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    batch: int
+    length: int
+    heads: int
+    d_key: int
+    d_value: int
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Shapes:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a tensor [B, T, H, D], got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected 4 axes [B, T, H, D], got shape {tuple(t.shape)}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{name}: expected a floating dtype, got {t.dtype}")
+    if q.shape != k.shape:
+        raise ValueError(
+            f"q and k: expected equal shapes [B, T, H, Dk], got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"v: expected [B, T, H] = {tuple(k.shape[:3])} like k, got {tuple(v.shape[:3])}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape[1] < 1:
+        raise ValueError("q, k, v: expected at least one token (T >= 1)")
+    b, t, h, dk = k.shape
+    return Shapes(b, t, h, dk, v.shape[-1])
+
+
+def check_gates(
+    gates: dict[str, torch.Tensor] | None,
+    expected: tuple[GateInfo, ...],
+    shapes: Shapes,
+    *,
+    per_channel_ok: set[str],
+) -> dict[str, torch.Tensor]:
+    """Gates in natural space, each [B, T, H] (per head) or [B, T, H, Dv] (per channel).
+    Returns each as [B, T, H, 1] or [B, T, H, Dv]."""
+    gates = dict(gates or {})
+    names = [g.name for g in expected]
+    missing = [n for n in names if n not in gates]
+    if missing:
+        listed = ", ".join(names)
+        raise ValueError(
+            f"gates: missing {', '.join(map(repr, missing))}; this rule takes {listed}"
+        )
+    extra = [n for n in gates if n not in names]
+    if extra:
+        listed = ", ".join(names) or "none"
+        raise ValueError(f"gates: unknown {', '.join(map(repr, extra))}; this rule takes {listed}")
+    head = (shapes.batch, shapes.length, shapes.heads)
+    out = {}
+    for info in expected:
+        g = gates[info.name]
+        if not isinstance(g, torch.Tensor):
+            raise ValueError(f"gates[{info.name!r}]: expected a tensor, got {type(g).__name__}")
+        if tuple(g.shape) == head:
+            g = g.unsqueeze(-1)
+        elif tuple(g.shape) == (*head, shapes.d_value):
+            if info.name not in per_channel_ok:
+                raise ValueError(
+                    f"gates[{info.name!r}]: per-channel gates are not supported for this memory; "
+                    f"expected per head {list(head)}"
+                )
+        else:
+            raise ValueError(
+                f"gates[{info.name!r}]: expected [B, T, H] = {list(head)} or [B, T, H, Dv] = "
+                f"{[*head, shapes.d_value]}, got {list(g.shape)}"
+            )
+        bad = ~_inside(g.detach(), info.allowed)
+        if bool(bad.any()):
+            value = g.detach()[bad].flatten()[0].item()
+            raise ValueError(
+                f"gates[{info.name!r}]: values must lie in {info.allowed} (natural space), "
+                f"found {value:g}"
+            )
+        out[info.name] = g
+    return out
+
+
+def _inside(g: torch.Tensor, allowed) -> torch.Tensor:
+    lo = g >= allowed.lo if allowed.lo_closed else g > allowed.lo
+    hi = g <= allowed.hi if allowed.hi_closed else g < allowed.hi
+    return lo & hi
+
+
+def check_chunk_size(chunk_size: int) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
+    return chunk_size
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    return backend
