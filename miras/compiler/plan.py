@@ -56,12 +56,14 @@ def make_plan(spec: Spec) -> Plan:
     if spec.optimizer.kind in ("momentum", "muon"):
         state.append("S (momentum): same shapes as the memory")
     gates = []
-    for field in ("bias", "retention", "optimizer"):
+    # Softmax attention has no inner step for a gate to scale (Spec.gates() is empty too).
+    fields = () if spec.memory.kind == "nonparametric" else ("bias", "retention", "optimizer")
+    for field in fields:
         component = getattr(spec, field)
         for name in component.gates():
             allowed = component.gateable.get(name, POSITIVE)
             gates.append(GateInfo(name, field, allowed))
-    if spec.window.gamma == "gate":
+    if spec.window.gamma == "gate" and fields:
         gates.append(GateInfo("gamma", "window", POSITIVE))
     if spec.memory.kind == "nonparametric":
         schedule = "closed form: causal softmax attention (no inner optimization)"
