@@ -17,6 +17,8 @@ and the optimizer and retention recurrences of the exact step run over the g_t.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from miras.components.optimizer.muon import newton_schulz
@@ -47,19 +49,22 @@ def _gate(rt: Runtime, component, name: str, gates, sl: slice, like: torch.Tenso
     return gates[name][:, :, sl]
 
 
-def _window_gradients(rt: Runtime, weights_e, seq: Tokens, start: int, end: int):
+def _window_gradients(rt: Runtime, predict, seq: Tokens, start: int, end: int):
     """For each window offset j = 0..c-1: (phi(k_i), error signal) for the chunk's tokens t,
     i = t - j: `grad_y` [B, H, n, Dv] = gamma_i dL/dy(M_{W_e,t}(phi(k_i)), v_i), zero where
-    token i does not exist. `weights_e`: params [B, H, 1 or n, out, in]."""
+    token i does not exist. `predict(x)`: M_{W_e,t}(x) for x [B, H, n, Dphi]."""
     out = []
     for j in range(rt.spec.window.c):
-        idx = torch.arange(start, end, device=seq.phi_k.device) + seq.past - j
+        # Token i = t - j sits at t + past - j in the window arrays: a contiguous slice.
+        idx = slice(start + seq.past - j, end + seq.past - j)
         x = seq.phi_k[:, :, idx]
-        y = rt.memory.forward(weights_e, x)
+        y = predict(x)
         bias_args = [seq.window_gates[n][:, :, idx] for n in rt.bias_gates]
         grad_y = rt.functions.bias_grad(y, seq.v[:, :, idx], *bias_args)
         grad_y = grad_y * rt.scalar(rt.spec.window, "gamma", seq.window_gates, idx)
-        out.append((x, grad_y * seq.valid[:, :, idx]))
+        if seq.past:  # only the window reaches tokens that may not exist
+            grad_y = grad_y * seq.valid[:, :, idx]
+        out.append((x, grad_y))
     return out
 
 
@@ -91,7 +96,11 @@ def forward_general(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
 
         # g_t for every token of the chunk at once: [B, H, n, out, in] per parameter.
         grads = None
-        for x, grad_y in _window_gradients(rt, weights_e, seq, start, end):
+
+        def predict(x, weights_e=weights_e):
+            return rt.memory.forward(weights_e, x)
+
+        for x, grad_y in _window_gradients(rt, predict, seq, start, end):
             g = rt.memory.backward(weights_e, x, grad_y)
             grads = g if grads is None else {k: grads[k] + g[k] for k in g}
 
@@ -132,11 +141,17 @@ def _decay_matrix(factors: torch.Tensor) -> torch.Tensor:
     (momentum theta = 0) gives exact zeros instead of inf - inf."""
     log_a = torch.log(factors).movedim(-1, 2)  # [B, H, X, n]
     n = log_a.shape[-1]
-    strict = torch.ones(n, n, dtype=torch.bool, device=log_a.device).tril(-1)
-    terms = log_a.unsqueeze(-1).expand(*log_a.shape, n).masked_fill(~strict, 0.0)
+    above_strict, above = _masks(n, str(log_a.device))
+    terms = log_a.unsqueeze(-1).expand(*log_a.shape, n).masked_fill(above, 0.0)
     segment = torch.cumsum(terms, dim=-2)  # [.., t, s] = sum_{s<j<=t} log a_j below the diagonal
-    causal = torch.ones(n, n, dtype=torch.bool, device=log_a.device).tril()
-    return segment.masked_fill(~causal, float("-inf")).exp()
+    return segment.masked_fill(above_strict, float("-inf")).exp()
+
+
+@functools.lru_cache(maxsize=64)
+def _masks(n: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s > t, s >= t) for an n x n chunk: the entries above the diagonal, strictly or not."""
+    above_strict = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+    return above_strict, torch.ones(n, n, dtype=torch.bool, device=device).triu()
 
 
 def forward_linear(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
@@ -163,10 +178,15 @@ def forward_linear(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
         else:
             decay = torch.ones_like(like[..., :1])
         d_t = torch.cumprod(decay, dim=2)  # prod_{j=s..t} a_j: [B, H, n, X]
-        weights_e = w_s.unsqueeze(2)
-        if rt.retained_gradient:
-            weights_e = d_t.unsqueeze(-1) * weights_e
-        signals = _window_gradients(rt, {"W": weights_e}, seq, start, end)
+        w_t = w_s.transpose(-1, -2)  # [B, H, Dphi, Dv]
+
+        def predict(x, w_t=w_t, d_t=d_t):
+            # M_{W_e,t}(x) = W_S x, or (D_t W_S) x = D_t (W_S x) for the retained state:
+            # rows of W scale, so the decay applies to the prediction, not a per-token copy.
+            y = x @ w_t
+            return d_t * y if rt.retained_gradient else y
+
+        signals = _window_gradients(rt, predict, seq, start, end)
 
         lr = _gate(rt, opt, "lr", gates, sl, like)  # [B, H, n, X]
         mixing = _decay_matrix(decay)  # L^a [B, H, X, n, n]
@@ -180,7 +200,7 @@ def forward_linear(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
 
         # Reads: o_t = D_t W_S phi(q_t) - sum_s K[t, s] lr_s sum_j (phi(k_{s-j}) . phi(q_t)) G_{s,j}
         q_c = seq.phi_q[:, :, sl]  # [B, H, n, Dphi]
-        o = d_t * torch.einsum("bhvd,bhnd->bhnv", w_s, q_c)
+        o = d_t * (q_c @ w_t)
         coeff = mixing_u * lr.movedim(-1, 2).unsqueeze(-2)  # [B, H, X, n(t), n(s)]
         for x, grad_y in signals:
             scores = q_c @ x.transpose(-1, -2)  # [B, H, n(t), n(s)]
@@ -190,7 +210,7 @@ def forward_linear(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
             s_prev = state["S.W"]
             # sum_{tau<=t} L^a[t, tau] prod_{j<=tau} theta_j: the carried momentum's weight.
             carry = (mixing @ carry_theta.movedim(-1, 2).unsqueeze(-1)).squeeze(-1)  # [B,H,X,n]
-            o = o - carry.movedim(2, -1) * torch.einsum("bhvd,bhnd->bhnv", s_prev, q_c)
+            o = o - carry.movedim(2, -1) * (q_c @ s_prev.transpose(-1, -2))
         outputs.append(o)
 
         # The state at the chunk's end: row t = n - 1 of the same sums, as outer products.

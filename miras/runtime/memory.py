@@ -20,13 +20,22 @@ Params = dict[str, torch.Tensor]
 LAYER_NORM_EPS = 1e-5
 
 
+def _shared(weight: torch.Tensor, x: torch.Tensor) -> bool:
+    """One weight for a run of tokens: weight [*b, 1, out, in] against x [*b, N, in]."""
+    return weight.dim() == x.dim() + 1 and weight.shape[-3] == 1 and x.dim() >= 2
+
+
 def _apply(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """weight [*b, out, in] @ x [*b, in] -> [*b, out], broadcasting the batch axes."""
+    if _shared(weight, x):  # one matmul [N, in] @ [in, out], not N copies of the weight
+        return x @ weight.squeeze(-3).transpose(-1, -2)
     return (weight @ x.unsqueeze(-1)).squeeze(-1)
 
 
 def _apply_transposed(weight: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """weight^T [*b, in, out] @ g [*b, out] -> [*b, in]."""
+    if _shared(weight, g):
+        return g @ weight.squeeze(-3)
     return (g.unsqueeze(-2) @ weight).squeeze(-2)
 
 
