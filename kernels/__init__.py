@@ -1,4 +1,11 @@
-"""Triton chunk templates and shared building blocks (installed as `miras.kernels`).
+"""Triton chunk kernels (installed as `miras.kernels`).
 
-Empty until the Triton backend lands; emitted kernels are cached outside the repository.
+- `common/`: the shared `@triton.jit` building blocks (row-block I/O, intra-chunk decay
+  matrices, the state maps around a retention step, elementwise math).
+- `templates/`: the text of the chunk kernels (`linear`, `general`), forward and backward, with
+  slots for a spec's gates.
+
+`miras.compiler.triton` fills the templates and prints the spec's pieces next to them; the
+emitted module is cached outside the repository ($MIRAS_CACHE_DIR/triton/) and
+`miras kernel SPEC` prints it. docs/kernels.md describes the design.
 """

@@ -77,6 +77,15 @@ def run(
     shapes = check_qkv(q, k, v)
     backend = check_backend(backend)
     chunk_size = check_chunk_size(chunk_size)
+    if backend == "triton":
+        from miras.compiler.triton import unsupported_reason
+
+        reason = unsupported_reason(rule.spec)
+        if reason is not None:
+            raise ValueError(
+                f"backend: 'triton' does not cover spec '{rule.spec.name}': {reason}; use "
+                "backend='chunk' (parallel) or 'recurrent' (the exact reference)"
+            )
     rt = rule.runtime
     per_channel_ok = set(rule.spec.bias.gates())
     if rule.spec.memory.kind == "matrix":
@@ -100,6 +109,11 @@ def run(
     params = rule.default_params(dtype) if params is None else params
     phi_q, phi_k = rt.feature(q_, params), rt.feature(k_, params)
     d_phi = phi_k.shape[-1]
+    if getattr(rule.spec.memory, "residual_norm", False) and d_phi != shapes.d_value:
+        raise ValueError(
+            f"v: the residual form x + LN(MLP(x)) needs Dv = Dphi = {d_phi} (the feature map's "
+            f"width), got Dv = {shapes.d_value}"
+        )
     default = rt.initial_state(shapes.batch, shapes.heads, d_phi, shapes.d_value, dtype, q.device)
     default.update(_empty_window(rt, shapes, d_phi, gates_, dtype, q.device))
     state = _state_in(rt, initial_state, default)
@@ -110,10 +124,9 @@ def run(
     elif backend == "chunk":
         o, final = chunk.forward(rt, seq, state, chunk_size)
     else:
-        raise ValueError(
-            "backend: 'triton' is not available yet; use backend='chunk' (parallel) or "
-            "'recurrent' (the exact reference)"
-        )
+        from miras.runtime import triton_backend  # imports triton only when asked for
+
+        o, final = triton_backend.forward(rule, seq, state, chunk_size)
     if seq.past:  # carry the window's last c - 1 tokens
         final["window.k"] = seq.phi_k[:, :, -seq.past :]
         final["window.v"] = seq.v[:, :, -seq.past :]

@@ -1,0 +1,53 @@
+"""State maps around the retention step, with their vector-Jacobian products.
+
+The emitted module wraps these in `retention_map` (applied to the step's output: KL's row
+softmax, else the identity) and `retention_read` (what reads and gradients see: l_q's
+normalization, else the identity). `mask` [BV, BK] marks the real entries of a padded block.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_softmax(z, mask, SCALE: tl.constexpr):
+    """SCALE * softmax(z) over each row (the last axis); padded entries give 0."""
+    z = tl.where(mask, z, float("-inf"))
+    top = tl.max(z, axis=1, keep_dims=True)
+    top = tl.where(top > float("-inf"), top, 0.0)  # a row that is all padding
+    p = tl.exp(z - top)
+    total = tl.sum(p, axis=1, keep_dims=True)
+    return tl.where(mask, SCALE * p / tl.where(total > 0, total, 1.0), 0.0)
+
+
+@triton.jit
+def row_softmax_vjp(w, mask, dw, SCALE: tl.constexpr):
+    """dz for w = SCALE softmax(z): w * (dw - sum_row(dw * w) / SCALE)."""
+    inner = tl.sum(tl.where(mask, dw * w, 0.0), axis=1, keep_dims=True)
+    return tl.where(mask, w * (dw - inner / SCALE), 0.0)
+
+
+@triton.jit
+def _root(total, Q: tl.constexpr):
+    """total^(1/Q), 0 at 0 (no log of 0)."""
+    positive = total > 0
+    return tl.where(positive, tl.exp(tl.log(tl.where(positive, total, 1.0)) / Q), 0.0)
+
+
+@triton.jit
+def lq_read(a, mask, power, Q: tl.constexpr, FLOOR: tl.constexpr):
+    """W = A / max(||A||_q, FLOOR)^(q-2) over the whole matrix; `power` = |A|^q (printed)."""
+    norm = tl.maximum(_root(tl.sum(tl.sum(tl.where(mask, power, 0.0), axis=1), axis=0), Q), FLOOR)
+    return tl.where(mask, a * tl.exp((2.0 - Q) * tl.log(norm)), 0.0)
+
+
+@triton.jit
+def lq_read_vjp(a, mask, power, slope, dw, Q: tl.constexpr, FLOOR: tl.constexpr):
+    """dA for W = A r, r = n^(2-q), n = ||A||_q: r dW + (2-q) n^(2-2q) <dW, A> A|A|^(q-2),
+    the second term only where n > FLOOR (the clamp's gradient). `slope` = A|A|^(q-2)."""
+    raw = _root(tl.sum(tl.sum(tl.where(mask, power, 0.0), axis=1), axis=0), Q)
+    norm = tl.maximum(raw, FLOOR)
+    log_norm = tl.log(norm)
+    inner = tl.sum(tl.sum(tl.where(mask, dw * a, 0.0), axis=1), axis=0)
+    coeff = tl.where(raw > FLOOR, (2.0 - Q) * tl.exp((2.0 - 2.0 * Q) * log_norm) * inner, 0.0)
+    return tl.where(mask, tl.exp((2.0 - Q) * log_norm) * dw + coeff * slope, 0.0)

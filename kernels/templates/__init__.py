@@ -1,0 +1,15 @@
+"""Kernel templates: the text of the chunk kernels, with `$name` slots that
+`miras.compiler.triton` fills for one spec (its gates: pointers, loads, arguments and gradient
+stores). The spec's math reaches the kernels only through the printed functions they call
+(`bias_grad`, `bias_vjp`, `retention_step`, `retention_vjp`, `retention_map`,
+`retention_read` and their VJPs); its structure through the module's constants (`WINDOW`,
+`PAST`, `MOMENTUM`, `RETAINED`, ...).
+
+- `linear`: retention none or l2 with a per-head decay, gd: each chunk is a few masked matmuls
+  (the chunk backend's fast path), forward and backward.
+- `general`: any matrix-memory spec: the chunk's gradients as matmuls at the chunk-start state,
+  then the optimizer and the (possibly nonlinear) retention map token by token, forward and
+  backward (the backward recomputes each chunk from its stored start state).
+
+docs/kernels.md derives both.
+"""

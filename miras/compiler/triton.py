@@ -1,0 +1,495 @@
+"""Emission of the Triton chunk kernels of a matrix-memory spec.
+
+    source = kernel_source(spec)     # the module text (what `miras kernel SPEC` prints)
+    module = load_kernels(spec)      # written under the cache by content hash, imported
+
+The module holds, in order: the spec's structure as compile-time constants (window, momentum,
+grad_at, decay), the spec's elementwise pieces printed by the strict `TritonPrinter` as
+`@triton.jit` functions (the bias gradient and its VJP, the retention step and its VJP, the map
+and read around the step; every derivative taken by sympy), then the chunk templates of
+`miras.kernels.templates` with the spec's gates filled in: `general_forward/backward` always,
+`linear_forward/backward` when the retention is none or l2 and the optimizer gd.
+
+What the kernels do not cover raises `ValueError` naming the reason and the backend to use
+(`unsupported_reason`): mlp and gated-mlp memories, Muon, a Bregman retention solved by
+Newton steps, and any expression the printer cannot emit. Feature maps are applied before the
+kernels (in torch, differentiable), so every feature map is covered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from string import Template
+from types import ModuleType
+
+import sympy as sp
+
+from miras.compiler.bias import BiasRule
+from miras.compiler.emit import load_module
+from miras.compiler.printer import UnsupportedExpression
+from miras.compiler.retention import NORM_FLOOR, RetentionRule
+from miras.compiler.triton_printer import CHANNEL_MASK, triton_code
+from miras.kernels.templates import general, linear
+from miras.spec import Spec, load_spec
+from miras.symbols import ChannelSum, e, gate_symbol, soft_threshold, u, v, w0, y
+
+# Names a printed function uses for itself (its arguments, the modules and helpers it calls);
+# a gate, which becomes an argument of the same function, may not take one.
+RESERVED = frozenset(
+    {"e", "v", "w0", "u", CHANNEL_MASK, "tl", "triton"}
+    | {"sign", "tanh", "cosh", "sinh", "asinh", "softplus", "soft_threshold"}
+)
+
+# The value of padded state entries, inside each retention domain.
+PAD = {"real": 0.0, "positive": 1.0, "unit_interval": 0.5}
+
+UPSTREAM = sp.Symbol("_up", real=True)  # the VJP's incoming gradient
+ENTRY = sp.Symbol("a", real=True)  # one entry of l_q's accumulator
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Where each gate of a spec enters the kernels. `window` gates are read at the window's
+    rows (PAST + T: the bias's and gamma), `step` gates at the tokens' (lr, momentum, the
+    retention's), in the kernels' argument order. `fixed` holds the spec's literal values of
+    the scalars the templates read (lr, gamma, momentum, decay) that are not gates."""
+
+    window: tuple[str, ...]
+    step: tuple[str, ...]
+    bias: tuple[str, ...]
+    retention: tuple[str, ...]
+    fixed: dict[str, float]
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        return self.window + self.step
+
+
+def gate_plan(spec: Spec) -> Gates:
+    bias = tuple(spec.bias.gates())
+    retention = tuple(spec.retention.gates())
+    fixed: dict[str, float] = {}
+    scalars = {"gamma": spec.window.gamma, "lr": spec.optimizer.lr}
+    if spec.optimizer.kind == "momentum":
+        scalars["momentum"] = spec.optimizer.momentum
+    if hasattr(spec.retention, "decay"):
+        scalars["decay"] = spec.retention.decay
+    for name, value in scalars.items():
+        if value != "gate":
+            fixed[name] = float(value)
+    window = bias + (("gamma",) if spec.window.gamma == "gate" else ())
+    step = tuple(n for n in ("lr", "momentum") if n in scalars and n not in fixed) + retention
+    return Gates(window, step, bias, retention, fixed)
+
+
+def unsupported_reason(spec: Spec) -> str | None:
+    """Why the Triton kernels do not cover `spec`, or None when they do."""
+    if spec.memory.kind != "matrix":
+        return f"{spec.memory.kind} memory (the kernels cover matrix memory only)"
+    if spec.optimizer.kind == "muon":
+        return "the muon optimizer (its Newton-Schulz step is not in the kernels)"
+    if spec.retention.kind == "bregman" and spec.retention.solver == "newton":
+        return "a Bregman retention solved by Newton steps (solver: newton)"
+    clash = sorted(set(gate_plan(spec).order) & RESERVED)
+    if clash:
+        return f"gate names {clash} (reserved inside the kernels)"
+    return None
+
+
+def linear_applies(spec: Spec) -> bool:
+    """The linear template: retention none or l2 (step a w0 - u), gd."""
+    return spec.retention.kind in ("none", "l2") and spec.optimizer.kind == "gd"
+
+
+# Printed pieces ------------------------------------------------------------------------------
+
+
+def _jit(name: str, args: list[str], doc: str, lines: list[str], result: str) -> str:
+    head = ["@triton.jit", f"def {name}({', '.join(args)}):", f'    """{doc}"""']
+    return "\n".join([*head, *(f"    {line}" for line in lines), f"    return {result}"])
+
+
+def _a_e(derivative: sp.Expr) -> sp.Expr:
+    """A derivative almost everywhere, as autograd takes it: sign' = Heaviside' = 0."""
+    return derivative.replace(sp.DiracDelta, lambda *args: sp.Integer(0))
+
+
+def _cse(outputs: list[sp.Expr], prefix: str = "_t") -> tuple[list[str], list[str]]:
+    """Assignments of the common subexpressions, and the printed outputs."""
+    replacements, reduced = sp.cse(outputs, symbols=sp.numbered_symbols(prefix))
+    lines = [f"{sym} = {triton_code(expr)}" for sym, expr in replacements]
+    return lines, [triton_code(r) for r in reduced]
+
+
+def _full(code: str, expr: sp.Expr, like: str) -> str:
+    """A printed output that may be a number (a constant derivative): as a full block."""
+    return code if expr.free_symbols else f"tl.zeros_like({like}) + {code}"
+
+
+def _bias_pieces(rule: BiasRule, spec: Spec) -> list[str]:
+    """bias_grad(e, v, cmask, *gates) and bias_vjp(e, v, cmask, *gates, _up) on [BT, BV]
+    blocks, the channel axis last. With channel sums s_i = sum_c f_i(e_c, v_c):
+
+        dy   = _up dG/de + sum_i ds_i df_i/de,         ds_i = sum_c _up dG/ds_i
+        dv   = _up (dG/dv - dG/de) + sum_i ds_i (df_i/dv - df_i/de)
+        dg_k = _up dG/dg_k + sum_i ds_i df_i/dg_k      (y = e + v, so d/dy = d/de)
+    """
+    fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in spec.bias.fixed().items()}
+    sums = [(sp.Symbol(f"_{s.name}", real=True), s) for s, _ in rule.sums]
+    rename = {old: new for new, old in sums}
+    gradient = rule.gradient.subs(rename).subs(fixed)
+    terms = [
+        (new, f.subs(y, e + v).subs(fixed))
+        for (new, _), (_, f) in zip(sums, rule.sums, strict=True)
+    ]
+    gates = [gate_symbol(n) for n in rule.gates]
+    args = ["e", "v", CHANNEL_MASK, *rule.gates]
+    sum_lines = [f"{s} = {triton_code(ChannelSum(f))}" for s, f in terms]
+
+    lines, (out,) = _cse([gradient])
+    forward = _jit(
+        "bias_grad",
+        args,
+        f"dL/dy per channel [BT, BV]: {rule.gradient}",
+        sum_lines + lines,
+        _full(out, gradient, "e"),
+    )
+
+    d_sums = [(sp.Symbol(f"_d{s.name[1:]}", real=True), s) for s, _ in terms]
+    dy = UPSTREAM * _a_e(sp.diff(gradient, e))
+    dv = UPSTREAM * _a_e(sp.diff(gradient, v) - sp.diff(gradient, e))
+    dg = [UPSTREAM * _a_e(sp.diff(gradient, g)) for g in gates]
+    for (ds, _), (_, f) in zip(d_sums, terms, strict=True):
+        dy += ds * _a_e(sp.diff(f, e))
+        dv += ds * _a_e(sp.diff(f, v) - sp.diff(f, e))
+        dg = [d + ds * _a_e(sp.diff(f, g)) for d, g in zip(dg, gates, strict=True)]
+    d_sum_lines = [
+        f"{ds} = {triton_code(ChannelSum(UPSTREAM * _a_e(sp.diff(gradient, s))))}"
+        for (ds, _), (s, _) in zip(d_sums, terms, strict=True)
+    ]
+    outputs = [dy, dv, *dg]
+    lines, printed = _cse(outputs)
+    result = ", ".join(_full(p, o, "e") for p, o in zip(printed, outputs, strict=True))
+    backward = _jit(
+        "bias_vjp",
+        [*args, str(UPSTREAM)],
+        "(dy, dv, d<gate>...) of <_up, bias_grad(y - v, v)>, per channel [BT, BV].",
+        sum_lines + d_sum_lines + lines,
+        result,
+    )
+    return [forward, backward]
+
+
+def _retention_pieces(rule: RetentionRule, spec: Spec) -> list[str]:
+    """retention_step(w0, u, *gates) (kl: the logits) and retention_vjp(w0, u, *gates, _up),
+    elementwise on [BV, BK] blocks; then the map after the step and the read before reads."""
+    gates = [gate_symbol(n) for n in rule.gates]
+    args = ["w0", "u", *rule.gates]
+    lines, (out,) = _cse([rule.step])
+    what = "the logits z of W = c softmax(z) per row" if rule.kind == "kl" else "the new entry"
+    step = _jit(
+        "retention_step",
+        args,
+        f"retention {rule.kind}, {what}: {rule.step}",
+        lines,
+        _full(out, rule.step, "w0"),
+    )
+    # soft_threshold has no derivative in sympy: differentiate its Piecewise form.
+    smooth = rule.step.replace(
+        soft_threshold, lambda z, t: soft_threshold(z, t).rewrite(sp.Piecewise)
+    )
+    outputs = [UPSTREAM * _a_e(sp.diff(smooth, s)) for s in (w0, u, *gates)]
+    lines, printed = _cse(outputs)
+    result = ", ".join(_full(p, o, "w0") for p, o in zip(printed, outputs, strict=True))
+    vjp = _jit(
+        "retention_vjp",
+        [*args, str(UPSTREAM)],
+        "(dw0, du, d<gate>...) of <_up, retention_step(w0, u)>, elementwise.",
+        lines,
+        result,
+    )
+    retention = spec.retention
+    if rule.kind == "kl":
+        scale = repr(float(retention.scale))
+        maps = [
+            _jit(
+                "retention_map",
+                ["z", "mask"],
+                f"W = {scale} softmax(z) over each row.",
+                [],
+                f"row_softmax(z, mask, {scale})",
+            ),
+            _jit(
+                "retention_map_vjp",
+                ["w", "mask", "dw"],
+                "dz of the row softmax.",
+                [],
+                f"row_softmax_vjp(w, mask, dw, {scale})",
+            ),
+        ]
+    else:
+        maps = [
+            _jit(
+                "retention_map", ["z", "mask"], "The identity: the step is the new state.", [], "z"
+            ),
+            _jit("retention_map_vjp", ["w", "mask", "dw"], "The identity.", [], "dw"),
+        ]
+    if rule.kind == "lq":
+        q = sp.nsimplify(retention.q)
+        power = triton_code(sp.Abs(ENTRY) ** q)
+        slope = triton_code(ENTRY * sp.Abs(ENTRY) ** (q - 2))
+        consts = f"{float(q)!r}, {NORM_FLOOR!r}"
+        reads = [
+            _jit(
+                "retention_read",
+                ["a", "mask"],
+                f"W = A / max(||A||_q, {NORM_FLOOR:g})^(q-2), q = {float(q):g}, over the matrix.",
+                [],
+                f"lq_read(a, mask, {power}, {consts})",
+            ),
+            _jit(
+                "retention_read_vjp",
+                ["a", "mask", "dw"],
+                "dA of the l_q read.",
+                [],
+                f"lq_read_vjp(a, mask, {power}, {slope}, dw, {consts})",
+            ),
+        ]
+    else:
+        reads = [
+            _jit("retention_read", ["a", "mask"], "The identity: reads see the state.", [], "a"),
+            _jit("retention_read_vjp", ["a", "mask", "dw"], "The identity.", [], "dw"),
+        ]
+    return [step, vjp, *maps, *reads]
+
+
+# Template slots ------------------------------------------------------------------------------
+
+
+def _lines(lines: list[str], indent: int, empty: str = "") -> str:
+    if not lines:
+        return " " * indent + empty if empty else ""
+    return "\n".join(" " * indent + line for line in lines)
+
+
+def _rows_load(name: str, rows: str, base_rows: str, other: str) -> str:
+    return (
+        f"g_{name} = load_rows(g_{name}_ptr + pid * {base_rows} * g_{name}_rs, {rows}, mt, cv, mv, "
+        f"g_{name}_rs, g_{name}_sc, {other}, ACC)"
+    )
+
+
+def _slots(spec: Spec, gates: Gates) -> dict[str, str]:
+    fixed = gates.fixed
+    retained = getattr(spec.retention, "grad_at", "state") == "retained"
+
+    def literal(name: str) -> str:
+        return repr(fixed[name])
+
+    lr = (
+        [_rows_load("lr", "tok", "T", "0.0")] if "lr" in gates.step else [f"g_lr = {literal('lr')}"]
+    )
+    window = [_rows_load(n, "wi", "NR", "1.0") for n in gates.bias]
+    window += (
+        [_rows_load("gamma", "wi", "NR", "1.0")]
+        if "gamma" in gates.window
+        else [f"g_gamma = {literal('gamma')}"]
+    )
+    token = [
+        f"g_{n} = tl.load(g_{n}_ptr + (pid * T + t) * g_{n}_rs + cv * g_{n}_sc, mask=mv, "
+        "other=1.0).to(ACC)[:, None]"
+        for n in gates.retention
+    ]
+    if spec.optimizer.kind == "momentum":
+        if "momentum" in gates.step:
+            token.append(
+                "g_momentum = tl.load(g_momentum_ptr + (pid * T + t) * g_momentum_rs + cv * "
+                "g_momentum_sc, mask=mv, other=0.0).to(ACC)[:, None]"
+            )
+        else:
+            token.append(f"g_momentum = {literal('momentum')}")
+    if retained:
+        decay_block = (
+            [_rows_load("decay", "tok", "T", "1.0").replace("g_decay =", "decay_blk =", 1)]
+            if "decay" in gates.step
+            else [f"decay_blk = tl.zeros([BT, BV], dtype=ACC) + {literal('decay')}"]
+        )
+    else:
+        decay_block = []
+    has_decay = "decay" in gates.step or "decay" in fixed
+    if "decay" in gates.step:
+        decay_vector = [
+            "a = tl.load(g_decay_ptr + (pid * T + tok) * g_decay_rs, mask=mt, other=1.0).to(ACC)"
+        ]
+    elif has_decay:
+        decay_vector = [f"a = tl.where(mt, {literal('decay')}, 1.0).to(ACC)"]
+    else:
+        decay_vector = []
+    store_token = [
+        f"tl.store(g_{n}_grad + (pid * T + t) * DV + cv, tl.sum(tl.where(m2, d_{n}, 0.0), "
+        f"axis=1).to(g_{n}_grad.dtype.element_ty), mask=mv)"
+        for n in gates.retention
+    ]
+    momentum_grad = (
+        [
+            "tl.store(g_momentum_grad + (pid * T + t) * DV + cv, tl.sum(du * s_p, axis=1)"
+            ".to(g_momentum_grad.dtype.element_ty), mask=mv)"
+        ]
+        if "momentum" in gates.step
+        else []
+    )
+    retained_decay = (
+        [
+            "add_rows(g_decay_grad + pid * T * DV, tok, mt, cv, mv, DV, "
+            "tl.cumsum(d_kept * kept, axis=0, reverse=True) / decay_blk)"
+        ]
+        if retained and "decay" in gates.step
+        else []
+    )
+    return {
+        "gate_params": _lines([f"g_{n}_ptr, g_{n}_rs, g_{n}_sc," for n in gates.order], 4),
+        "gate_grad_params": _lines([f"g_{n}_grad," for n in gates.order], 4),
+        "load_lr_block": _lines(lr, 8),
+        "load_decay_block": _lines(decay_block, 12, "pass"),
+        "load_decay_vector": _lines(decay_vector, 12, "pass"),
+        "load_window_block": _lines(window, 12),
+        "bias_args": "".join(f", g_{n}" for n in gates.bias),
+        "bias_grads": "".join(f", d_{n}" for n in gates.bias),
+        "load_step_token": _lines(token, 12),
+        "retention_args": "".join(f", g_{n}" for n in gates.retention),
+        "retention_grads": "".join(f", d_{n}" for n in gates.retention),
+        "store_step_token_grads": _lines(store_token, 12),
+        "store_momentum_token_grad": _lines(momentum_grad, 16),
+        "zero_window_grads": _lines(
+            [f"zero_block(g_{n}_grad + pid * NR * DV, NR, DV, cv, mv, BT)" for n in gates.window], 4
+        ),
+        "add_gamma_grad": _lines(
+            ["add_rows(g_gamma_grad + pid * NR * DV, wi, mt, cv, mv, DV, dg * bg)"]
+            if "gamma" in gates.window
+            else [],
+            12,
+        ),
+        "add_bias_grads": _lines(
+            [
+                f"add_rows(g_{n}_grad + pid * NR * DV, wi, mt, cv, mv, DV, d_{n})"
+                for n in gates.bias
+            ],
+            12,
+        ),
+        "store_lr_grad": _lines(
+            ["store_rows(g_lr_grad + pid * T * DV, tok, mt, cv, mv, DV, d_lr)"]
+            if "lr" in gates.step
+            else [],
+            8,
+        ),
+        "add_retained_decay_grad": _lines(retained_decay, 12, "pass"),
+        "store_decay_grad": _lines(
+            [
+                "store_rows(g_decay_grad + pid * T * DV, tok, mt, cv, mv, DV, "
+                "tl.where(cv[None, :] == iv * BV, d_a[:, None], 0.0))"
+            ]
+            if "decay" in gates.step
+            else [],
+            12,
+        ),
+    }
+
+
+def _fill(template: str, slots: dict[str, str]) -> str:
+    """The template with its slots filled; a line that is only a slot that emitted nothing
+    is dropped."""
+    lines = []
+    for line in template.strip("\n").splitlines():
+        name = line.strip()[1:]
+        if line.strip().startswith("$") and name in slots and not slots[name]:
+            continue
+        lines.append(line)
+    return Template("\n".join(lines)).substitute(slots)
+
+
+# The module ----------------------------------------------------------------------------------
+
+IMPORTS = """import triton
+import triton.language as tl
+
+from miras.kernels.common.intra import decay_matrix, reverse_cumsum
+from miras.kernels.common.io import add_row, add_rows, load_rows, store_rows, zero_block
+from miras.kernels.common.math import asinh, cosh, sign, sinh, soft_threshold, softplus, tanh
+from miras.kernels.common.state import lq_read, lq_read_vjp, row_softmax, row_softmax_vjp"""
+
+
+def _linear_step_ok(rule: RetentionRule, spec: Spec) -> None:
+    """The linear template assumes the step a w0 - u; check the derived one is."""
+    decay = gate_symbol("decay") if "decay" in rule.gates else None
+    if decay is None:
+        decay = sp.nsimplify(spec.retention.fixed().get("decay", 1))
+    if sp.simplify(rule.step - (decay * w0 - u)) != 0:
+        raise UnsupportedExpression(
+            f"the linear template needs the step decay*w0 - u, the derivation gave {rule.step}"
+        )
+
+
+def emit_source(spec: Spec, bias: BiasRule, retention: RetentionRule) -> str:
+    """The Triton module of a covered spec (see `kernel_source`)."""
+    gates = gate_plan(spec)
+    retained = getattr(spec.retention, "grad_at", "state") == "retained"
+    has_decay = "decay" in gates.step or "decay" in gates.fixed
+    constants = [
+        f"WINDOW = tl.constexpr({spec.window.c})  # Omega window c",
+        f"PAST = tl.constexpr({spec.window.c - 1})  # earlier tokens a window reaches back to",
+        f"MOMENTUM = tl.constexpr({spec.optimizer.kind == 'momentum'})",
+        f"RETAINED = tl.constexpr({retained})  # grad_at: retained",
+        f"DECAY = tl.constexpr({has_decay})  # an l2 decay (the linear template)",
+        'DOT_PRECISION = tl.constexpr("ieee")  # float32 products, no TF32',
+        f"PAD = tl.constexpr({PAD[spec.retention.domain()]})  # padded state entries: in the domain",
+    ]
+    pieces = _bias_pieces(bias, spec) + _retention_pieces(retention, spec)
+    slots = _slots(spec, gates)
+    kernels = [_fill(general.FORWARD, slots), _fill(general.BACKWARD, slots)]
+    if linear_applies(spec):
+        _linear_step_ok(retention, spec)
+        kernels += [_fill(linear.FORWARD, slots), _fill(linear.BACKWARD, slots)]
+    header = (
+        f"# Triton chunk kernels emitted by miras for spec '{spec.name}'. Do not edit.\n"
+        f"# bias {spec.bias.kind}, retention {spec.retention.kind}, optimizer "
+        f"{spec.optimizer.kind}, window {spec.window.c}; gates in kernel order: "
+        f"{', '.join(gates.order) or 'none'}."
+    )
+    sections = [header, IMPORTS, "\n".join(constants), *pieces, *kernels]
+    return "\n\n\n".join(sections) + "\n"
+
+
+_SOURCES: dict[str, str] = {}
+
+
+def kernel_source(spec) -> str:
+    """The emitted Triton module of `spec` (a Spec, a path, YAML text, a dict, or a compiled
+    `MemoryRule`), as text: what `miras kernel SPEC` prints. Derives through `miras.compile`
+    (cached), so the printed pieces are the checked derivation's.
+
+    Raises ValueError naming the reason when the kernels do not cover the spec."""
+    from miras.compiler.pipeline import MemoryRule, compile
+
+    rule = spec if isinstance(spec, MemoryRule) else None
+    spec = rule.spec if rule is not None else load_spec(spec)
+    key = spec.digest()
+    if key in _SOURCES:
+        return _SOURCES[key]
+    advice = "use backend='chunk' (parallel) or 'recurrent' (the exact reference)"
+    reason = unsupported_reason(spec)
+    if reason is not None:
+        raise ValueError(f"spec '{spec.name}': the Triton kernels do not cover {reason}; {advice}")
+    rule = rule or compile(spec)
+    try:
+        _SOURCES[key] = emit_source(spec, rule.bias, rule.retention)
+    except UnsupportedExpression as err:
+        raise ValueError(
+            f"spec '{spec.name}': the Triton kernels do not cover it: {err}; {advice}"
+        ) from None
+    return _SOURCES[key]
+
+
+def load_kernels(spec) -> ModuleType:
+    """The emitted module of `spec` (as for `kernel_source`), written under the cache
+    ($MIRAS_CACHE_DIR/triton/<content hash>.py) and imported from there."""
+    return load_module(kernel_source(spec), kind="triton")

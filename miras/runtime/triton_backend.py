@@ -1,0 +1,315 @@
+"""The Triton backend: a spec's emitted chunk kernels behind a `torch.autograd.Function`.
+
+    o, final = forward(rule, seq, state, chunk_size)
+
+Same semantics as the chunk backend (every inner gradient at the chunk-start state; the
+optimizer and the retention map at every token), computed by the kernels that
+`miras.compiler.triton` emits for the spec: `linear_*` (retention none or l2 with a per-head
+decay, gd: masked matmuls per chunk) or `general_*` (anything else in the matrix family: the
+step token by token). The feature map is applied before (in torch), so its parameters get
+their gradients from autograd; the kernels see phi(q) and phi(k).
+
+Every output buffer is filled with NaN before a launch; with MIRAS_TRITON_CHECK=1 each one is
+checked afterwards to hold no NaN, so an element a kernel failed to write is an error.
+On a machine without a GPU, set TRITON_INTERPRET=1 before triton is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+
+from miras.runtime.core import State, Tokens
+
+if TYPE_CHECKING:
+    from miras.compiler.pipeline import MemoryRule
+
+CHECK_ENV = "MIRAS_TRITON_CHECK"
+
+# The linear kernel splits the value channels (rows of W) into blocks of at most this many,
+# one program each, when the bias is elementwise (rows then evolve independently): a smaller
+# state tile per program, and more programs. Tests lower it to exercise the split.
+LINEAR_BLOCK_V = 64
+
+
+def _pow2(n: int) -> int:
+    """The block size for n: the next power of two, at least 16 (tl.dot's smallest side)."""
+    return max(16, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _poisoned(*shape, like: torch.Tensor) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)
+
+
+def _check_written(named: dict[str, torch.Tensor]) -> None:
+    if os.environ.get(CHECK_ENV, "") in ("", "0"):
+        return
+    for name, x in named.items():
+        missing = int(torch.isnan(x).sum())
+        if missing:
+            raise RuntimeError(
+                f"triton backend: {missing} of {x.numel()} elements of {name} were not written "
+                "(still NaN after the launch)"
+            )
+
+
+@dataclass
+class Launch:
+    """One call's kernels, sizes and gate layout; the Function's forward and backward use it."""
+
+    module: ModuleType
+    linear: bool
+    gate_names: tuple[str, ...]  # kernel order
+    gate_widths: tuple[int, ...]  # 1 (per head) or Dv, per gate
+    batch: int
+    heads: int
+    length: int
+    past: int
+    d_k: int
+    d_v: int
+    chunk_size: int
+    block_v: int  # BV: value channels per program
+    window_gates: tuple[str, ...]  # those read at the window's rows (PAST + T)
+
+    @property
+    def n_value_blocks(self) -> int:
+        return -(-self.d_v // self.block_v)
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.length // self.chunk_size)
+
+    @property
+    def bh(self) -> int:
+        return self.batch * self.heads
+
+    def meta(self, acc) -> dict:
+        return dict(
+            BT=_pow2(self.chunk_size),
+            BK=_pow2(self.d_k),
+            BV=self.block_v,
+            ACC=acc,
+            num_warps=8 if _pow2(self.d_k) * self.block_v >= 128 * 128 else 4,
+            # The chunk loop carries the state: no software pipelining, whose prefetch buffers
+            # would double the shared memory (past the 227 KB of an H100 at D = 128).
+            num_stages=1,
+        )
+
+    def sizes(self) -> tuple[int, ...]:
+        return (self.length, self.chunk_size, self.n_chunks, self.d_k, self.d_v)
+
+    def gate_args(self, gates: tuple[torch.Tensor, ...]) -> list:
+        """Each gate as (pointer, row stride, channel stride): a per-head gate is read as if
+        per channel, with channel stride 0."""
+        args = []
+        for g, width in zip(gates, self.gate_widths, strict=True):
+            args += [g, width, 0 if width == 1 else 1]
+        return args
+
+
+def _acc(x: torch.Tensor):
+    import triton.language as tl
+
+    return tl.float64 if x.dtype == torch.float64 else tl.float32
+
+
+def _forward(launch: Launch, q, k, v, valid, w0, s0, gates):
+    bh, nc, dv, dk = launch.bh, launch.n_chunks, launch.d_v, launch.d_k
+    o = _poisoned(bh, launch.length, dv, like=q)
+    w_out = _poisoned(bh, dv, dk, like=q)
+    w_chunks = _poisoned(bh, nc, dv, dk, like=q)
+    meta = launch.meta(_acc(q))
+    grid = (bh, launch.n_value_blocks)
+    if launch.linear:
+        launch.module.linear_forward[grid](
+            q, k, v, valid, w0, *launch.gate_args(gates), o, w_out, w_chunks,
+            *launch.sizes(), **meta,
+        )  # fmt: skip
+        s_out = torch.zeros_like(w_out)
+        s_chunks = torch.zeros(1, dtype=q.dtype, device=q.device)
+        _check_written({"o": o, "the final state": w_out, "the chunk states": w_chunks})
+        return o, w_out, s_out, w_chunks, s_chunks
+    momentum = launch.module.MOMENTUM.value
+    if momentum:
+        s_out = _poisoned(bh, dv, dk, like=q)
+        s_chunks = _poisoned(bh, nc, dv, dk, like=q)
+    else:  # never read or written by the kernels
+        s_out = torch.zeros_like(w_out)
+        s_chunks = torch.zeros(1, dtype=q.dtype, device=q.device)
+    g_scratch = torch.empty(
+        bh, launch.past + 1, meta["BT"], meta["BV"], dtype=q.dtype, device=q.device
+    )
+    launch.module.general_forward[grid](
+        q, k, v, valid, w0, s0, *launch.gate_args(gates), o, w_out, s_out, w_chunks, s_chunks,
+        g_scratch, *launch.sizes(), **meta,
+    )  # fmt: skip
+    written = {"o": o, "the final state": w_out, "the chunk states": w_chunks}
+    if momentum:
+        written |= {"the final momentum": s_out, "the chunk momenta": s_chunks}
+    _check_written(written)
+    return o, w_out, s_out, w_chunks, s_chunks
+
+
+def _backward(launch: Launch, saved, do, dw_out, ds_out):
+    q, k, v, valid, w_chunks, s_chunks, *gates = saved
+    bh, dv, dk = launch.bh, launch.d_v, launch.d_k
+    rows_window = launch.past + launch.length
+    parts = launch.n_value_blocks  # dq and dk: one part per block of value channels
+    dq = _poisoned(parts, bh, launch.length, dk, like=q)
+    dk_ = _poisoned(parts, bh, rows_window, dk, like=q)
+    dv_ = _poisoned(bh, rows_window, dv, like=q)
+    dw0 = _poisoned(bh, dv, dk, like=q)
+    window = set(launch.window_gates)
+    gate_grads = [
+        _poisoned(bh, rows_window if name in window else launch.length, dv, like=q)
+        for name in launch.gate_names
+    ]
+    meta = launch.meta(_acc(q))
+    grid = (bh, parts)
+    if launch.linear:
+        launch.module.linear_backward[grid](
+            q, k, v, valid, w_chunks, do, dw_out, *launch.gate_args(tuple(gates)), *gate_grads,
+            dq, dk_, dv_, dw0, *launch.sizes(), **meta,
+        )  # fmt: skip
+        ds0 = torch.zeros_like(dw0)
+    else:
+        momentum = launch.module.MOMENTUM.value
+        ds0 = _poisoned(bh, dv, dk, like=q) if momentum else torch.zeros_like(dw0)
+        bt, bv, bk = meta["BT"], meta["BV"], meta["BK"]
+        scratch = dict(dtype=q.dtype, device=q.device)
+        g_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
+        dg_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
+        w_scratch = torch.empty(bh, bt, bv, bk, **scratch)
+        s_scratch = torch.empty(bh, bt, bv, bk, **scratch) if momentum else w_scratch[:1, :1]
+        launch.module.general_backward[grid](
+            q, k, v, valid, w_chunks, s_chunks, do, dw_out, ds_out,
+            *launch.gate_args(tuple(gates)), *gate_grads, dq, dk_, dv_, dw0, ds0,
+            g_scratch, dg_scratch, w_scratch, s_scratch, *launch.sizes(), **meta,
+        )  # fmt: skip
+    written = {"dq": dq, "dk": dk_, "dv": dv_, "d initial state": dw0, "d initial momentum": ds0}
+    written |= {f"d {n}": g for n, g in zip(launch.gate_names, gate_grads, strict=True)}
+    _check_written(written)
+    dq, dk_ = dq.sum(0), dk_.sum(0)
+    # Per-channel gate gradients -> the gate's own width.
+    gate_grads = [
+        g.sum(-1, keepdim=True) if width == 1 else g
+        for g, width in zip(gate_grads, launch.gate_widths, strict=True)
+    ]
+    return dq, dk_, dv_, dw0, ds0, gate_grads
+
+
+class ChunkKernels(torch.autograd.Function):
+    """(q, k, v, valid, w0, s0, *gates) -> (o, final W, final S), all [BH, ...] contiguous."""
+
+    @staticmethod
+    def forward(ctx, launch: Launch, q, k, v, valid, w0, s0, *gates):
+        o, w_out, s_out, w_chunks, s_chunks = _forward(launch, q, k, v, valid, w0, s0, gates)
+        ctx.launch = launch
+        ctx.save_for_backward(q, k, v, valid, w_chunks, s_chunks, *gates)
+        return o, w_out, s_out
+
+    @staticmethod
+    def backward(ctx, do, dw_out, ds_out):
+        launch: Launch = ctx.launch
+
+        def dense(x, shape, like):
+            return (
+                torch.zeros(shape, dtype=like.dtype, device=like.device)
+                if x is None
+                else x.contiguous()
+            )
+
+        q = ctx.saved_tensors[0]
+        do = dense(do, (launch.bh, launch.length, launch.d_v), q)
+        dw_out = dense(dw_out, (launch.bh, launch.d_v, launch.d_k), q)
+        ds_out = dense(ds_out, (launch.bh, launch.d_v, launch.d_k), q)
+        dq, dk, dv, dw0, ds0, gate_grads = _backward(launch, ctx.saved_tensors, do, dw_out, ds_out)
+        return None, dq, dk, dv, None, dw0, ds0, *gate_grads
+
+
+def _check_device(x: torch.Tensor) -> None:
+    if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "") != "1":
+        raise ValueError(
+            "backend: 'triton' needs CUDA tensors, or TRITON_INTERPRET=1 in the environment "
+            "(set before triton is imported) to run its kernels on the CPU; got CPU tensors. "
+            "On the CPU use backend='chunk' (parallel) or 'recurrent' (the exact reference)"
+        )
+
+
+def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int):
+    """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum)."""
+    from miras.compiler.triton import gate_plan, linear_applies, load_kernels
+
+    spec = rule.spec
+    _check_device(seq.phi_q)
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "backend: 'triton' needs the triton package (Linux x86-64); use backend='chunk' "
+            "(parallel) or 'recurrent' (the exact reference)"
+        ) from None
+    module = load_kernels(rule)
+    plan = gate_plan(spec)
+    b, h, t, d_k = seq.phi_q.shape
+    d_v = seq.v.shape[-1]
+    rows = seq.past + t
+
+    def flat(x: torch.Tensor, n_rows: int) -> torch.Tensor:
+        return x.reshape(b * h, n_rows, x.shape[-1]).contiguous()
+
+    gates = [
+        flat(seq.window_gates[n], rows) if n in plan.window else flat(seq.step_gates[n], t)
+        for n in plan.order
+    ]
+    widths = tuple(g.shape[-1] for g in gates)
+    per_channel_decay = "decay" in plan.step and widths[plan.order.index("decay")] != 1
+    # A bias with channel sums keeps every value channel in one program; above 64 channels the
+    # linear backward would then need more shared memory than a GPU block has (272 KB at
+    # Dv = Dphi = 128, past the 227 KB of an H100), so the general kernels take it.
+    whole_rows = not rule.bias.elementwise
+    linear = (
+        linear_applies(spec)
+        and not per_channel_decay
+        and not (whole_rows and _pow2(d_v) > LINEAR_BLOCK_V)
+    )
+    split = linear and not whole_rows
+    launch = Launch(
+        module=module,
+        linear=linear,
+        gate_names=plan.order,
+        gate_widths=widths,
+        batch=b,
+        heads=h,
+        length=t,
+        past=seq.past,
+        d_k=d_k,
+        d_v=d_v,
+        chunk_size=chunk_size,
+        block_v=min(_pow2(d_v), LINEAR_BLOCK_V) if split else _pow2(d_v),
+        window_gates=plan.window,
+    )
+    w0 = state["W"].reshape(b * h, d_v, d_k).contiguous()
+    s0 = (
+        state["S.W"].reshape(b * h, d_v, d_k).contiguous()
+        if "S.W" in state
+        else torch.zeros_like(w0)
+    )
+    o, w_out, s_out = ChunkKernels.apply(
+        launch,
+        flat(seq.phi_q, t),
+        flat(seq.phi_k, rows),
+        flat(seq.v, rows),
+        seq.valid.reshape(b * h, rows).contiguous(),
+        w0,
+        s0,
+        *gates,
+    )
+    final = {"W": w_out.reshape(b, h, d_v, d_k)}
+    if "S.W" in state:
+        final["S.W"] = s_out.reshape(b, h, d_v, d_k)
+    return o.reshape(b, h, t, d_v), final
