@@ -36,3 +36,14 @@ class SpecError(ValueError):
 
 class DerivationError(ValueError):
     """The compiler cannot derive a rule the spec asks for (e.g. F' has no closed-form inverse)."""
+
+
+class TrainingDiverged(ValueError):
+    """The training loss (or the gradient norm) became NaN or infinite; `step` names where."""
+
+    def __init__(self, step: int, what: str, value: float):
+        self.step, self.what, self.value = step, what, value
+        super().__init__(
+            f"training diverged at step {step}: the {what} is {value}; lower the learning rate, "
+            "tighten grad_clip, or check the gates' ranges"
+        )

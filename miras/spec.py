@@ -102,6 +102,46 @@ class Window(BaseModel):
         return ["gamma"] if self.gamma == "gate" else []
 
 
+class ModelConfig(BaseModel):
+    """The model a spec's memory goes into (docs/models.md): sizes, the hybrid variant, and the
+    backend options of its memory layers. Not part of the rule, so not part of `digest()`.
+
+    Variants (Titans section 4, MIRAS section 5): `lmm` every block's mixer is the memory layer;
+    `mal` memory layer then sliding-window attention; `mag` memory and SWA branches mixed by a
+    gate; `mac` memory as context (segments); `attention` / `swa` softmax baselines that ignore
+    the memory fields of the spec.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    d_model: number(Range(1, math.inf, lo_closed=True), integer=True) = 64
+    n_layers: number(Range(1, 64, lo_closed=True, hi_closed=True), integer=True) = 2
+    n_heads: number(Range(1, math.inf, lo_closed=True), integer=True) = 2
+    variant: Literal["lmm", "mal", "mag", "mac", "attention", "swa"] = "lmm"
+    swa_window: number(Range(1, math.inf, lo_closed=True), integer=True) = 64
+    mac_segment: number(Range(1, math.inf, lo_closed=True), integer=True) = 32
+    persistent_tokens: number(Range(0, math.inf, lo_closed=True), integer=True) = 0
+    chunk_size: number(Range(1, math.inf, lo_closed=True), integer=True) = 16
+    backend: Literal["chunk", "recurrent", "triton"] = "chunk"
+    conv_size: number(Range(0, 16, lo_closed=True, hi_closed=True), integer=True) = 4
+    gate_rank: number(Range(1, math.inf, lo_closed=True), integer=True) = 16
+    mlp_expansion: number(Range(0, 64, hi_closed=True)) = 4.0
+    positions: Literal["rotary", "conv", "none"] = "rotary"
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}): each head "
+                f"gets d_model / n_heads channels"
+            )
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
 class _Incompatible(ValueError):
     """Raised by Spec's last validator to carry every compatibility problem through pydantic."""
 
@@ -127,6 +167,7 @@ class Spec(BaseModel):
     retention: one_of("retention") = NoRetention()
     optimizer: one_of("optimizer") = GD()
     window: Window = Window()
+    model: ModelConfig = ModelConfig()
 
     @model_validator(mode="after")
     def _compatible(self) -> Spec:
@@ -152,8 +193,9 @@ class Spec(BaseModel):
         return self.model_dump(mode="json")
 
     def digest(self) -> str:
-        """sha256 of the canonical JSON of `normalized()` without `description`: the cache key."""
-        data = {k: v for k, v in self.normalized().items() if k != "description"}
+        """sha256 of the canonical JSON of `normalized()` without `description` and `model`
+        (the model around the memory does not change its rule): the compile-cache key."""
+        data = {k: v for k, v in self.normalized().items() if k not in ("description", "model")}
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -357,6 +399,8 @@ def _owner(loc: tuple[Any, ...]) -> tuple[type[BaseModel] | None, str]:
         return cls, f"{loc[1]} {head}"
     if head == "window":
         return Window, "window"
+    if head == "model":
+        return ModelConfig, "model"
     return Spec, "the spec"
 
 
@@ -367,7 +411,8 @@ def _problem(item: Mapping[str, Any]) -> Problem:
     path = ".".join(str(part) for part in parts)
     kind, value = item["type"], item.get("input")
     cls, owner = _owner(loc)
-    depth = 2 if in_component else 1 if loc[:1] == ("window",) else 0  # the owner's fields
+    nested = loc[:1] in (("window",), ("model",))
+    depth = 2 if in_component else 1 if nested else 0  # the owner's fields
     field = str(loc[depth]) if len(loc) > depth else ""
 
     if kind in ("union_tag_invalid", "union_tag_not_found"):

@@ -1,0 +1,166 @@
+"""Hybrids of a memory layer and sliding-window attention (Titans section 4, MIRAS section 5).
+
+Each is a mixer: x [B, T, D] -> (y [B, T, D], cache). `forward(x)` runs in parallel;
+`forward(x, cache)` continues from `empty_cache(batch)` (one token at a time for decoding).
+
+- MAL, memory as a layer: the memory layer, then SWA on its output (Titans eq. 29-31).
+- MAG, memory as a gate: memory and SWA branches on the same input, mixed by a gate
+  (Titans eq. 26-28).
+- MAC, memory as context: per segment, retrieve from the memory, attend over
+  [persistent tokens, retrieved, segment], update the memory with the attention output
+  (Titans eq. 21-25).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from miras.models.layer import Cache, MirasLayer
+from miras.models.mixers import Attention, attention_mask, rotary
+
+
+class GatedSum(nn.Module):
+    """g * RMSNorm(a) + (1 - g) * RMSNorm(b), g = sigmoid(W x) per channel: Titans' nonlinear
+    gating of two branches (each normalized so neither dominates by scale)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_model, bias=False)
+        self.norm_a, self.norm_b = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        g = torch.sigmoid(self.gate(x))
+        return g * self.norm_a(a) + (1 - g) * self.norm_b(b)
+
+
+class MAL(nn.Module):
+    """Memory as a layer: m = memory(x), s = SWA(norm(x + m)); returns m + s, so the residual
+    stream sees the memory's update and then the attention's, as two stacked sublayers."""
+
+    def __init__(self, memory: MirasLayer, swa: Attention):
+        super().__init__()
+        self.memory, self.swa = memory, swa
+        self.norm = nn.RMSNorm(memory.d_model)
+
+    def empty_cache(self, batch: int) -> Cache:
+        return {"memory": self.memory.empty_cache(batch), "swa": self.swa.empty_cache(batch)}
+
+    def forward(self, x: torch.Tensor, cache: Cache | None = None):
+        m, memory_cache = self.memory(x, None if cache is None else cache["memory"])
+        s, swa_cache = self.swa(self.norm(x + m), None if cache is None else cache["swa"])
+        new = None if cache is None else {"memory": memory_cache, "swa": swa_cache}
+        return m + s, new
+
+
+class MAG(nn.Module):
+    """Memory as a gate: y = g * norm(memory(x)) + (1 - g) * norm(SWA(x))."""
+
+    def __init__(self, memory: MirasLayer, swa: Attention):
+        super().__init__()
+        self.memory, self.swa = memory, swa
+        self.combine = GatedSum(memory.d_model)
+
+    def empty_cache(self, batch: int) -> Cache:
+        return {"memory": self.memory.empty_cache(batch), "swa": self.swa.empty_cache(batch)}
+
+    def forward(self, x: torch.Tensor, cache: Cache | None = None):
+        m, memory_cache = self.memory(x, None if cache is None else cache["memory"])
+        s, swa_cache = self.swa(x, None if cache is None else cache["swa"])
+        new = None if cache is None else {"memory": memory_cache, "swa": swa_cache}
+        return self.combine(x, m, s), new
+
+
+class MAC(nn.Module):
+    """Memory as context, segment by segment (segments of `segment` tokens):
+
+        h   = W_h M_{S_{i-1}}(q_r(x_seg))                 retrieve at the segment-start memory
+        y   = Attn(x_seg | [persistent, h, x_seg])        causal over h and x_seg
+        m   = memory(y)                                    updates the memory (chunk backend)
+        out = g * norm(m) + (1 - g) * norm(y)
+
+    Token t attends to h_j and x_j for j <= t only (h_j depends on x_j), so nothing leaks from
+    the future. The retrieval query q_r is its own projection. Decoding runs token by token: the
+    cache keeps the segment-start memory for retrieval, the running memory, and the segment's
+    keys and values; at a segment boundary the running memory becomes the segment-start one.
+    """
+
+    def __init__(self, memory: MirasLayer, n_heads: int, segment: int, persistent_tokens: int):
+        super().__init__()
+        d = memory.d_model
+        self.memory, self.segment = memory, segment
+        self.n_heads, self.head_dim = n_heads, d // n_heads
+        self.retrieve_q = nn.Linear(d, d, bias=False)
+        self.retrieved = nn.Linear(d, d, bias=False)  # W_h: the read back to the model width
+        self.attn = Attention(d, n_heads, persistent_tokens=persistent_tokens)
+        self.combine = GatedSum(d)
+
+    def retrieve(self, x: torch.Tensor, state) -> torch.Tensor:
+        """x [B, T, D] -> the memory's read at `state` for queries q_r(x): [B, T, D]."""
+        q = F.normalize(self.memory.split_heads(self.retrieve_q(x)), dim=-1)
+        return self.retrieved(self.memory.read(q, state).flatten(-2))
+
+    def context(self, x: torch.Tensor, h: torch.Tensor, pos: torch.Tensor):
+        """Rotated queries of x and keys / values of h and x at positions pos:
+        q [B, H, T, d]; k, v [B, H, 2T, d] ordered [h, x]."""
+        qkv_x = self.attn.qkv(x).chunk(3, dim=-1)
+        _, k_h, v_h = (self.attn.heads(z) for z in self.attn.qkv(h).chunk(3, dim=-1))
+        q, k_x, v_x = (self.attn.heads(z) for z in qkv_x)
+        q, k_x, k_h = rotary(q, pos), rotary(k_x, pos), rotary(k_h, pos)
+        return q, torch.cat([k_h, k_x], dim=2), torch.cat([v_h, v_x], dim=2)
+
+    def empty_cache(self, batch: int) -> Cache:
+        memory = self.memory.empty_cache(batch)
+        like = self.attn.qkv.weight
+        empty = like.new_zeros(batch, self.n_heads, 0, self.head_dim)
+        return {"memory": memory, "start": memory["memory"], "k": empty, "v": empty, "pos": 0}
+
+    def forward(self, x: torch.Tensor, cache: Cache | None = None):
+        if cache is not None:
+            outputs = []
+            for t in range(x.shape[1]):
+                y, cache = self.step(x[:, t : t + 1], cache)
+                outputs.append(y)
+            return torch.cat(outputs, dim=1), cache
+        memory_cache = self.memory.empty_cache(x.shape[0])
+        outputs = []
+        for s in range(0, x.shape[1], self.segment):
+            xs = x[:, s : s + self.segment]
+            n = xs.shape[1]
+            h = self.retrieve(xs, memory_cache["memory"])
+            pos = torch.arange(n, device=x.device)
+            q, k, v = self.context(xs, h, pos)
+            key_pos = torch.cat([pos, pos])  # h_j and x_j both sit at position j
+            y = self.attn.out_proj(self.attend(q, k, v, pos, key_pos))
+            m, memory_cache = self.memory.run(y, memory_cache, self.memory.backend)
+            outputs.append(self.combine(xs, m, y))
+        return torch.cat(outputs, dim=1), None
+
+    def attend(self, q, k, v, query_pos, key_pos) -> torch.Tensor:
+        """Causal attention over [persistent, context]: -> [B, T, D]."""
+        extra = self.attn.persistent_kv(q.shape[0])
+        p = 0 if extra is None else extra[0].shape[2]
+        if extra is not None:
+            k, v = torch.cat([extra[0], k], dim=2), torch.cat([extra[1], v], dim=2)
+        mask = attention_mask(query_pos, key_pos, None, p)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return o.transpose(1, 2).flatten(-2)
+
+    def step(self, x: torch.Tensor, cache: Cache):
+        """One token x [B, 1, D] -> (y [B, 1, D], cache)."""
+        pos_in_segment = cache["pos"] % self.segment
+        if pos_in_segment == 0:  # a new segment: retrieve from the memory as it is now
+            cache = {**cache, "start": cache["memory"]["memory"]}
+            cache["k"], cache["v"] = cache["k"][:, :, :0], cache["v"][:, :, :0]
+        h = self.retrieve(x, cache["start"])
+        pos = torch.tensor([pos_in_segment], device=x.device)
+        q, k, v = self.context(x, h, pos)
+        k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+        # Every cached key of this segment is at a position <= the query's: all visible.
+        key_pos = torch.zeros(k.shape[2], dtype=torch.long, device=x.device)
+        y = self.attn.out_proj(self.attend(q, k, v, pos, key_pos))
+        m, memory_cache = self.memory(y, cache["memory"])
+        new = {"memory": memory_cache, "start": cache["start"], "k": k, "v": v}
+        new["pos"] = cache["pos"] + 1
+        return self.combine(x, m, y), new

@@ -1,0 +1,317 @@
+"""MirasLayer: a compiled memory rule inside a sequence-mixing layer.
+
+    x [B, T, D] -> q, k, v projections -> short causal conv + SiLU -> l2-normalized q, k
+                -> data-dependent gates (low rank, mapped into each gate's range)
+                -> rule(q, k, v, gates) -> per-head RMSNorm -> * SiLU(W_g x) -> W_o -> [B, T, D]
+
+The layout follows Titans section 3.1 and MIRAS section 5 (conv, normalized q and k, output norm
+and gate), as fla's DeltaNet / Gated DeltaNet layers do. Training runs the rule's `chunk` backend
+(or `triton`); decoding one token at a time runs its exact recurrent step on a cache holding the
+memory state and the conv's last inputs (docs/models.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from miras.compiler.pipeline import MemoryRule
+from miras.compiler.pipeline import compile as compile_rule
+from miras.compiler.plan import GateInfo
+from miras.components.base import Range
+from miras.spec import Spec, load_spec
+
+Cache = dict[str, object]
+
+# What each gate starts at, in natural space (the gate projection starts at its bias). Decays
+# spread over heads as RetNet's multi-scale retention does; other names start at 1.
+GATE_START: dict[str, float | tuple[float, float]] = {
+    "decay": (0.9, 0.99),
+    "lr": 0.5,
+    "momentum": 0.5,
+    "threshold": 1e-3,
+}
+# Positive gates kept below a ceiling: with ||k|| = 1 the delta rule W - b (W k - v) k^T
+# contracts only for b < 2 (DeltaNet, Yang et al. 2024), so the learning rate is b = sigmoid(.).
+GATE_CEILING: dict[str, float] = {"lr": 1.0}
+# Open ends of a range are kept open in floating point: sigmoid(30) is exactly 1.0 in fp32.
+OPEN_END_MARGIN = 1e-6
+LOG_FLOOR = -30.0  # a positive learned state is exp(raw), raw >= this: never 0 in fp32
+LOGIT_BOUND = 15.0  # a unit-interval one is sigmoid(raw), |raw| <= this: never 0 or 1 in fp32
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise convolution over time followed by SiLU (Titans section 3.1; fla's
+    ShortConvolution). Size 0 is the identity. The cache holds the last `size - 1` inputs."""
+
+    def __init__(self, dim: int, size: int):
+        super().__init__()
+        self.dim, self.size = dim, size
+        if size > 0:
+            self.weight = nn.Parameter(torch.empty(dim, 1, size))
+            self.bias = nn.Parameter(torch.zeros(dim))
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Conv1d's default
+
+    def empty_cache(self, batch: int, like: torch.Tensor) -> torch.Tensor:
+        return like.new_zeros(batch, max(self.size - 1, 0), self.dim)
+
+    def forward(
+        self, x: torch.Tensor, cache: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, C], cache [B, size - 1, C] (zeros: the sequence start) -> y [B, T, C], cache."""
+        if self.size == 0:
+            return x, self.empty_cache(x.shape[0], x)
+        past = self.empty_cache(x.shape[0], x) if cache is None else cache
+        full = torch.cat([past, x], dim=1)  # [B, size - 1 + T, C]
+        y = F.conv1d(full.transpose(1, 2), self.weight, self.bias, groups=self.dim)
+        return F.silu(y.transpose(1, 2)), full[:, full.shape[1] - (self.size - 1) :]
+
+
+def squash(raw: torch.Tensor, allowed: Range, ceiling: float | None = None) -> torch.Tensor:
+    """Map an unconstrained value into `allowed`: sigmoid for a bounded range (or a positive
+    one with a ceiling), softplus for a half-line. Open ends stay open in floating point."""
+    lo, hi = allowed.lo, allowed.hi if ceiling is None else ceiling
+    if math.isfinite(lo) and math.isfinite(hi):
+        y = lo + (hi - lo) * torch.sigmoid(raw)
+    elif math.isfinite(lo):
+        y = lo + F.softplus(raw)
+    elif math.isfinite(hi):
+        y = hi - F.softplus(-raw)
+    else:
+        return raw
+    low = lo if allowed.lo_closed else lo + OPEN_END_MARGIN * max(1.0, abs(lo))
+    if not math.isfinite(allowed.hi):
+        return y.clamp(min=low)
+    high = allowed.hi if allowed.hi_closed else allowed.hi - OPEN_END_MARGIN
+    return y.clamp(min=low, max=high)
+
+
+def unsquash(value: float, allowed: Range, ceiling: float | None = None) -> float:
+    """The raw value that `squash` maps to `value` (for initial biases)."""
+    lo, hi = allowed.lo, allowed.hi if ceiling is None else ceiling
+    if math.isfinite(lo) and math.isfinite(hi):
+        p = (value - lo) / (hi - lo)
+        return math.log(p / (1 - p))
+    if math.isfinite(lo):
+        return math.log(math.expm1(value - lo))  # softplus^-1
+    if math.isfinite(hi):
+        return -math.log(math.expm1(hi - value))
+    return value
+
+
+class GateMaps(nn.Module):
+    """Per-token, per-head gates from a low-rank projection of x, each in its valid range.
+
+    x [B, T, D] -> {name: [B, T, H]}, one entry per `rule.plan.gates`."""
+
+    def __init__(self, gates: tuple[GateInfo, ...], d_model: int, n_heads: int, rank: int):
+        super().__init__()
+        self.infos, self.n_heads = gates, n_heads
+        if not gates:
+            return
+        self.down = nn.Linear(d_model, rank, bias=False)
+        self.up = nn.Linear(rank, len(gates) * n_heads)
+        nn.init.zeros_(self.up.weight)  # start every gate at its bias: GATE_START
+        with torch.no_grad():
+            self.up.bias.copy_(self.initial_bias())
+
+    def initial_bias(self) -> torch.Tensor:
+        biases = []
+        for info in self.infos:
+            start = GATE_START.get(info.name, 1.0)
+            lo, hi = start if isinstance(start, tuple) else (start, start)
+            ceiling = GATE_CEILING.get(info.name)
+            for h in range(self.n_heads):
+                value = lo + (hi - lo) * h / max(self.n_heads - 1, 1)
+                biases.append(unsquash(value, info.allowed, ceiling))
+        return torch.tensor(biases)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if not self.infos:
+            return {}
+        raw = self.up(self.down(x)).unflatten(-1, (len(self.infos), self.n_heads))
+        return {
+            info.name: squash(raw[..., i, :], info.allowed, GATE_CEILING.get(info.name))
+            for i, info in enumerate(self.infos)
+        }
+
+
+def _param_name(state_name: str) -> str:
+    return state_name.replace(".", "_")  # module attribute names cannot hold dots
+
+
+class LearnedState(nn.Module):
+    """The memory's initial state W_0 as parameters [1, H, out, in], broadcast over the batch.
+
+    Stored where training cannot leave the retention's domain: log W for a positive domain
+    (KL, Bregman with w log w), logit W for the unit interval, each clamped so that fp32 never
+    rounds W onto the domain's edge (log 0 = -inf); momenta start at zero."""
+
+    def __init__(self, rule: MemoryRule, n_heads: int, d_key: int, d_value: int):
+        super().__init__()
+        self.domain = rule.spec.retention.domain()
+        state = rule.initial_state(1, n_heads, d_key, d_value)
+        self.as_tensor = isinstance(state, torch.Tensor)
+        state = {"W": state} if self.as_tensor else state
+        self.names = list(state)
+        self.learned = nn.ParameterDict()
+        self.zeros: dict[str, tuple[int, ...]] = {}
+        for name, value in state.items():
+            if name.startswith("S."):
+                self.zeros[name] = tuple(value.shape)
+            else:
+                self.learned[_param_name(name)] = nn.Parameter(self._to_raw(value))
+
+    def _to_raw(self, w: torch.Tensor) -> torch.Tensor:
+        if self.domain == "positive":
+            return w.log()
+        if self.domain == "unit_interval":
+            return torch.logit(w)
+        return w.clone()
+
+    def _from_raw(self, raw: torch.Tensor) -> torch.Tensor:
+        if self.domain == "positive":
+            return raw.clamp(min=LOG_FLOOR).exp()  # exp(-104) would underflow to 0 in fp32
+        if self.domain == "unit_interval":
+            return torch.sigmoid(raw.clamp(-LOGIT_BOUND, LOGIT_BOUND))
+        return raw
+
+    def forward(self, batch: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The state for `batch` sequences, in the rule's public form."""
+        out = {}
+        for name in self.names:
+            if name in self.zeros:
+                like = next(iter(self.learned.values()))
+                out[name] = like.new_zeros(self.zeros[name]).expand(batch, -1, -1, -1)
+            else:
+                w = self._from_raw(self.learned[_param_name(name)])
+                out[name] = w.expand(batch, -1, -1, -1)
+        return out["W"] if self.as_tensor else out
+
+
+class MirasLayer(nn.Module):
+    """A memory layer built from a spec. x [B, T, D] -> y [B, T, D].
+
+    `forward(x)` runs the whole sequence in parallel on `backend` (chunk size `chunk_size`);
+    `forward(x, cache)` continues from a cache (`empty_cache(batch)`) and returns the new one:
+    with one token it runs the exact recurrent step, so decoding token by token equals the
+    parallel forward of the `recurrent` backend (and of `chunk` at chunk size 1).
+    `persistent_tokens` learnable inputs are run before the sequence (Titans eq. 26), priming
+    the memory; their outputs are dropped.
+    """
+
+    def __init__(
+        self,
+        spec: Spec | str | dict,
+        d_model: int,
+        n_heads: int,
+        *,
+        chunk_size: int = 16,
+        backend: str = "chunk",
+        conv_size: int = 4,
+        gate_rank: int = 16,
+        persistent_tokens: int = 0,
+    ):
+        super().__init__()
+        spec = load_spec(spec)
+        if spec.memory.kind == "nonparametric":
+            raise ValueError(
+                f"spec '{spec.name}': nonparametric memory is softmax attention; build it with "
+                "miras.models.Attention (build_model does this for you)"
+            )
+        if d_model % n_heads:
+            raise ValueError(f"n_heads ({n_heads}) must divide d_model ({d_model})")
+        self.rule = compile_rule(spec)
+        self.d_model, self.n_heads = d_model, n_heads
+        self.head_dim = d_model // n_heads
+        self.chunk_size, self.backend = chunk_size, backend
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.conv = ShortConv(3 * d_model, conv_size)
+        self.gates = GateMaps(self.rule.plan.gates, d_model, n_heads, gate_rank)
+        self.out_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        self.out_gate = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.state0 = LearnedState(self.rule, n_heads, self.head_dim, self.head_dim)
+        fm = spec.feature_map
+        self.rule_params = nn.ParameterDict(
+            {
+                name: nn.Parameter(value, requires_grad=getattr(fm, "learnable", True))
+                for name, value in self.rule.default_params().items()
+            }
+        )
+        self.persistent = (
+            nn.Parameter(torch.randn(persistent_tokens, d_model) * 0.02)
+            if persistent_tokens
+            else None
+        )
+
+    # The pieces --------------------------------------------------------------------------
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, D] -> [B, T, H, D/H]."""
+        return x.unflatten(-1, (self.n_heads, self.head_dim))
+
+    def memory_inputs(self, x: torch.Tensor, conv_cache: torch.Tensor | None):
+        """q, k [B, T, H, Dk] (l2-normalized), v [B, T, H, Dv], gates, and the conv cache."""
+        qkv, conv_cache = self.conv(self.qkv(x), conv_cache)
+        q, k, v = (self.split_heads(t) for t in qkv.chunk(3, dim=-1))
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        return q, k, v, self.gates(x), conv_cache
+
+    def output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """o [B, T, H, Dv] -> RMSNorm per head, SiLU output gate from x, projection: [B, T, D]."""
+        o = self.out_norm(o).flatten(-2)
+        return self.out_proj(o * F.silu(self.out_gate(x)))
+
+    def params(self) -> dict[str, torch.Tensor]:
+        return dict(self.rule_params.items())
+
+    def read(self, q: torch.Tensor, state) -> torch.Tensor:
+        """M_W(phi(q)) with no update: q [B, T, H, Dk], state in the rule's public form ->
+        [B, T, H, Dv]. MAC's retrieval (Titans eq. 21) reads the segment-start memory."""
+        rt = self.rule.runtime
+        state = {"W": state} if isinstance(state, torch.Tensor) else state
+        dtype = next(iter(state.values())).dtype
+        phi_q = rt.feature(q.transpose(1, 2).to(dtype), self.params())  # [B, H, T, Dphi]
+        weights = {n: w.unsqueeze(2) for n, w in rt.weights(state).items()}  # [B, H, 1, o, i]
+        return rt.memory.forward(weights, phi_q).transpose(1, 2).to(q.dtype)
+
+    # Running -----------------------------------------------------------------------------
+    def empty_cache(self, batch: int) -> Cache:
+        """The cache before the first token (after the persistent tokens, if any)."""
+        like = self.qkv.weight
+        cache: Cache = {"conv": self.conv.empty_cache(batch, like), "memory": self.state0(batch)}
+        if self.persistent is not None:
+            prefix = self.persistent.unsqueeze(0).expand(batch, -1, -1)
+            _, cache = self.run(prefix, cache, "recurrent")
+        return cache
+
+    def forward(self, x: torch.Tensor, cache: Cache | None = None):
+        """x [B, T, D] -> (y [B, T, D], the new cache or None when no cache was given)."""
+        if cache is not None:
+            backend = "recurrent" if x.shape[1] == 1 else self.backend
+            return self.run(x, cache, backend)
+        start = {"conv": None, "memory": self.state0(x.shape[0])}
+        if self.persistent is None:
+            return self.run(x, start, self.backend, keep_state=False)[0], None
+        prefix = self.persistent.unsqueeze(0).expand(x.shape[0], -1, -1)
+        y, _ = self.run(torch.cat([prefix, x], dim=1), start, self.backend, keep_state=False)
+        return y[:, prefix.shape[1] :], None  # the persistent tokens' outputs are dropped
+
+    def run(self, x: torch.Tensor, cache: Cache, backend: str, keep_state: bool = True):
+        """x [B, T, D] from `cache` on `backend` -> (y [B, T, D], the cache after x)."""
+        q, k, v, gates, conv_cache = self.memory_inputs(x, cache["conv"])
+        o, state = self.rule(
+            q,
+            k,
+            v,
+            gates,
+            backend=backend,
+            chunk_size=self.chunk_size,
+            initial_state=cache["memory"],
+            output_final_state=keep_state,
+            params=self.params(),
+        )
+        return self.output(o, x), {"conv": conv_cache, "memory": state}

@@ -1,0 +1,157 @@
+"""The language model around the mixers: embedding, N pre-norm blocks, final norm, tied head.
+
+    tokens [B, T] -> embedding [B, T, D]
+                  -> N x (x + mixer(norm(x)); x + SwiGLU(norm(x)))
+                  -> norm -> logits [B, T, V] = x E^T   (the head is the embedding, tied)
+
+`build_model(spec, vocab_size)` picks the mixer of every block from the spec's `model:` section
+(docs/models.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from miras.models.hybrid import MAC, MAG, MAL
+from miras.models.layer import Cache, MirasLayer
+from miras.models.mixers import Attention
+from miras.spec import ModelConfig, Spec, load_spec
+
+INIT_STD = 0.02  # GPT-2's initialization of every projection and of the embedding
+
+
+class SwiGLU(nn.Module):
+    """W_2 (SiLU(W_1 x) * W_3 x) (Shazeer 2020). x [B, T, D] -> [B, T, D]; hidden width
+    2/3 * expansion * D rounded up to a multiple of 8, so the parameter count matches a
+    plain MLP of that expansion."""
+
+    def __init__(self, d_model: int, expansion: float):
+        super().__init__()
+        hidden = max(8, -(-round(2 * expansion * d_model / 3) // 8) * 8)
+        self.w1 = nn.Linear(d_model, hidden, bias=False)
+        self.w3 = nn.Linear(d_model, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def build_mixer(spec: Spec, config: ModelConfig) -> nn.Module:
+    """The mixer of one block for the spec's variant (docs/models.md)."""
+    d, h, variant = config.d_model, config.n_heads, config.variant
+    p = config.persistent_tokens
+
+    def attention(window: int | None, persistent: int = p) -> Attention:
+        return Attention(
+            d,
+            h,
+            window=window,
+            positions=config.positions,
+            conv_size=config.conv_size,
+            persistent_tokens=persistent,
+        )
+
+    if variant == "attention":
+        return attention(None)
+    if variant == "swa":
+        return attention(config.swa_window)
+    if spec.memory.kind == "nonparametric":  # attention / swa specs are the softmax mixers
+        if variant != "lmm":
+            raise ValueError(
+                f"model.variant: {variant!r} mixes a memory layer with attention; spec "
+                f"'{spec.name}' has nonparametric memory (attention itself): use variant lmm"
+            )
+        return attention(spec.memory.window)
+
+    def memory(persistent: int = 0) -> MirasLayer:
+        return MirasLayer(
+            spec,
+            d,
+            h,
+            chunk_size=config.chunk_size,
+            backend=config.backend,
+            conv_size=config.conv_size,
+            gate_rank=config.gate_rank,
+            persistent_tokens=persistent,
+        )
+
+    if variant == "lmm":
+        return memory(p)  # no attention: the persistent tokens prime the memory
+    if variant == "mal":
+        return MAL(memory(), attention(config.swa_window))
+    if variant == "mag":
+        return MAG(memory(), attention(config.swa_window))
+    return MAC(memory(), h, config.mac_segment, p)
+
+
+class Block(nn.Module):
+    """x + mixer(norm(x)), then x + SwiGLU(norm(x)). x [B, T, D] -> [B, T, D]."""
+
+    def __init__(self, mixer: nn.Module, d_model: int, expansion: float):
+        super().__init__()
+        self.mixer_norm, self.mixer = nn.RMSNorm(d_model), mixer
+        self.mlp_norm, self.mlp = nn.RMSNorm(d_model), SwiGLU(d_model, expansion)
+
+    def forward(self, x: torch.Tensor, cache: Cache | None = None):
+        y, cache = self.mixer(self.mixer_norm(x), cache)
+        x = x + y
+        return x + self.mlp(self.mlp_norm(x)), cache
+
+
+class LanguageModel(nn.Module):
+    """tokens [B, T] int64 -> logits [B, T, V].
+
+    `model(tokens)` runs in parallel. Decoding: `cache = model.empty_cache(B)`, then
+    `logits, cache = model.decode(tokens_t, cache)` for tokens_t [B, 1] (or any [B, T]).
+    """
+
+    def __init__(self, spec: Spec | str | dict, vocab_size: int):
+        super().__init__()
+        self.spec = load_spec(spec)
+        config = self.spec.model
+        if vocab_size < 2:
+            raise ValueError(f"vocab_size: expected at least 2, got {vocab_size}")
+        self.vocab_size = vocab_size
+        self.embed = nn.Embedding(vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(
+            Block(build_mixer(self.spec, config), config.d_model, config.mlp_expansion)
+            for _ in range(config.n_layers)
+        )
+        self.norm = nn.RMSNorm(config.d_model)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Normal(0, 0.02) for the embedding and every projection; the memory layers' gate
+        biases, conv weights and initial states keep their own initialization."""
+        nn.init.normal_(self.embed.weight, std=INIT_STD)
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and module.bias is None:
+                nn.init.normal_(module.weight, std=INIT_STD)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x, _ = block(x)
+        return self.head(x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) @ self.embed.weight.T  # tied
+
+    def empty_cache(self, batch: int) -> list[Cache]:
+        return [block.mixer.empty_cache(batch) for block in self.blocks]
+
+    def decode(self, tokens: torch.Tensor, cache: list[Cache]):
+        """tokens [B, T] continuing `cache` -> (logits [B, T, V], the new cache)."""
+        x = self.embed(tokens)
+        new = []
+        for block, block_cache in zip(self.blocks, cache, strict=True):
+            x, block_cache = block(x, block_cache)
+            new.append(block_cache)
+        return self.head(x), new
+
+
+def build_model(spec: Spec | str | dict, vocab_size: int) -> LanguageModel:
+    """The model a spec describes (its `model:` section) for a vocabulary of `vocab_size`."""
+    return LanguageModel(spec, vocab_size)
