@@ -1,0 +1,107 @@
+"""Drawing only: plotly figures from the data of report.py, and the HTML page that holds them.
+
+The page embeds plotly.js once, in its head, so it opens without a network.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from miras.search.report import Dimension
+
+LAYOUT = {"template": "plotly_white", "height": 420, "margin": {"l": 60, "r": 30, "t": 40, "b": 50}}
+
+
+def history_figure(data: pd.DataFrame, metric: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_scatter(x=data["trial"], y=data["value"], mode="markers", name=metric)
+    fig.add_scatter(x=data["trial"], y=data["best"], mode="lines", name="best so far")
+    fig.update_layout(**LAYOUT, xaxis_title="trial", yaxis_title=metric)
+    return fig
+
+
+def parallel_figure(dimensions: list[Dimension]) -> go.Figure:
+    axes = []
+    for d in dimensions:
+        axis: dict[str, Any] = {"label": d.name, "values": d.values}
+        if d.labels:
+            axis.update(tickvals=d.ticks, ticktext=d.labels)
+        axes.append(axis)
+    objective = dimensions[-1].values if dimensions else []
+    line = {"color": objective, "colorscale": "Viridis", "showscale": True}
+    fig = go.Figure(go.Parcoords(dimensions=axes, line=line))
+    fig.update_layout(**LAYOUT)
+    return fig
+
+
+def importance_figure(data: pd.DataFrame, metric: str) -> go.Figure:
+    ordered = data.iloc[::-1]  # the most important on top
+    fig = go.Figure(go.Bar(x=ordered["importance"], y=ordered["parameter"], orientation="h"))
+    fig.update_layout(**LAYOUT, xaxis_title=f"importance for {metric}")
+    return fig
+
+
+def pareto_figure(data: pd.DataFrame, metrics: list[str]) -> go.Figure:
+    a, b = metrics
+    fig = go.Figure()
+    for on_front, name in ((False, "dominated"), (True, "Pareto front")):
+        part = data[data["pareto"] == on_front].sort_values(a)
+        fig.add_scatter(
+            x=part[a],
+            y=part[b],
+            mode="markers+lines" if on_front else "markers",
+            name=name,
+            text=[f"trial {n}" for n in part["trial"]],
+        )
+    fig.update_layout(**LAYOUT, xaxis_title=a, yaxis_title=b)
+    return fig
+
+
+def component_figure(data: pd.DataFrame, parameter: str, metric: str) -> go.Figure:
+    fig = go.Figure()
+    for option, part in data.groupby("option", sort=True):
+        fig.add_box(y=part["value"], name=str(option), boxpoints="all", jitter=0.3)
+    fig.update_layout(**LAYOUT, xaxis_title=parameter, yaxis_title=metric, showlegend=False)
+    return fig
+
+
+def page(
+    title: str,
+    heading: str,
+    figures: list[tuple[str, go.Figure]],
+    board: pd.DataFrame,
+    notes: list[str],
+) -> str:
+    """One self-contained HTML page: plotly.js inline, the figures, the leaderboard table."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
+        "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;"
+        "padding:2px 6px}</style>",
+        f'<script type="text/javascript">{get_plotlyjs()}</script>',
+        f'</head><body data-figures="{len(figures)}">',
+        f"<h1>{html.escape(title)}</h1><p>{html.escape(heading)}</p>",
+    ]
+    for note in notes:
+        parts.append(f"<p><em>{html.escape(note)}</em></p>")
+    for i, (name, fig) in enumerate(figures):
+        parts.append(f"<h2>{html.escape(name)}</h2>")
+        parts.append(
+            fig.to_html(
+                full_html=False,
+                include_plotlyjs=False,
+                div_id=f"figure-{i}",
+                config={"displaylogo": False, "responsive": True},
+            )
+        )
+    parts.append("<h2>Leaderboard</h2>")
+    parts.append(board.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}"))
+    parts.append("</body></html>")
+    return "\n".join(parts)

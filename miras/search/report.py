@@ -1,0 +1,295 @@
+"""What a report shows, computed apart from its drawing (plots.py draws; plotly is not imported
+here). Every function takes the study's trials (Optuna FrozenTrials) and returns a pandas frame
+or a small dataclass, so each is tested without plotly.
+
+    write_report(handle, study, "runs/quickstart-report")  # leaderboard.csv + report.html
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from miras.search.study import StudyDef
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def _sign(direction: str) -> int:
+    return 1 if direction == "minimize" else -1
+
+
+def _text(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def trials_frame(trials: list[FrozenTrial], metrics: list[str]) -> pd.DataFrame:
+    """One row per trial: number, state, each objective, the other measures, every parameter
+    (missing where a branch was not taken), seconds, the reason of a prune, a retry's origin."""
+    rows = []
+    for t in trials:
+        row: dict[str, Any] = {"trial": t.number, "state": t.state.name.lower()}
+        values = t.values if t.state == TrialState.COMPLETE and t.values else [None] * len(metrics)
+        row.update(dict(zip(metrics, values, strict=True)))
+        for name, value in (t.user_attrs.get("metrics") or {}).items():
+            row.setdefault(name, value)
+        row.update(t.params)
+        row["seconds"] = t.user_attrs.get("seconds")
+        row["reason"] = t.user_attrs.get("reason") or t.user_attrs.get("error") or ""
+        row["retry_of"] = t.system_attrs.get("failed_trial")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def leaderboard(
+    trials: list[FrozenTrial], metrics: list[str], directions: list[str]
+) -> pd.DataFrame:
+    """Finished trials, best first: complete trials by the first objective (ties by trial
+    number), then pruned ones. `rank` counts from 1; with several objectives, `pareto` marks
+    the trials on the front of the first two."""
+    frame = trials_frame([t for t in trials if t.state in FINISHED], metrics)
+    if frame.empty:
+        return frame
+    if len(metrics) > 1:
+        front = pareto_data(trials, metrics, directions)
+        on_front = set(front.loc[front["pareto"], "trial"])
+        frame.insert(2, "pareto", [n in on_front for n in frame["trial"]])
+    key = frame[metrics[0]].astype(float) * _sign(directions[0])
+    frame = frame.assign(_pruned=frame["state"] != "complete", _key=key)
+    frame = frame.sort_values(["_pruned", "_key", "trial"], na_position="last")
+    frame = frame.drop(columns=["_pruned", "_key"]).reset_index(drop=True)
+    frame.insert(0, "rank", range(1, len(frame) + 1))
+    return frame
+
+
+# ---------------------------------------------------------------------------------------------
+# Figure data
+
+
+def history_data(trials: list[FrozenTrial], direction: str, index: int = 0) -> pd.DataFrame:
+    """Complete trials in order: the objective `index` and the best value so far."""
+    done = sorted(
+        (t for t in trials if t.state == TrialState.COMPLETE and t.values), key=lambda t: t.number
+    )
+    values = [t.values[index] for t in done]
+    sign = _sign(direction)
+    best, running = [], math.inf
+    for v in values:
+        running = min(running, sign * v)
+        best.append(sign * running)
+    return pd.DataFrame({"trial": [t.number for t in done], "value": values, "best": best})
+
+
+@dataclass
+class Dimension:
+    """One axis of the parallel-coordinates plot: numbers, with tick labels for categories."""
+
+    name: str
+    values: list[float]
+    ticks: list[float] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+
+
+def parallel_data(trials: list[FrozenTrial], metric: str, index: int = 0) -> list[Dimension]:
+    """Axes over the complete trials: every parameter set in all of them (a conditional one
+    would leave gaps), categories coded 0..k-1 in their declared order, then the objective."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
+    if not done:
+        return []
+    names = [n for n in done[0].params if all(n in t.params for t in done)]
+    dimensions = []
+    for name in sorted(names):
+        distribution = done[0].distributions[name]
+        raw = [t.params[name] for t in done]
+        if isinstance(distribution, CategoricalDistribution):
+            labels = [_text(c) for c in distribution.choices]
+            codes = [float(labels.index(_text(v))) for v in raw]
+            used = sorted(set(codes))
+            dimensions.append(Dimension(name, codes, used, [labels[int(c)] for c in used]))
+        else:
+            dimensions.append(Dimension(name, [float(v) for v in raw]))
+    dimensions.append(Dimension(metric, [float(t.values[index]) for t in done]))
+    return dimensions
+
+
+def importance_data(
+    trials: list[FrozenTrial], directions: list[str], index: int = 0
+) -> pd.DataFrame:
+    """Parameter importances for the objective `index` (PED-ANOVA, Optuna 5's default), over
+    parameters set in every complete trial. Empty when there are too few trials or nothing
+    varies."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
+    empty = pd.DataFrame({"parameter": [], "importance": []})
+    if len(done) < 3:
+        return empty
+    study = optuna.create_study(directions=directions)
+    study.add_trials(done)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # experimental evaluators, constant parameters
+        try:
+            scores = optuna.importance.get_param_importances(
+                study,
+                evaluator=optuna.importance.PedAnovaImportanceEvaluator(),  # no scikit-learn
+                target=lambda t: t.values[index],
+            )
+        except (RuntimeError, ValueError, ZeroDivisionError):
+            return empty
+    frame = pd.DataFrame({"parameter": list(scores), "importance": list(scores.values())})
+    return frame.sort_values("importance", ascending=False, ignore_index=True)
+
+
+def pareto_data(
+    trials: list[FrozenTrial], metrics: list[str], directions: list[str]
+) -> pd.DataFrame:
+    """Complete trials on the first two objectives, with `pareto` true for the trials no other
+    trial beats on both (at least as good on each, better on one)."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
+    a, b = metrics[:2]
+    frame = pd.DataFrame(
+        {
+            "trial": [t.number for t in done],
+            a: [t.values[0] for t in done],
+            b: [t.values[1] for t in done],
+        }
+    )
+    signs = [_sign(d) for d in directions[:2]]
+    points = [(signs[0] * x, signs[1] * y) for x, y in zip(frame[a], frame[b], strict=True)]
+    frame["pareto"] = [
+        not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points) for p in points
+    ]
+    return frame
+
+
+def component_data(trials: list[FrozenTrial], index: int = 0) -> dict[str, pd.DataFrame]:
+    """For each categorical parameter (a component, the variant, a size picked from a list):
+    the objective `index` of every complete trial against the option it took. Parameters with
+    one option seen are left out (nothing to compare)."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
+    names: list[str] = []
+    for t in done:
+        for name, d in t.distributions.items():
+            if isinstance(d, CategoricalDistribution) and name not in names:
+                names.append(name)
+    result = {}
+    for name in names:
+        rows = [(_text(t.params[name]), t.values[index]) for t in done if name in t.params]
+        frame = pd.DataFrame(rows, columns=["option", "value"])
+        if frame["option"].nunique() > 1:
+            result[name] = frame
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+@dataclass
+class Report:
+    leaderboard: pd.DataFrame
+    csv: Path
+    html: Path
+    figures: list[str]  # titles of the figures drawn, in page order
+    notes: list[str]  # figures left out, and why
+
+
+def write_report(handle: optuna.Study, study: StudyDef, out_dir: str | Path) -> Report:
+    """leaderboard.csv and report.html (plotly.js embedded: the page needs no network)."""
+    from miras.search import plots  # plotly: imported only to draw
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    trials = handle.get_trials(deepcopy=False)
+    metrics, directions = study.metrics, study.directions
+    board = leaderboard(trials, metrics, directions)
+    csv = out / "leaderboard.csv"
+    board.to_csv(csv, index=False)
+
+    figures: list[tuple[str, Any]] = []
+    notes: list[str] = []
+    history = history_data(trials, directions[0])
+    if history.empty:
+        notes.append("no complete trial yet: nothing to plot")
+    else:
+        figures.append(("Optimization history", plots.history_figure(history, metrics[0])))
+        dims = parallel_data(trials, metrics[0])
+        figures.append(("Parallel coordinates", plots.parallel_figure(dims)))
+    importance = importance_data(trials, directions)
+    if importance.empty:
+        notes.append(
+            "parameter importances: needs at least 3 complete trials with varied parameters"
+        )
+    else:
+        figures.append(("Parameter importances", plots.importance_figure(importance, metrics[0])))
+    if len(metrics) > 1:
+        pareto = pareto_data(trials, metrics, directions)
+        if not pareto.empty:
+            figures.append(("Pareto front", plots.pareto_figure(pareto, metrics[:2])))
+    for name, frame in component_data(trials).items():
+        figures.append((f"{metrics[0]} by {name}", plots.component_figure(frame, name, metrics[0])))
+
+    html = out / "report.html"
+    counts = board["state"].value_counts().to_dict() if not board.empty else {}
+    heading = (
+        f"Study {handle.study_name}: {len(trials)} trials "
+        f"({counts.get('complete', 0)} complete, {counts.get('pruned', 0)} pruned); "
+        f"objectives: {', '.join(f'{m} ({d})' for m, d in zip(metrics, directions, strict=True))}"
+    )
+    html.write_text(plots.page(f"miras study {handle.study_name}", heading, figures, board, notes))
+    return Report(board, csv, html, [title for title, _ in figures], notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+
+
+def pick_trial(
+    trials: list[FrozenTrial], directions: list[str], number: int | None = None
+) -> FrozenTrial:
+    """Trial `number`, or the best complete trial on the first objective (with several
+    objectives that trial is on the Pareto front: nothing beats it on the first)."""
+    if number is not None:
+        found = [t for t in trials if t.number == number]
+        if not found or "spec" not in found[0].user_attrs:
+            raise ValueError(f"trial {number}: no such trial with a spec in this study")
+        return found[0]
+    done = [
+        t for t in trials if t.state == TrialState.COMPLETE and t.values and "spec" in t.user_attrs
+    ]
+    if not done:
+        raise ValueError("the study has no complete trial yet: nothing to export")
+    return min(done, key=lambda t: (_sign(directions[0]) * t.values[0], t.number))
+
+
+def export_text(trial: FrozenTrial, study: StudyDef, study_name: str, path: str) -> str:
+    """The trial's spec YAML, headed by where it came from and how to train it again."""
+    values = ", ".join(
+        f"{m} = {v:.6g} ({d})"
+        for m, v, d in zip(study.metrics, trial.values or [], study.directions, strict=False)
+    )
+    train = trial.user_attrs.get("train", {})
+    task = " ".join(f"--task-option {k}={v}" for k, v in study.task.options.items())
+    flags = " ".join(
+        f"--{k.replace('_', '-')} {v:.6g}"
+        if isinstance(v, float)
+        else f"--{k.replace('_', '-')} {v}"
+        for k, v in train.items()
+    )
+    header = [
+        f"# Trial {trial.number} of study {study_name} ({trial.state.name.lower()}): {values}",
+        "# Run (the trial's task and training):",
+        f"#   miras train {path} --task {study.task.name} {task} \\".replace("  \\", " \\"),
+        f"#     {flags}",
+    ]
+    return "\n".join(header) + "\n" + trial.user_attrs["spec"]

@@ -1,0 +1,345 @@
+"""Running a study: workers, the trial budget, heartbeats and retries, Ctrl-C.
+
+    summary = search("studies/quickstart.yaml", trials=12, workers=2)
+
+Storage (storage.py) is Optuna's RDB storage: a SQLite file under runs/ by default, or any
+SQLAlchemy URL (postgresql://user:pass@host/db) shared by workers on many machines, each
+running the same command. Every trial writes a heartbeat; a trial whose worker died (SIGKILL, a lost machine) is
+failed after the grace period by the next worker that looks, and re-queued with the same
+parameters (`RetryHeartbeatStaleTrialCallback`, Optuna 5's name for RetryFailedTrialCallback).
+
+The budget is the number of finished trials (complete or pruned) in the study, across every
+worker and every run: re-running the same command resumes and stops at the same total. Workers
+start a trial only while fewer than `trials` are finished, running or queued, and a trial checks
+its rank among those when it starts, so two workers that race for the last slot cannot both run
+it: the loser is marked failed with reason 'over budget' before it samples anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import socket
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.storages import fail_stale_trials
+from optuna.trial import FrozenTrial, TrialState
+
+from miras.search.objective import run_trial
+from miras.search.storage import (
+    SearchError,
+    default_storage,
+    make_sampler,
+    open_storage,
+    open_study,
+    quiet,
+)
+from miras.search.study import StudyDef, load_study, resolve_directions
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+LIVE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+MAX_FAILURES = 3  # consecutive failed trials (errors, not prunes) that stop a worker
+
+log = logging.getLogger("miras.search")
+
+
+class OverBudget(Exception):
+    """Another worker took the last slot of the budget first; this trial does not run."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting
+
+
+@dataclass(frozen=True)
+class Counts:
+    complete: int = 0
+    pruned: int = 0
+    failed: int = 0
+    running: int = 0
+    waiting: int = 0
+    retried: int = 0  # trials that re-run a trial whose worker died
+
+    @property
+    def finished(self) -> int:
+        return self.complete + self.pruned
+
+    @property
+    def live(self) -> int:
+        return self.finished + self.running + self.waiting
+
+
+def count(trials: list[FrozenTrial]) -> Counts:
+    states = [t.state for t in trials]
+    return Counts(
+        complete=states.count(TrialState.COMPLETE),
+        pruned=states.count(TrialState.PRUNED),
+        failed=states.count(TrialState.FAIL),
+        running=states.count(TrialState.RUNNING),
+        waiting=states.count(TrialState.WAITING),
+        retried=sum("failed_trial" in t.system_attrs and t.state in FINISHED for t in trials),
+    )
+
+
+def rank(trials: list[FrozenTrial], number: int) -> int:
+    """How many live trials (finished, running or queued) come before trial `number`."""
+    return sum(t.state in LIVE and t.number < number for t in trials)
+
+
+def best(trials: list[FrozenTrial], directions: list[str]) -> FrozenTrial | None:
+    """The best complete trial on the first objective."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
+    if not done:
+        return None
+    sign = 1 if directions[0] == "minimize" else -1
+    return min(done, key=lambda t: (sign * t.values[0], t.number))
+
+
+# ---------------------------------------------------------------------------------------------
+# One worker
+
+
+@dataclass
+class WorkerOptions:
+    study: dict[str, Any]  # the definition, as JSON (processes receive it pickled)
+    storage: str
+    name: str
+    trials: int
+    timeout: float | None = None
+    index: int = 0  # this worker's index on this machine
+    workers: int = 1  # workers on this machine
+    threads: int = 1  # torch threads per worker
+
+
+def run_worker(options: WorkerOptions, on_trial: Callable[[], None] | None = None) -> Counts:
+    """Run trials until the study holds `trials` finished ones, or `timeout` s have passed.
+
+    A KeyboardInterrupt (Ctrl-C) inside a trial marks it failed with reason 'interrupted' and
+    propagates; the storage stays consistent and the next run fills the gap."""
+    import torch
+
+    # Small models train fastest on one thread; more threads per worker than cores / workers
+    # oversubscribe the CPU, and OpenMP threads that spin for a core slow down tenfold.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(options.threads)
+    try:
+        return _run_worker(options, on_trial)
+    finally:
+        torch.set_num_threads(previous)  # an in-process search leaves the caller's setting
+
+
+def _run_worker(options: WorkerOptions, on_trial: Callable[[], None] | None) -> Counts:
+    study = resolve_directions(load_study(options.study))
+    storage = open_storage(options.storage, study.heartbeat.interval, study.heartbeat.grace)
+    handle = open_study(study, storage, options.name)
+    handle.sampler = make_sampler(study, _worker_seed(study, handle, options))
+    task = study.make_task()
+    deadline = None if options.timeout is None else time.monotonic() + options.timeout
+    poll = min(1.0, study.heartbeat.interval)
+
+    def objective(trial: optuna.Trial) -> Any:
+        trials = handle.get_trials(deepcopy=False)
+        if rank(trials, trial.number) >= options.trials:
+            trial.set_user_attr("reason", "over budget: another worker took the last trial")
+            raise OverBudget(f"trial {trial.number} is over the budget of {options.trials}")
+        try:
+            return run_trial(study, task, trial)
+        except KeyboardInterrupt:
+            trial.set_user_attr("reason", "interrupted (Ctrl-C)")
+            raise
+        except optuna.TrialPruned:
+            raise
+        except Exception as err:
+            trial.set_user_attr("error", f"{type(err).__name__}: {err}")
+            raise
+
+    failures = 0
+    while True:
+        with quiet():
+            fail_stale_trials(handle)  # a dead worker's trial: failed and re-queued
+        counts = count(handle.get_trials(deepcopy=False))
+        if counts.finished >= options.trials:
+            return counts
+        if deadline is not None and time.monotonic() >= deadline:
+            return counts
+        if counts.waiting == 0 and counts.live >= options.trials:
+            # The last trials run elsewhere; wait in case one dies and is re-queued.
+            time.sleep(poll)
+            continue
+        trial = _optimize_one(handle, objective)
+        if trial is None:
+            continue
+        reason = trial.user_attrs.get("reason", "")
+        if trial.state == TrialState.FAIL and not reason.startswith("over budget"):
+            failures += 1
+            log.warning("trial %d failed: %s", trial.number, trial.user_attrs.get("error"))
+        else:
+            failures = 0
+        if failures >= MAX_FAILURES:
+            raise SearchError(
+                f"{failures} trials in a row failed; the last: {trial.user_attrs.get('error')}. "
+                "Finished trials are kept; fix the cause and re-run the same command to resume "
+                "(MIRAS_DEBUG=1 shows the tracebacks)"
+            )
+        if on_trial is not None:
+            on_trial()
+
+
+def _optimize_one(
+    handle: optuna.Study, objective: Callable[[optuna.Trial], Any]
+) -> FrozenTrial | None:
+    """One trial through `study.optimize`, which brings the heartbeat thread and the
+    fail-stale check; returns the finished trial, or None when another worker failed it first."""
+    seen: list[FrozenTrial] = []
+
+    # Errors of a trial are caught (the trial is marked failed; MAX_FAILURES stops the worker);
+    # KeyboardInterrupt is not an Exception, so Ctrl-C still propagates after the mark. Optuna
+    # logs each failure with its traceback: shown only with MIRAS_DEBUG=1, the error itself is
+    # logged in one line by the caller.
+    debug = os.environ.get("MIRAS_DEBUG", "") not in ("", "0")
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING if debug else optuna.logging.ERROR)
+    try:
+        handle.optimize(
+            objective,
+            n_trials=1,
+            catch=(Exception,),
+            callbacks=[lambda _study, trial: seen.append(trial)],
+            gc_after_trial=False,
+        )
+    except optuna.exceptions.UpdateFinishedTrialError as err:
+        # This worker was too slow to beat (a machine swapping, a paused process): another
+        # worker took its trial for dead, failed it and queued a retry, which counts instead.
+        log.warning(
+            "a running trial was failed by another worker (its heartbeats came later than "
+            "heartbeat.grace; raise it if this repeats): %s",
+            err,
+        )
+        return None
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return seen[-1]
+
+
+def _worker_seed(study: StudyDef, handle: optuna.Study, options: WorkerOptions) -> int | None:
+    """The sampler's seed. A fresh study run by one worker uses the study's seed, so it is
+    reproducible. Any other worker, or a resumed run, mixes in the trials already stored and
+    where it runs: equal seeds would sample the same points again (random start-up trials)."""
+    seed = study.sampler_def().seed
+    if seed is None:
+        return None
+    existing = len(handle.get_trials(deepcopy=False))
+    if options.workers == 1 and existing == 0:
+        return seed
+    where = f"{seed}:{existing}:{options.index}:{socket.gethostname()}:{os.getpid()}"
+    return zlib.crc32(where.encode())
+
+
+def worker_main(options: WorkerOptions) -> None:
+    """The entry point of a worker process (`--workers N`): quiet, one share of the CPU."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        run_worker(options)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except SearchError as err:
+        logging.getLogger("miras.search").error("worker %d: %s", options.index, err)
+        raise SystemExit(1) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+@dataclass
+class Summary:
+    name: str
+    storage: str
+    counts: Counts
+    best: FrozenTrial | None
+    seconds: float
+
+
+def search(
+    source: Any,
+    *,
+    trials: int | None = None,
+    timeout: float | None = None,
+    storage: str | None = None,
+    workers: int = 1,
+    name: str | None = None,
+    threads: int = 1,
+    progress: Any = None,
+) -> Summary:
+    """Run (or resume, or join) a study until it holds `trials` finished trials.
+
+    `progress`, when given, is called as progress(counts, best) after each trial (one worker)
+    or every second (several); `miras.search.progress.SearchProgress` draws a bar."""
+    study = resolve_directions(load_study(source))
+    name = name or study.name
+    url = storage or default_storage(name)
+    budget = trials or study.trials
+    timeout = timeout if timeout is not None else study.timeout
+    if workers < 1 or threads < 1:
+        raise SearchError(f"workers, threads: expected integers >= 1, got {workers}, {threads}")
+    # Open once here: an unreachable storage or a mismatched study fails before any worker.
+    handle = open_study(
+        study, open_storage(url, study.heartbeat.interval, study.heartbeat.grace), name
+    )
+    began = time.monotonic()
+    options = [
+        WorkerOptions(
+            study.model_dump(mode="json"), url, name, budget, timeout, i, workers, threads
+        )
+        for i in range(workers)
+    ]
+
+    def report() -> None:
+        if progress is not None:
+            trials_now = handle.get_trials(deepcopy=False)
+            progress(count(trials_now), best(trials_now, study.directions))
+
+    report()
+    if workers == 1:
+        run_worker(options[0], on_trial=report)
+    else:
+        _run_processes(options, report)
+    trials_now = handle.get_trials(deepcopy=False)
+    return Summary(
+        name, url, count(trials_now), best(trials_now, study.directions), time.monotonic() - began
+    )
+
+
+def _run_processes(options: list[WorkerOptions], report: Callable[[], None]) -> None:
+    """N worker processes (spawned: torch does not survive fork well), watched every second.
+    Ctrl-C reaches every process of the terminal's group: each marks its trial and exits."""
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=worker_main, args=(o,), daemon=False) for o in options]
+    for process in processes:
+        process.start()
+    try:
+        while any(p.is_alive() for p in processes):
+            report()
+            for p in processes:
+                p.join(timeout=1.0 / len(processes))
+    except KeyboardInterrupt:
+        for p in processes:
+            p.join(timeout=30)  # they are marking their trials failed
+            if p.is_alive():
+                p.terminate()
+        raise
+    report()
+    codes = [p.exitcode for p in processes]
+    if any(code == 130 for code in codes):
+        raise KeyboardInterrupt
+    if any(code != 0 for code in codes):
+        raise SearchError(
+            f"worker exit codes {codes}: see the messages above; finished trials are kept, "
+            "re-run the same command to resume"
+        )

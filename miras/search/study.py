@@ -1,0 +1,435 @@
+"""Study definitions: a YAML file read and validated like a spec, every problem at once.
+
+    study = load_study("studies/quickstart.yaml")   # a path, YAML text or a dict
+    study.spec_space, study.train_space             # templates (miras.search.space)
+
+A study names the task and its options, a spec template and a training template (fixed values,
+or distributions to search), the objectives, the sampler, the pruner and the trial budget.
+docs/search.md is the reference for every field. A bad study raises one `StudyError` listing
+each problem with its dotted path ('spec.bias.choices[1].kind'), the allowed values and a
+did-you-mean.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from miras.errors import Problem, SpecError
+from miras.formula import did_you_mean
+from miras.search.space import Node, check_template, parse
+from miras.spec import load_spec
+
+
+class StudyError(ValueError):
+    """Every problem found in one study definition, reported at once (like `SpecError`)."""
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source = source
+        self.problems = list(problems)
+        n = len(self.problems)
+        head = f"{source}: {n} problem{'s' if n != 1 else ''} in the study"
+        super().__init__("\n".join([head, *(f"  - {p}" for p in self.problems)]))
+
+
+# Default directions of the metrics the search knows. The task's primary metric follows the
+# task's `higher_is_better`; any other metric needs `direction:`.
+DIRECTIONS: dict[str, str] = {
+    "loss": "minimize",
+    "perplexity": "minimize",
+    "accuracy": "maximize",
+    "exact_match": "maximize",
+    "state_size": "minimize",  # floats of recurrent state per sequence (miras.search.objective)
+    "throughput": "maximize",  # training tokens per second
+}
+MEASURES = ("state_size", "throughput")  # computed by the search, not by the task
+
+
+def _slug(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise ValueError(f"expected a slug of letters, digits, '-' and '_', got {name!r}")
+    return name
+
+
+def _short(field: str) -> Any:
+    """`sampler: tpe` means `sampler: {kind: tpe}`."""
+
+    def expand(value: Any) -> Any:
+        return {field: value} if isinstance(value, str) else value
+
+    return BeforeValidator(expand)
+
+
+class TaskDef(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    options: dict[str, Any] = {}
+
+
+class Objective(BaseModel):
+    """One value to optimize: a metric of the final evaluation, or a measure of the model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: str
+    direction: Literal["maximize", "minimize"] | None = None
+
+
+class SamplerDef(BaseModel):
+    """TPE (default for one objective), NSGA-II (default for several) or random search."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["tpe", "nsga2", "random"]
+    seed: int | None = 0
+    startup_trials: int | None = Field(None, ge=0)  # TPE's random start (Optuna's default 10)
+    population_size: int | None = Field(None, ge=2)  # NSGA-II's generation size
+
+
+class PrunerDef(BaseModel):
+    """Stops unpromising trials from their intermediate evaluations (single objective only).
+
+    median: prune when the value is worse than the median of earlier trials at the same step,
+    after `startup_trials` finished trials and `warmup_evals` evaluations of the trial itself.
+    hyperband: successive halving over training steps, from `eval_every` to `steps`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["median", "hyperband", "none"]
+    startup_trials: int = Field(3, ge=0)
+    warmup_evals: int = Field(1, ge=0)
+    reduction_factor: int = Field(3, ge=2)
+
+
+class HeartbeatDef(BaseModel):
+    """A running trial writes a heartbeat every `interval` s; one silent for `grace` s is
+    failed and re-queued by the next worker that looks (a killed worker's trial)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interval: int = Field(10, ge=1)
+    grace: int = Field(30, ge=1)
+
+    @model_validator(mode="after")
+    def _grace_after_interval(self) -> HeartbeatDef:
+        if self.grace <= self.interval:
+            raise ValueError(
+                f"grace ({self.grace}) must exceed interval ({self.interval}): a live trial "
+                "would be failed between two heartbeats"
+            )
+        return self
+
+
+class TrainSettings(BaseModel):
+    """One value of the `train:` template: the arguments of `miras.train`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(200, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    warmup: int | None = Field(None, ge=0)  # None: 10% of the steps
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    seed: int = Field(0, ge=0)
+    eval_every: int | None = Field(None, ge=1)  # None: 5 evaluations per run
+    eval_batches: int = Field(2, ge=1)
+
+    def arguments(self) -> dict[str, Any]:
+        """Keyword arguments of `miras.train`, defaults resolved."""
+        args = self.model_dump()
+        args["warmup"] = self.steps // 10 if self.warmup is None else self.warmup
+        args["eval_every"] = self.eval_every or max(1, self.steps // 5)
+        return args
+
+
+class StudyDef(BaseModel):
+    """A validated study. Build it with `load_study` to get every problem as one StudyError."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, AfterValidator(_slug)]
+    description: str = ""
+    task: TaskDef
+    spec: dict[str, Any]
+    train: dict[str, Any] = {}
+    objectives: Annotated[list[Annotated[Objective, _short("metric")]], Field(min_length=1)]
+    sampler: Annotated[SamplerDef, _short("kind")] | None = None
+    pruner: Annotated[PrunerDef, _short("kind")] | None = None
+    trials: int = Field(20, ge=1)
+    timeout: float | None = Field(None, gt=0)
+    heartbeat: HeartbeatDef = HeartbeatDef()
+
+    @cached_property
+    def spec_space(self) -> Node:
+        return parse(self.spec, "spec")[0]
+
+    @cached_property
+    def train_space(self) -> Node:
+        return parse(self.train, "train", name="train")[0]
+
+    @property
+    def directions(self) -> list[str]:
+        return [o.direction or DIRECTIONS[o.metric] for o in self.objectives]
+
+    @property
+    def metrics(self) -> list[str]:
+        return [o.metric for o in self.objectives]
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.objectives) > 1
+
+    def sampler_def(self) -> SamplerDef:
+        return self.sampler or SamplerDef(kind="nsga2" if self.multi_objective else "tpe")
+
+    def pruner_def(self) -> PrunerDef:
+        # Optuna prunes on one reported value, so several objectives cannot prune.
+        return self.pruner or PrunerDef(kind="none" if self.multi_objective else "median")
+
+    def digest(self) -> str:
+        """sha256 of what decides the trials (not the budget, timeout or heartbeat): a study in
+        storage made from another definition is not resumed with this one."""
+        keep = ("task", "spec", "train", "objectives", "sampler", "pruner")
+        data = self.model_dump(mode="json", include=set(keep))
+        data["sampler"], data["pruner"] = (
+            self.sampler_def().model_dump(mode="json"),
+            self.pruner_def().model_dump(mode="json"),
+        )
+        data["objectives"] = list(zip(self.metrics, self.directions, strict=True))
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def make_task(self):
+        from miras.tasks import make_task  # the tasks import torch: only when a study runs
+
+        return make_task(self.task.name, **self.task.options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_study(source: str | Path | Mapping[str, Any] | StudyDef) -> StudyDef:
+    """A study from a file path, YAML text or a dict. Raises `StudyError` with every problem."""
+    if isinstance(source, StudyDef):
+        return source
+    if isinstance(source, Mapping):
+        return _validate(dict(source), "<dict>")
+    name = str(source)
+    # A str is a path unless it looks like YAML text (a newline, or a colon and no .yaml end).
+    is_text = "\n" in name or (":" in name and not name.endswith((".yaml", ".yml")))
+    if isinstance(source, Path) or not is_text:
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise StudyError(name, [Problem("", "no such file")]) from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise StudyError(name, [Problem("", f"cannot read the file: {err}")]) from None
+        return _validate(_parse_yaml(text, name), name)
+    return _validate(_parse_yaml(name, "<yaml text>"), "<yaml text>")
+
+
+def _parse_yaml(text: str, source: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)  # the safe loader: no tags that build Python objects
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise StudyError(source, [Problem("", f"invalid YAML{where}: {what}")]) from None
+    if not isinstance(data, dict):
+        got = "nothing" if data is None else type(data).__name__
+        fields = ", ".join(StudyDef.model_fields)
+        message = f"the top level must be a mapping of fields ({fields}), got {got}"
+        raise StudyError(source, [Problem("", message)])
+    return data
+
+
+def _validate(data: dict[str, Any], source: str) -> StudyDef:
+    try:
+        study = StudyDef.model_validate(data)
+    except ValidationError as err:
+        # Report the templates' problems too: all at once. The task and the objectives are
+        # checked once the structure is right.
+        problems = [_problem(item) for item in err.errors(include_url=False)]
+        spec, train = data.get("spec"), data.get("train", {})
+        if isinstance(spec, dict) and isinstance(train, dict):
+            problems += _check_templates(spec, train)
+        raise StudyError(source, problems) from None
+    problems = _check_templates(study.spec, study.train)
+    problems += _check_task_and_objectives(study)
+    if problems:
+        raise StudyError(source, problems)
+    return study
+
+
+def _check_templates(spec: dict[str, Any], train: dict[str, Any]) -> list[Problem]:
+    spec_node, problems = parse(spec, "spec")
+    train_node, found = parse(train, "train", name="train")
+    problems += found  # malformed distributions; the probes leave them out
+    if "name" in spec:
+        message = "the search names each trial's spec <study>-t<number>; remove it"
+        problems.append(Problem("spec.name", message))
+    problems += check_template(spec_node, "spec", _spec_problems)
+    problems += check_template(train_node, "train", _train_problems)
+    return problems
+
+
+def _spec_problems(value: dict[str, Any]) -> list[Problem]:
+    try:
+        load_spec({**value, "name": "probe"})
+    except SpecError as err:
+        return err.problems
+    return []
+
+
+def _train_problems(value: dict[str, Any]) -> list[Problem]:
+    try:
+        TrainSettings.model_validate(value)
+    except ValidationError as err:
+        return [_problem(item, TrainSettings) for item in err.errors(include_url=False)]
+    return []
+
+
+def _check_task_and_objectives(study: StudyDef) -> list[Problem]:
+    problems: list[Problem] = []
+    try:
+        task = study.make_task()
+    except (ValueError, TypeError, KeyError) as err:
+        # make_task names the task or the option at fault; pydantic errors are ValueErrors.
+        return [Problem("task", _one_line(err))]
+    known = dict(DIRECTIONS)
+    known[task.primary_metric] = "maximize" if task.higher_is_better else "minimize"
+    reported = _task_metrics(task)
+    for i, objective in enumerate(study.objectives):
+        metric = objective.metric
+        if metric not in reported and metric not in MEASURES:
+            allowed = [*reported, *MEASURES]
+            problems.append(
+                Problem(
+                    f"objectives[{i}].metric",
+                    f"task {task.name} does not report {metric!r}; allowed: "
+                    f"{', '.join(allowed)}{did_you_mean(metric, allowed)}",
+                )
+            )
+        elif objective.direction is None and metric not in known:
+            problems.append(
+                Problem(f"objectives[{i}].direction", f"give maximize or minimize for {metric!r}")
+            )
+    if len(set(study.metrics)) != len(study.metrics):
+        problems.append(Problem("objectives", "a metric appears twice"))
+    if study.multi_objective and study.pruner is not None and study.pruner.kind != "none":
+        problems.append(
+            Problem(
+                "pruner.kind",
+                "a study with several objectives cannot prune (Optuna prunes on one reported "
+                "value); use pruner: none or one objective",
+            )
+        )
+    return problems
+
+
+def resolve_directions(study: StudyDef) -> StudyDef:
+    """The study with every objective's direction filled in (the primary metric's from the
+    task's `higher_is_better`)."""
+    task = study.make_task()
+    objectives = []
+    for o in study.objectives:
+        direction = o.direction
+        if direction is None:
+            primary = o.metric == task.primary_metric
+            better = "maximize" if task.higher_is_better else "minimize"
+            direction = better if primary else DIRECTIONS[o.metric]
+        objectives.append(Objective(metric=o.metric, direction=direction))
+    return study.model_copy(update={"objectives": objectives})
+
+
+def _task_metrics(task: Any) -> list[str]:
+    """The names `task.metrics` reports, read off one validation batch scored with zeros."""
+    import torch
+
+    batch = task.batch("valid", 0, 2)
+    logits = torch.zeros(*batch.inputs.shape, task.vocab_size)
+    return list(task.metrics(logits, batch.labels))
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+# ---------------------------------------------------------------------------------------------
+# pydantic errors -> Problems
+
+
+_MODELS: dict[str, type[BaseModel]] = {
+    "": StudyDef,
+    "task": TaskDef,
+    "objectives": Objective,
+    "sampler": SamplerDef,
+    "pruner": PrunerDef,
+    "heartbeat": HeartbeatDef,
+}
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text
+
+
+def _problem(item: Mapping[str, Any], model: type[BaseModel] | None = None) -> Problem:
+    # pydantic puts wrapper names ('function-after[...]') in the location: not fields.
+    loc = tuple(p for p in item["loc"] if not str(p).startswith(("function-", "nullable")))
+    path = _path(loc)
+    fields = [p for p in loc if isinstance(p, str)]
+    owner = model or _MODELS.get(fields[0] if len(fields) > 1 else "", StudyDef)
+    name = str(fields[-1]) if fields else ""
+    kind, value = item["type"], item.get("input")
+    if kind == "extra_forbidden":
+        allowed = list(owner.model_fields)
+        return Problem(
+            path,
+            f"unknown field {name!r}; allowed fields: {', '.join(allowed)}{did_you_mean(name, allowed)}",
+        )
+    if kind == "missing":
+        return Problem(path, f"missing required field {name!r}")
+    if kind == "literal_error":
+        expected = item["ctx"].get("expected", "")
+        allowed = re.findall(r"'([^']*)'", expected)
+        hint = did_you_mean(value, allowed) if isinstance(value, str) else ""
+        return Problem(path, f"expected one of {', '.join(allowed)}, got {value!r}{hint}")
+    raised = (item.get("ctx") or {}).get("error")
+    message = str(raised) if raised is not None else item["msg"].removeprefix("Input should be ")
+    if isinstance(value, str) and _is_float_text(value):
+        message += f"; YAML reads {value} as text: write a dot and a signed exponent, e.g. 1.0e-3"
+    return Problem(path, f"{message}, got {value!r}" if raised is None else message)
+
+
+def _is_float_text(text: str) -> bool:
+    try:
+        return any(ch.isdigit() for ch in text) and math.isfinite(float(text))
+    except ValueError:
+        return False
