@@ -99,6 +99,28 @@ def derive(
 
 
 @app.command()
+def kernel(
+    spec: SpecPath,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write the source to FILE.")
+    ] = None,
+) -> None:
+    """Print (or write) the Triton module the compiler emits for a matrix-memory spec."""
+    from miras.compiler.triton import kernel_source
+
+    try:
+        source = kernel_source(load_spec(spec))
+    except (SpecError, DerivationError, ValueError) as error:
+        raise _fail(error) from None
+    if output is None:
+        out.print(source, highlight=False, markup=False)
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(source)
+    out.print(f"wrote {output} ({len(source.splitlines())} lines)", highlight=False)
+
+
+@app.command()
 def check(
     spec: SpecPath,
     seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
@@ -118,6 +140,325 @@ def check(
     out.print(table)
     if not all(r.passed for r in results):
         raise typer.Exit(1)
+
+
+# Training and evaluation (docs/training.md) ----------------------------------------------------
+
+KeyValues = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="key=value, repeatable; values are read as YAML scalars.", show_default=False
+    ),
+]
+
+
+def _key_values(pairs: list[str] | None, what: str) -> dict:
+    import yaml
+
+    options = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{what}: expected key=value, got {pair!r}")
+        options[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return options
+
+
+def _make_task(name: str, options: dict):
+    """The task named `name` with `options`; a bad name or option is one ValueError."""
+    from miras.tasks import TASKS, make_task
+
+    if name not in TASKS:
+        raise ValueError(f"--task: unknown task {name!r}; allowed: {', '.join(TASKS)}")
+    try:
+        return make_task(name, **options)
+    except TypeError as error:  # an option the task's constructor does not take
+        raise ValueError(f"--task-option: task {name!r}: {error}") from None
+
+
+@app.command()
+def train(
+    spec: SpecPath,
+    task: Annotated[str, typer.Option(help="The task: mqar, mad, niah, text, ...")],
+    task_option: KeyValues = None,
+    model: KeyValues = None,
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
+    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 32,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).")] = 3e-3,
+    warmup: Annotated[int, typer.Option(help="Linear warmup steps.")] = 100,
+    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.1,
+    grad_clip: Annotated[float, typer.Option(help="Gradient-norm clip.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of the model's initialization.")] = 0,
+    eval_every: Annotated[int, typer.Option(help="Steps between evaluations.")] = 100,
+    eval_batches: Annotated[int, typer.Option(help="Validation batches per evaluation.")] = 4,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Run directory (metrics.jsonl, checkpoint.pt); default runs/NAME."
+        ),
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out.")] = False,
+    time_limit: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (then evaluate).")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="torch CPU threads (1 is fastest for tiny models).")
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+) -> None:
+    """Train the spec's model on a task; --model key=value overrides the spec's model section."""
+    import torch
+
+    from miras.train import train as run_training
+
+    try:
+        loaded = load_spec(spec)
+        overrides = _key_values(model, "--model")
+        if overrides:
+            data = loaded.normalized()
+            data["model"] = {**data["model"], **overrides}
+            try:
+                loaded = load_spec(data)
+            except SpecError as error:
+                raise SpecError(f"{spec} with --model {overrides}", error.problems) from None
+        the_task = _make_task(task, _key_values(task_option, "--task-option"))
+        if threads is not None:
+            torch.set_num_threads(threads)
+        directory = out_dir or Path("runs") / f"{loaded.name}-{task}-seed{seed}"
+        result = run_training(
+            loaded,
+            the_task,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            warmup=warmup,
+            weight_decay=weight_decay,
+            grad_clip=grad_clip,
+            seed=seed,
+            eval_every=eval_every,
+            eval_batches=eval_batches,
+            out_dir=directory,
+            resume=resume,
+            time_limit=time_limit,
+            progress=progress,
+        )
+    except (ValueError, FileNotFoundError) as error:  # SpecError, TrainingDiverged, options
+        raise _fail(error) from None
+    table = Table(title=f"{loaded.name} on {task}: step {result.steps}", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value")
+    for name, value in result.metrics.items():
+        table.add_row(name, f"{value:.4f}")
+    out.print(table)
+    out.print(f"run directory: {directory}", highlight=False)
+
+
+@app.command(name="eval")
+def evaluate_command(
+    checkpoint: Annotated[Path, typer.Argument(help="checkpoint.pt or its run directory.")],
+    task: Annotated[str, typer.Option(help="The task the model is scored on.")],
+    task_option: KeyValues = None,
+    batches: Annotated[int, typer.Option(help="Validation batches.")] = 8,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Default: the training batch size.")
+    ] = None,
+) -> None:
+    """Score a checkpoint on a task's validation batches."""
+    from miras.train import evaluate
+
+    try:
+        the_task = _make_task(task, _key_values(task_option, "--task-option"))
+        metrics = evaluate(checkpoint, the_task, batches=batches, batch_size=batch_size)
+    except (ValueError, FileNotFoundError) as error:
+        raise _fail(error) from None
+    table = Table(title=f"{checkpoint} on {task}", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value")
+    for name, value in metrics.items():
+        table.add_row(name, f"{value:.4f}")
+    out.print(table)
+
+
+# ---------------------------------------------------------------------------------------------
+# Search (miras.search, docs/search.md). Imports stay inside the commands: optuna and torch
+# load only for the commands that need them.
+
+StudyArg = Annotated[
+    str,
+    typer.Argument(
+        help="A study YAML file (or, for report/export, a study name).", show_default=False
+    ),
+]
+StorageOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--storage",
+        help="SQLAlchemy URL, e.g. postgresql://user:pass@host/db. Default: sqlite:///runs/<study>.db",
+        show_default=False,
+    ),
+]
+NameOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--name", help="Study name in the storage. Default: the YAML's name.", show_default=False
+    ),
+]
+
+
+@app.command()
+def search(
+    study: StudyArg,
+    trials: Annotated[
+        int | None,
+        typer.Option(
+            help="Finished trials the study should hold (default: the YAML's).", show_default=False
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="Start no trial after this many seconds.", show_default=False),
+    ] = None,
+    storage: StorageOpt = None,
+    workers: Annotated[int, typer.Option(help="Worker processes on this machine.")] = 1,
+    name: NameOpt = None,
+    threads: Annotated[
+        int, typer.Option(help="torch threads per worker (small models: 1 is fastest).")
+    ] = 1,
+) -> None:
+    """Run a study; re-running it resumes, and the same --storage on other machines joins it."""
+    import optuna
+
+    from miras.search import SearchError, StudyError, load_study
+    from miras.search import search as run_search
+    from miras.search.progress import SearchProgress
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        definition = load_study(Path(study))
+        budget = trials or definition.trials
+        bar = SearchProgress(name or definition.name, budget, definition.metrics[0], err)
+        with bar:
+            summary = run_search(
+                definition, trials=budget, timeout=timeout, storage=storage, workers=workers,
+                name=name, threads=threads, progress=bar,
+            )  # fmt: skip
+    except (StudyError, SearchError) as error:
+        raise _fail(error) from None
+    except KeyboardInterrupt:
+        err.print(
+            "interrupted: the running trial is marked failed and the storage is consistent; "
+            "re-run the same command to resume",
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
+    c = summary.counts
+    out.print(
+        f"study {summary.name}: {c.finished} finished ({c.complete} complete, {c.pruned} pruned"
+        f"{f', {c.retried} retried' if c.retried else ''}), {c.failed} failed, "
+        f"in {summary.seconds:.0f} s; storage {summary.storage}",
+        highlight=False,
+    )
+    if summary.best is not None:
+        values = ", ".join(f"{v:.4g}" for v in summary.best.values)
+        out.print(
+            f"best: trial {summary.best.number} ({values}) {summary.best.params}", highlight=False
+        )
+    out.print(
+        f"next: miras report {study}" + (f" --storage {storage}" if storage else ""),
+        highlight=False,
+    )
+
+
+@app.command()
+def report(
+    study: StudyArg,
+    storage: StorageOpt = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o", "--output", help="Folder. Default: runs/<study>-report.", show_default=False
+        ),
+    ] = None,
+    name: NameOpt = None,
+    top: Annotated[int, typer.Option(help="Rows of the terminal table.")] = 10,
+) -> None:
+    """Leaderboard (CSV and a table) and an HTML report with plotly figures."""
+    import optuna
+
+    from miras.search import SearchError
+    from miras.search.report import write_report
+    from miras.search.storage import open_existing
+    from miras.search.study import StudyError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        handle, definition = open_existing(study, storage, name)
+        result = write_report(
+            handle, definition, output or Path("runs") / f"{handle.study_name}-report"
+        )
+    except (StudyError, SearchError) as error:
+        raise _fail(error) from None
+    board = result.leaderboard
+    table = Table(
+        title=f"study {handle.study_name}: best {min(top, len(board))} of {len(board)} finished",
+        title_justify="left",
+    )
+    # The terminal gets the objectives, the parameters and the reason; the CSV has everything.
+    measures = {"loss", "accuracy", "state_size", "throughput", "seconds", "retry_of"}
+    shown = [c for c in board.columns if c not in measures or c in definition.metrics]
+    for column in shown:
+        table.add_column(str(column), overflow="fold")
+    for _, row in board.head(top).iterrows():
+        table.add_row(*(_cell(row[c]) for c in shown))
+    out.print(table)
+    for note in result.notes:
+        out.print(f"note: {note}", highlight=False)
+    out.print(
+        f"wrote {result.csv} and {result.html} ({len(result.figures)} figures)", highlight=False
+    )
+
+
+def _cell(value: object) -> str:
+    if value is None or (isinstance(value, float) and value != value):  # None or NaN
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+@app.command()
+def export(
+    study: StudyArg,
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="The spec file to write.", show_default=False)
+    ],
+    best: Annotated[
+        bool, typer.Option("--best", help="The best trial on the first objective.")
+    ] = False,
+    trial: Annotated[
+        int | None, typer.Option(help="This trial number instead.", show_default=False)
+    ] = None,
+    storage: StorageOpt = None,
+    name: NameOpt = None,
+) -> None:
+    """Write a trial's spec (the best one with --best) as a spec YAML that validates and trains."""
+    from miras.search import SearchError
+    from miras.search.report import export_text, pick_trial
+    from miras.search.storage import open_existing
+    from miras.search.study import StudyError
+
+    if best == (trial is not None):
+        raise _fail(ValueError("give exactly one of --best or --trial N"), 2)
+    try:
+        handle, definition = open_existing(study, storage, name)
+        chosen = pick_trial(handle.get_trials(deepcopy=False), definition.directions, trial)
+        text = export_text(chosen, definition, handle.study_name, str(output))
+        load_spec(text)  # what is written must load back
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except (StudyError, SearchError, SpecError, ValueError, OSError) as error:
+        raise _fail(error) from None
+    out.print(
+        f"wrote {output}: trial {chosen.number} of study {handle.study_name}", highlight=False
+    )
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 spec = miras.load_spec("specs/gated_deltanet.yaml")   # a path, a dict, or YAML text
 rule = miras.compile(spec)                            # derived, checked, cached
 print(rule.derivation())
+result = miras.train(spec, task, steps=1000)          # a model from the spec's `model:` section
 """
 
 from miras.compiler.pipeline import Derivation, MemoryRule, compile
-from miras.errors import DerivationError, FormulaError, SpecError
+from miras.errors import DerivationError, FormulaError, SpecError, TrainingDiverged
 from miras.spec import Spec, load_spec
+from miras.train import TrainResult, evaluate, train
 
 __version__ = "0.1.0"
 
@@ -18,7 +20,11 @@ __all__ = [
     "MemoryRule",
     "Spec",
     "SpecError",
+    "TrainResult",
+    "TrainingDiverged",
     "__version__",
     "compile",
+    "evaluate",
     "load_spec",
+    "train",
 ]

@@ -77,3 +77,14 @@ def test_errors_are_one_clean_message(tmp_path):
     result = invoke("check", unsafe)
     assert result.exit_code == 1 and "bias.loss" in result.stderr
     assert "cannot be called" in result.stderr
+
+
+def test_kernel_prints_writes_and_refuses(tmp_path):
+    printed = invoke("kernel", ROOT / "specs/deltanet.yaml")
+    assert printed.exit_code == 0 and "import triton" in printed.stdout
+    target = tmp_path / "k" / "retnet.py"
+    written = invoke("kernel", ROOT / "specs/retnet.yaml", "-o", target)
+    assert written.exit_code == 0 and target.read_text().startswith("# Triton chunk kernels")
+    refused = invoke("kernel", ROOT / "specs/titans.yaml")
+    assert refused.exit_code == 1 and "mlp memory" in refused.stderr
+    assert "backend='chunk'" in refused.stderr and "Traceback" not in refused.output

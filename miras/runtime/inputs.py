@@ -54,7 +54,11 @@ def check_gates(
 ) -> dict[str, torch.Tensor]:
     """Gates in natural space, each [B, T, H] (per head) or [B, T, H, Dv] (per channel).
     Returns each as [B, T, H, 1] or [B, T, H, Dv]."""
-    gates = dict(gates or {})
+    if gates is None:
+        gates = {}
+    if not isinstance(gates, dict):
+        raise ValueError(f"gates: expected a dict name -> tensor, got {type(gates).__name__}")
+    gates = dict(gates)
     names = [g.name for g in expected]
     missing = [n for n in names if n not in gates]
     if missing:
