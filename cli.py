@@ -209,7 +209,7 @@ def train(
     """Train the spec's model on a task; --model key=value overrides the spec's model section."""
     import torch
 
-    from miras.train import train as run_training
+    from miras.training import train as run_training
 
     try:
         loaded = load_spec(spec)
@@ -264,7 +264,7 @@ def evaluate_command(
     ] = None,
 ) -> None:
     """Score a checkpoint on a task's validation batches."""
-    from miras.train import evaluate
+    from miras.training import evaluate
 
     try:
         the_task = _make_task(task, _key_values(task_option, "--task-option"))

@@ -9,7 +9,7 @@ result = miras.train(spec, task, steps=1000)          # a model from the spec's 
 from miras.compiler.pipeline import Derivation, MemoryRule, compile
 from miras.errors import DerivationError, FormulaError, SpecError, TrainingDiverged
 from miras.spec import Spec, load_spec
-from miras.train import TrainResult, evaluate, train
+from miras.training import TrainResult, evaluate, train
 
 __version__ = "0.1.0"
 

@@ -300,7 +300,7 @@ def invoke(*args, cwd: Path):
 
 
 def test_tiny_study_search_resume_report_export(tmp_path):
-    from miras.train import train
+    from miras.training import train
 
     study = write_study(tmp_path)
     result = invoke("search", study, cwd=tmp_path)  # default: one thread

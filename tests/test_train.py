@@ -16,8 +16,7 @@ import torch.nn.functional as F
 import miras
 from miras.errors import TrainingDiverged
 
-# The module, not the function `miras.train` that shadows it as a package attribute.
-training = importlib.import_module("miras.train")
+training = importlib.import_module("miras.training")
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = {

@@ -61,7 +61,7 @@ def _invalid(trial: optuna.Trial, err: Exception) -> TrialInvalid:
 
 def run_trial(study: StudyDef, task: Any, trial: optuna.Trial) -> float | list[float]:
     """The Optuna objective. Intermediate evaluations feed the pruner (single objective)."""
-    from miras.train import train  # torch and the models: only in processes that train
+    from miras.training import train  # torch and the models: only in processes that train
 
     trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
     spec, args = build(study, trial)
