@@ -18,7 +18,9 @@ and a residual target), so it is checked against the paper's formula alone.
 
 Chunk sizes above 1: the chunk backend takes every gradient at the chunk-start state (docs/
 chunking.md), which is not the delta rule's exact recurrence, so only the dot-product (Hebbian)
-models, whose gradient does not depend on the state, are asserted equal there.
+models, whose gradient does not depend on the state, are asserted equal there. (Measured on
+these inputs against fla's exact recurrence, relative RMS of the outputs at b = 16 / 64:
+DeltaNet 0.20 / 0.37, Gated DeltaNet 0.13 / 0.15.)
 
 Nonparametric memory (softmax attention, SWA) is checked against
 `torch.nn.functional.scaled_dot_product_attention` with an explicit causal band mask.
@@ -26,6 +28,7 @@ Nonparametric memory (softmax attention, SWA) is checked against
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,14 +38,6 @@ import torch
 import torch.nn.functional as F
 
 import miras
-
-with warnings.catch_warnings():
-    # fla warns at import that Triton has no GPU here; the naive references are plain torch.
-    warnings.simplefilter("ignore")
-    from fla.ops.delta_rule.naive import delta_rule_recurrence
-    from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
-    from fla.ops.linear_attn.naive import naive_recurrent_linear_attn
-    from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
 
 B, T, H, DK, DV = 2, 63, 3, 60, 37  # Dk != Dv so a transposed state cannot pass
 FLA_TOL = 1e-5  # relative RMS: fla computes in float32
@@ -197,6 +192,22 @@ def paper_titans(q, k, v, gates, state):
 # fla's references, mapped to miras's conventions ----------------------------------------------
 
 
+def fla_naive(op: str, name: str) -> Callable:
+    """`fla.ops.<op>.naive.<name>`, imported on first use, so that the tests that do not use
+    fla run without it."""
+    try:
+        with warnings.catch_warnings():
+            # fla warns at import that Triton has no GPU here; the naive functions are torch.
+            warnings.simplefilter("ignore")
+            module = importlib.import_module(f"fla.ops.{op}.naive")
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            "fla's references are the oracles here: .venv/bin/pip install --no-deps fla-core "
+            "einops (fla-core needs only einops; --no-deps keeps the installed torch)"
+        ) from err
+    return getattr(module, name)
+
+
 def t_state(s: torch.Tensor) -> torch.Tensor:
     """[B, H, Dv, Dk] <-> fla's [B, H, Dk, Dv]."""
     return s.transpose(-1, -2)
@@ -204,7 +215,7 @@ def t_state(s: torch.Tensor) -> torch.Tensor:
 
 def fla_linear_attention(q, k, v, gates, s0):
     # [B, T, H, D] layout; float32 inside, so the initial state must be float32 too.
-    o, s = naive_recurrent_linear_attn(
+    o, s = fla_naive("linear_attn", "naive_recurrent_linear_attn")(
         q, k, v, scale=1.0, initial_state=t_state(s0).float(), output_final_state=True
     )
     return o, t_state(s)
@@ -212,7 +223,7 @@ def fla_linear_attention(q, k, v, gates, s0):
 
 def fla_retnet(q, k, v, gates, s0):
     # [B, T, H, D] layout; g = log of the decay.
-    o, s = naive_recurrent_simple_gla(
+    o, s = fla_naive("simple_gla", "naive_recurrent_simple_gla")(
         q, k, v, gates["decay"].log(), scale=1.0, initial_state=t_state(s0), output_final_state=True
     )
     return o, t_state(s)
@@ -221,7 +232,7 @@ def fla_retnet(q, k, v, gates, s0):
 def fla_deltanet(q, k, v, gates, s0):
     # [B, H, T, D] layout; no scale argument (q is multiplied by Dk^-0.5 inside), so q is
     # pre-multiplied by Dk^0.5. beta [B, H, T] or per value channel [B, H, T, Dv].
-    o, s = delta_rule_recurrence(
+    o, s = fla_naive("delta_rule", "delta_rule_recurrence")(
         q.transpose(1, 2) * q.shape[-1] ** 0.5,
         k.transpose(1, 2),
         v.transpose(1, 2),
@@ -233,7 +244,7 @@ def fla_deltanet(q, k, v, gates, s0):
 
 def fla_gated_deltanet(q, k, v, gates, s0):
     # [B, T, H, D] layout; g = log of the decay; the gradient at the decayed state.
-    o, s = naive_recurrent_gated_delta_rule(
+    o, s = fla_naive("gated_delta_rule", "naive_recurrent_gated_delta_rule")(
         q,
         k,
         v,

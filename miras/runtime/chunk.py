@@ -68,6 +68,40 @@ def _window_gradients(rt: Runtime, predict, seq: Tokens, start: int, end: int):
     return out
 
 
+def _chunk_views(seq: Tokens, chunk_size: int) -> list[Tokens]:
+    """The sequence as one `Tokens` per chunk, each indexed from its own first token.
+
+    Split once with `torch.split`, so autograd joins the chunks' gradients in one op; slicing
+    inside the loop would give every chunk a backward the size of the whole sequence (T^2).
+    A window (past > 0) reads c - 1 tokens before its chunk, so its arrays overlap: sliced."""
+    sizes = [min(chunk_size, seq.length - s) for s in range(0, seq.length, chunk_size)]
+    starts = range(0, seq.length, chunk_size)
+
+    def split(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.split(sizes, dim=2)
+
+    def window(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if seq.past == 0:
+            return split(x)
+        return tuple(x[:, :, s : s + n + seq.past] for s, n in zip(starts, sizes, strict=True))
+
+    q, k, v, valid = split(seq.phi_q), window(seq.phi_k), window(seq.v), window(seq.valid)
+    step = {n: split(g) for n, g in seq.step_gates.items()}
+    win = {n: window(g) for n, g in seq.window_gates.items()}
+    return [
+        Tokens(
+            q[i],
+            k[i],
+            v[i],
+            valid[i],
+            {n: g[i] for n, g in step.items()},
+            {n: g[i] for n, g in win.items()},
+            seq.past,
+        )
+        for i in range(len(sizes))
+    ]
+
+
 def _retained_decay(rt: Runtime, gates, sl: slice, like: torch.Tensor) -> torch.Tensor:
     """prod_{j=s..t} a_j for each t of the chunk: [B, H, n, X]."""
     a = _gate(rt, rt.spec.retention, "decay", gates, sl, like)
@@ -80,16 +114,15 @@ def _retained_decay(rt: Runtime, gates, sl: slice, like: torch.Tensor) -> torch.
 def forward_general(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
     state = dict(state)
     opt = rt.spec.optimizer
-    gates = seq.step_gates
-    length = seq.length
     outputs = []
-    for start in range(0, length, chunk_size):
-        end = min(start + chunk_size, length)
+    for part in _chunk_views(seq, chunk_size):
+        gates = part.step_gates
+        start, end = 0, part.length
         sl = slice(start, end)
         n = end - start
         weights = rt.weights(state)  # W_S [B, H, out, in]
         weights_e = {name: w.unsqueeze(2) for name, w in weights.items()}  # [B, H, 1, out, in]
-        like = seq.phi_q[:, :, sl]
+        like = part.phi_q
         if rt.retained_gradient:
             decay = as_param_gate(_retained_decay(rt, gates, sl, like))
             weights_e = {name: decay * w for name, w in weights_e.items()}
@@ -100,7 +133,7 @@ def forward_general(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
         def predict(x, weights_e=weights_e):
             return rt.memory.forward(weights_e, x)
 
-        for x, grad_y in _window_gradients(rt, predict, seq, start, end):
+        for x, grad_y in _window_gradients(rt, predict, part, start, end):
             g = rt.memory.backward(weights_e, x, grad_y)
             grads = g if grads is None else {k: grads[k] + g[k] for k in g}
 
@@ -126,7 +159,7 @@ def forward_general(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
             name: rt.functions.retention_read(torch.stack(ws, dim=2))
             for name, ws in per_token.items()
         }
-        outputs.append(rt.memory.forward(read, seq.phi_q[:, :, sl]))
+        outputs.append(rt.memory.forward(read, part.phi_q))
     return torch.cat(outputs, dim=2), state
 
 
@@ -165,13 +198,13 @@ def forward_linear(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
     the chunk's error signals G (each g_s = sum_j G_{s,j} phi(k_{s-j})^T). Exact at b = 1."""
     opt = rt.spec.optimizer
     retention = rt.spec.retention
-    gates = seq.step_gates
     state = dict(state)
     outputs = []
-    for start in range(0, seq.length, chunk_size):
-        end = min(start + chunk_size, seq.length)
+    for part in _chunk_views(seq, chunk_size):
+        gates = part.step_gates
+        start, end = 0, part.length
         sl = slice(start, end)
-        like = seq.phi_q[:, :, sl]
+        like = part.phi_q
         w_s = state["W"]  # [B, H, Dv, Dphi]
         if retention.kind == "l2":
             decay = _gate(rt, retention, "decay", gates, sl, like)  # [B, H, n, X]
@@ -186,7 +219,7 @@ def forward_linear(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
             y = x @ w_t
             return d_t * y if rt.retained_gradient else y
 
-        signals = _window_gradients(rt, predict, seq, start, end)
+        signals = _window_gradients(rt, predict, part, start, end)
 
         lr = _gate(rt, opt, "lr", gates, sl, like)  # [B, H, n, X]
         mixing = _decay_matrix(decay)  # L^a [B, H, X, n, n]
@@ -199,7 +232,7 @@ def forward_linear(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
             mixing_u = mixing
 
         # Reads: o_t = D_t W_S phi(q_t) - sum_s K[t, s] lr_s sum_j (phi(k_{s-j}) . phi(q_t)) G_{s,j}
-        q_c = seq.phi_q[:, :, sl]  # [B, H, n, Dphi]
+        q_c = part.phi_q  # [B, H, n, Dphi]
         o = d_t * (q_c @ w_t)
         coeff = mixing_u * lr.movedim(-1, 2).unsqueeze(-2)  # [B, H, X, n(t), n(s)]
         for x, grad_y in signals:
