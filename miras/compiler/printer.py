@@ -17,8 +17,87 @@ class UnsupportedExpression(ValueError):
     """The printer has no translation for a sympy construct."""
 
 
-class TorchPrinter(Printer):
+class StrictPrinter(Printer):
+    """What the torch and Triton printers share: the dispatch, arithmetic and comparisons.
+
+    A subclass names its target (`target`), the literal for an empty numerator (`one`), its
+    one-argument functions (`FUNCTIONS`) and how it prints numbers (`_number`).
+    """
+
+    target = ""
+    one = "1"
+    FUNCTIONS: dict[type, str] = {}
+
+    def doprint(self, expr) -> str:  # type: ignore[override]
+        return self._print(sp.sympify(expr))
+
+    def _print(self, expr, **kwargs) -> str:
+        if isinstance(expr, sp.Expr) and expr.is_number and not isinstance(expr, sp.Symbol):
+            return self._number(expr)
+        if isinstance(expr, sp.Function) and type(expr) in self.FUNCTIONS:
+            return f"{self.FUNCTIONS[type(expr)]}({self._print(expr.args[0])})"
+        return super()._print(expr, **kwargs)
+
+    def emptyPrinter(self, expr):
+        raise UnsupportedExpression(
+            f"the {self.target} printer does not support {type(expr).__name__}: {expr}"
+        )
+
+    def _number(self, expr: sp.Expr) -> str:
+        raise NotImplementedError
+
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return expr.name
+
+    # Arithmetic (composite printers parenthesize their own output) ---------------------------
+    def _print_Add(self, expr: sp.Add) -> str:
+        terms = list(sp.Add.make_args(expr))
+        out = self._print(terms[0])
+        for term in terms[1:]:
+            coeff, _ = term.as_coeff_Mul()
+            if coeff.is_negative:
+                out += " - " + self._print(-term)
+            else:
+                out += " + " + self._print(term)
+        return f"({out})"
+
+    def _print_Mul(self, expr: sp.Mul) -> str:
+        coeff, rest = expr.as_coeff_Mul()
+        if coeff == -1:
+            return f"(-{self._print(rest)})"
+        numer, denom = [], []
+        for factor in sp.Mul.make_args(expr):
+            if factor.is_Pow and factor.exp.is_number and factor.exp.is_negative:
+                denom.append(factor.base ** (-factor.exp))
+            elif factor.is_Rational and factor.q != 1 and factor.p == 1:
+                denom.append(sp.Integer(factor.q))
+            else:
+                numer.append(factor)
+        text = "*".join(self._print(f) for f in numer) if numer else self.one
+        for f in denom:
+            text += "/" + self._print(f)
+        return f"({text})"
+
+    # Comparisons -----------------------------------------------------------------------------
+    def _relational(self, expr, op: str) -> str:
+        return f"({self._print(expr.lhs)} {op} {self._print(expr.rhs)})"
+
+    def _print_StrictLessThan(self, expr) -> str:
+        return self._relational(expr, "<")
+
+    def _print_LessThan(self, expr) -> str:
+        return self._relational(expr, "<=")
+
+    def _print_StrictGreaterThan(self, expr) -> str:
+        return self._relational(expr, ">")
+
+    def _print_GreaterThan(self, expr) -> str:
+        return self._relational(expr, ">=")
+
+
+class TorchPrinter(StrictPrinter):
     printmethod = "_torchcode"
+    target = "torch"
 
     # sympy function class -> torch function name, for one-argument functions.
     FUNCTIONS: dict[type, str] = {
@@ -38,21 +117,6 @@ class TorchPrinter(Printer):
         softplus: "torch.nn.functional.softplus",
     }
 
-    def doprint(self, expr) -> str:  # type: ignore[override]
-        return self._print(sp.sympify(expr))
-
-    def _print(self, expr, **kwargs) -> str:
-        if isinstance(expr, sp.Expr) and expr.is_number and not isinstance(expr, sp.Symbol):
-            return self._number(expr)
-        if isinstance(expr, sp.Function) and type(expr) in self.FUNCTIONS:
-            return f"{self.FUNCTIONS[type(expr)]}({self._print(expr.args[0])})"
-        return super()._print(expr, **kwargs)
-
-    def emptyPrinter(self, expr):
-        raise UnsupportedExpression(
-            f"the torch printer does not support {type(expr).__name__}: {expr}"
-        )
-
     # Atoms ---------------------------------------------------------------------------------
     def _number(self, expr: sp.Expr) -> str:
         value = complex(expr.evalf(17))
@@ -62,45 +126,10 @@ class TorchPrinter(Printer):
             return str(int(expr))
         return repr(float(value.real))
 
-    def _print_Symbol(self, expr: sp.Symbol) -> str:
-        return expr.name
-
     def _print_BooleanTrue(self, expr) -> str:
         return "True"
 
-    # Arithmetic ----------------------------------------------------------------------------
-    def _print_Add(self, expr: sp.Add) -> str:
-        terms = list(sp.Add.make_args(expr))
-        out = self._print(terms[0])
-        for term in terms[1:]:
-            coeff, _ = term.as_coeff_Mul()
-            if coeff.is_negative:
-                out += " - " + self._factor(-term)
-            else:
-                out += " + " + self._factor(term)
-        return f"({out})"
-
-    def _factor(self, expr: sp.Expr) -> str:
-        # Composite printers parenthesize their own output, so a factor needs no more.
-        return self._print(expr)
-
-    def _print_Mul(self, expr: sp.Mul) -> str:
-        coeff, rest = expr.as_coeff_Mul()
-        if coeff == -1:
-            return f"(-{self._factor(rest)})"
-        numer, denom = [], []
-        for factor in sp.Mul.make_args(expr):
-            if factor.is_Pow and factor.exp.is_number and factor.exp.is_negative:
-                denom.append(factor.base ** (-factor.exp))
-            elif factor.is_Rational and factor.q != 1 and factor.p == 1:
-                denom.append(sp.Integer(factor.q))
-            else:
-                numer.append(factor)
-        text = "*".join(self._factor(f) for f in numer) if numer else "1"
-        for f in denom:
-            text += "/" + self._factor(f)
-        return f"({text})"
-
+    # Powers (+ - * / and comparisons come from StrictPrinter) -------------------------------
     def _print_Pow(self, expr: sp.Pow) -> str:
         base, exp = expr.base, expr.exp
         if exp == sp.Rational(1, 2):
@@ -108,27 +137,12 @@ class TorchPrinter(Printer):
         if exp == -sp.Rational(1, 2):
             return f"torch.rsqrt({self._print(base)})"
         if exp == -1:
-            return f"(1/{self._factor(base)})"
+            return f"(1/{self._print(base)})"
         if exp.is_number and exp.is_negative:
-            return f"(1/{self._factor(base)}**{self._print(-exp)})"
-        return f"({self._factor(base)}**{self._factor(exp)})"
+            return f"(1/{self._print(base)}**{self._print(-exp)})"
+        return f"({self._print(base)}**{self._print(exp)})"
 
     # Comparisons and branches ----------------------------------------------------------------
-    def _relational(self, expr, op: str) -> str:
-        return f"({self._print(expr.lhs)} {op} {self._print(expr.rhs)})"
-
-    def _print_StrictLessThan(self, expr) -> str:
-        return self._relational(expr, "<")
-
-    def _print_LessThan(self, expr) -> str:
-        return self._relational(expr, "<=")
-
-    def _print_StrictGreaterThan(self, expr) -> str:
-        return self._relational(expr, ">")
-
-    def _print_GreaterThan(self, expr) -> str:
-        return self._relational(expr, ">=")
-
     def _print_And(self, expr) -> str:
         args = [self._print(a) for a in expr.args]
         out = args[0]
@@ -178,7 +192,7 @@ class TorchPrinter(Printer):
         return f"(torch.sign({z})*torch.clamp(torch.abs({z}) - {t}, min=0))"
 
     def _print_ChannelSum(self, expr: ChannelSum) -> str:
-        return f"{self._factor(expr.args[0])}.sum(dim=-1, keepdim=True)"
+        return f"{self._print(expr.args[0])}.sum(dim=-1, keepdim=True)"
 
 
 def torch_code(expr: sp.Expr) -> str:

@@ -14,9 +14,8 @@ Functions `triton.language` lacks (tanh, cosh, sign, softplus, ...) come from
 from __future__ import annotations
 
 import sympy as sp
-from sympy.printing.printer import Printer
 
-from miras.compiler.printer import UnsupportedExpression
+from miras.compiler.printer import StrictPrinter, UnsupportedExpression
 from miras.symbols import ChannelSum, sigmoid, soft_threshold, softplus
 
 # The name of the channel mask a printed channel sum reads (a [1, BV] or [BT, BV] block).
@@ -27,8 +26,10 @@ CHANNEL_MASK = "cmask"
 MAX_PRODUCT_POWER = 16
 
 
-class TritonPrinter(Printer):
+class TritonPrinter(StrictPrinter):
     printmethod = "_tritoncode"
+    target = "Triton"
+    one = "1.0"
 
     # sympy function class -> Triton function name, for one-argument functions.
     FUNCTIONS: dict[type, str] = {
@@ -47,21 +48,6 @@ class TritonPrinter(Printer):
         softplus: "softplus",
     }
 
-    def doprint(self, expr) -> str:  # type: ignore[override]
-        return self._print(sp.sympify(expr))
-
-    def _print(self, expr, **kwargs) -> str:
-        if isinstance(expr, sp.Expr) and expr.is_number and not isinstance(expr, sp.Symbol):
-            return self._number(expr)
-        if isinstance(expr, sp.Function) and type(expr) in self.FUNCTIONS:
-            return f"{self.FUNCTIONS[type(expr)]}({self._print(expr.args[0])})"
-        return super()._print(expr, **kwargs)
-
-    def emptyPrinter(self, expr):
-        raise UnsupportedExpression(
-            f"the Triton printer does not support {type(expr).__name__}: {expr}"
-        )
-
     # Atoms ---------------------------------------------------------------------------------
     def _number(self, expr: sp.Expr) -> str:
         value = complex(expr.evalf(17))
@@ -70,38 +56,7 @@ class TritonPrinter(Printer):
         # Always a float literal: an integer literal would make integer arithmetic in Triton.
         return repr(float(value.real))
 
-    def _print_Symbol(self, expr: sp.Symbol) -> str:
-        return expr.name
-
-    # Arithmetic ----------------------------------------------------------------------------
-    def _print_Add(self, expr: sp.Add) -> str:
-        terms = list(sp.Add.make_args(expr))
-        out = self._print(terms[0])
-        for term in terms[1:]:
-            coeff, _ = term.as_coeff_Mul()
-            if coeff.is_negative:
-                out += " - " + self._print(-term)
-            else:
-                out += " + " + self._print(term)
-        return f"({out})"
-
-    def _print_Mul(self, expr: sp.Mul) -> str:
-        coeff, rest = expr.as_coeff_Mul()
-        if coeff == -1:
-            return f"(-{self._print(rest)})"
-        numer, denom = [], []
-        for factor in sp.Mul.make_args(expr):
-            if factor.is_Pow and factor.exp.is_number and factor.exp.is_negative:
-                denom.append(factor.base ** (-factor.exp))
-            elif factor.is_Rational and factor.q != 1 and factor.p == 1:
-                denom.append(sp.Integer(factor.q))
-            else:
-                numer.append(factor)
-        text = "*".join(self._print(f) for f in numer) if numer else "1.0"
-        for f in denom:
-            text += "/" + self._print(f)
-        return f"({text})"
-
+    # Arithmetic: + - * / from StrictPrinter ---------------------------------------------------
     def _print_Pow(self, expr: sp.Pow) -> str:
         base, exp = expr.base, expr.exp
         if exp == sp.Rational(1, 2):
@@ -119,21 +74,6 @@ class TritonPrinter(Printer):
         return f"tl.exp({self._print(exp)}*tl.log({self._print(base)}))"
 
     # Comparisons and branches ----------------------------------------------------------------
-    def _relational(self, expr, op: str) -> str:
-        return f"({self._print(expr.lhs)} {op} {self._print(expr.rhs)})"
-
-    def _print_StrictLessThan(self, expr) -> str:
-        return self._relational(expr, "<")
-
-    def _print_LessThan(self, expr) -> str:
-        return self._relational(expr, "<=")
-
-    def _print_StrictGreaterThan(self, expr) -> str:
-        return self._relational(expr, ">")
-
-    def _print_GreaterThan(self, expr) -> str:
-        return self._relational(expr, ">=")
-
     def _print_And(self, expr) -> str:
         return "(" + " & ".join(self._print(a) for a in expr.args) + ")"
 
