@@ -291,6 +291,18 @@ BAD = [
         id="reserved-param-name",
     ),
     pytest.param(
+        {"bias": {"kind": "custom", "loss": "e**2 * c", "params": {"c": 1, "delta": 2}}},
+        "bias.params",
+        ["'delta' is declared in params but not used in loss"],
+        id="unused-param",
+    ),
+    pytest.param(
+        {"feature_map": {"kind": "custom", "formula": "x", "params": {"scale": 2.0}}},
+        "feature_map.params",
+        ["'scale' is declared in params but not used in formula"],
+        id="unused-feature-map-param",
+    ),
+    pytest.param(
         {"bias": {"kind": "custom", "loss": "e**2 * z"}},
         "bias.loss",
         ["unknown symbol 'z'"],

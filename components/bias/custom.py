@@ -24,6 +24,17 @@ def check_param_names(params: dict[str, Any]) -> None:
             )
 
 
+def check_params_used(params: dict[str, Any], expr: sp.Expr, field: str) -> None:
+    """A declared parameter that the formula never names is almost always a typo."""
+    named = {s.name for s in expr.free_symbols}
+    unused = [name for name in params if name not in named]
+    if unused:
+        raise ValueError(
+            f"parameter name {', '.join(map(repr, unused))} is declared in params but not used "
+            f"in {field}; use it in the formula or remove it"
+        )
+
+
 class CustomBias(Bias):
     """A loss written as a formula in e = y - v, y, v and declared parameters.
 
@@ -38,7 +49,8 @@ class CustomBias(Bias):
     @model_validator(mode="after")
     def _parse(self) -> CustomBias:
         check_param_names(self.params)
-        self.expression()  # raises FormulaError (a ValueError) naming what is wrong
+        expr = self.expression()  # raises FormulaError (a ValueError) naming what is wrong
+        check_params_used(self.params, expr, "loss")
         return self
 
     def gates(self) -> list[str]:

@@ -8,7 +8,7 @@ import sympy as sp
 from pydantic import model_validator
 
 from miras.components.base import FeatureMap
-from miras.components.bias.custom import check_param_names
+from miras.components.bias.custom import check_param_names, check_params_used
 from miras.formula import parse_formula
 from miras.symbols import x
 
@@ -27,6 +27,8 @@ class CustomMap(FeatureMap):
     def _parse(self) -> CustomMap:
         check_param_names(self.params)
         self.expression()  # raises FormulaError (a ValueError) naming what is wrong
+        symbolic = {"x": x, **{n: sp.Symbol(n) for n in self.params}}
+        check_params_used(self.params, parse_formula(self.formula, symbolic), "formula")
         return self
 
     def output_dim(self, d: int) -> int:
