@@ -192,7 +192,8 @@ def test_gates_start_where_intended():
     gates = GateMaps(rule.plan.gates, 16, 4, rank=4)(torch.randn(2, 3, 16))
     assert sorted(gates) == sorted(rule.gates)
     decay = gates["decay"][0, 0]
-    torch.testing.assert_close(decay, torch.linspace(0.9, 0.99, 4))  # spread over heads
+    # RetNet's multi-scale decays, 1 - 2^(-5 - h) for head h
+    torch.testing.assert_close(decay, torch.tensor([31 / 32, 63 / 64, 127 / 128, 255 / 256]))
     torch.testing.assert_close(gates["lr"], torch.full_like(gates["lr"], 0.5))
     assert gates["decay"].shape == (2, 3, 4)
 

@@ -13,6 +13,7 @@ memory state and the conv's last inputs (docs/models.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +27,17 @@ from miras.spec import Spec, load_spec
 
 Cache = dict[str, object]
 
-# What each gate starts at, in natural space (the gate projection starts at its bias). Decays
-# spread over heads as RetNet's multi-scale retention does; other names start at 1.
-GATE_START: dict[str, float | tuple[float, float]] = {
-    "decay": (0.9, 0.99),
+
+def retnet_decay(head: int) -> float:
+    """RetNet's multi-scale decay of head h, 1 - 2^(-5 - h): 0.969, 0.984, 0.992, ... Slow
+    enough that every head starts out remembering tens of tokens."""
+    return 1.0 - 2.0 ** (-5 - head)
+
+
+# What each gate starts at, in natural space (the gate projection starts at its bias): a number,
+# or a function of the head index. Names not listed start at 1.
+GATE_START: dict[str, float | Callable[[int], float]] = {
+    "decay": retnet_decay,
     "lr": 0.5,
     "momentum": 0.5,
     "threshold": 1e-3,
@@ -122,10 +130,9 @@ class GateMaps(nn.Module):
         biases = []
         for info in self.infos:
             start = GATE_START.get(info.name, 1.0)
-            lo, hi = start if isinstance(start, tuple) else (start, start)
             ceiling = GATE_CEILING.get(info.name)
             for h in range(self.n_heads):
-                value = lo + (hi - lo) * h / max(self.n_heads - 1, 1)
+                value = start(h) if callable(start) else start
                 biases.append(unsquash(value, info.allowed, ceiling))
         return torch.tensor(biases)
 
