@@ -198,6 +198,13 @@ def test_gates_start_where_intended():
     assert gates["decay"].shape == (2, 3, 4)
 
 
+def test_many_heads_start_with_finite_gates():
+    """Past 48 heads RetNet's 1 - 2^(-5 - h) rounds to 1.0, the closed end of the decay range."""
+    rule = miras.compile({"name": "t", "retention": "l2"})
+    decay = GateMaps(rule.plan.gates, 64, 64, rank=4)(torch.randn(1, 2, 64))["decay"]
+    assert torch.isfinite(decay).all() and (decay > 0.96).all() and (decay <= 1).all()
+
+
 def test_learned_state_stays_in_the_retention_domain():
     """KL's state lives on w > 0: the learned W_0 is stored as log W."""
     layer = MirasLayer(MEMORA, 16, 2)

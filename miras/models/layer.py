@@ -102,6 +102,7 @@ def unsquash(value: float, allowed: Range, ceiling: float | None = None) -> floa
     lo, hi = allowed.lo, allowed.hi if ceiling is None else ceiling
     if math.isfinite(lo) and math.isfinite(hi):
         p = (value - lo) / (hi - lo)
+        p = min(max(p, OPEN_END_MARGIN), 1 - OPEN_END_MARGIN)  # an end itself has no logit
         return math.log(p / (1 - p))
     if math.isfinite(lo):
         return math.log(math.expm1(value - lo))  # softplus^-1
