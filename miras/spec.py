@@ -322,14 +322,19 @@ def _looks_like_path(text: str) -> bool:
     return ":" not in text  # neither a file nor YAML: report it as a missing file
 
 
+def yaml_syntax_problem(err: yaml.YAMLError) -> Problem:
+    """A YAML syntax error as one problem naming the line and column (specs and studies)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    what = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return Problem("", f"invalid YAML{where}: {what}")
+
+
 def _parse_yaml(text: str, source: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)  # the safe loader: no tags that build Python objects
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(source, [Problem("", f"invalid YAML{where}: {what}")]) from None
+        raise SpecError(source, [yaml_syntax_problem(err)]) from None
     if data is None:
         raise SpecError(source, [Problem("", "the spec is empty; expected a mapping of fields")])
     duplicates = _duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))

@@ -35,7 +35,7 @@ from pydantic import (
 from miras.errors import Problem, SpecError
 from miras.formula import did_you_mean
 from miras.search.space import Node, check_template, parse
-from miras.spec import load_spec
+from miras.spec import load_spec, yaml_syntax_problem
 
 
 class StudyError(ValueError):
@@ -252,10 +252,7 @@ def _parse_yaml(text: str, source: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)  # the safe loader: no tags that build Python objects
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise StudyError(source, [Problem("", f"invalid YAML{where}: {what}")]) from None
+        raise StudyError(source, [yaml_syntax_problem(err)]) from None
     if not isinstance(data, dict):
         got = "nothing" if data is None else type(data).__name__
         fields = ", ".join(StudyDef.model_fields)
