@@ -8,10 +8,11 @@ Each pass reads and fills one `Compilation`; an invariant is checked after each,
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 
 import sympy as sp
@@ -212,7 +213,11 @@ class MemoryRule:
         return f"MemoryRule({self.spec.name!r}, gates={self.gates})"
 
 
-_CACHE: dict[str, MemoryRule] = {}
+# Two levels: rule digest -> what the passes produced, and the whole spec -> its MemoryRule.
+# The digest leaves out `model` and `description` (they do not change the rule), so specs that
+# differ only there share one derivation, while each gets a rule that carries its own spec.
+_CACHE: dict[str, Compilation] = {}
+_RULES: dict[str, tuple[Compilation, MemoryRule]] = {}  # keyed by the spec's canonical JSON
 
 
 def compile(spec: Spec | str | dict, *, checked: bool = True) -> MemoryRule:
@@ -224,8 +229,14 @@ def compile(spec: Spec | str | dict, *, checked: bool = True) -> MemoryRule:
     spec = load_spec(spec)
     key = spec.digest()
     if key not in _CACHE or (checked and not _CACHE[key].checks):
-        _CACHE[key] = MemoryRule(run_passes(spec, checked=checked))
-    return _CACHE[key]
+        _CACHE[key] = run_passes(spec, checked=checked)
+    compilation = _CACHE[key]
+    whole = json.dumps(spec.normalized(), sort_keys=True)
+    wrapped, rule = _RULES.get(whole, (None, None))
+    if wrapped is not compilation:  # new, or the compilation was redone (now checked)
+        rule = MemoryRule(replace(compilation, spec=spec))
+        _RULES[whole] = (compilation, rule)
+    return rule
 
 
 __all__ = ["Compilation", "Derivation", "MemoryRule", "compile"]
