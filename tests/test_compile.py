@@ -108,4 +108,4 @@ def test_non_invertible_potential_needs_newton():
         miras.compile(spec)
     spec["retention"]["solver"] = "newton"
     rule = miras.compile(spec)
-    assert "repeat 5 times: w <- w - (F'(w) - z)/F''(w)" in str(rule.derivation())
+    assert "then w <- w - (F'(w) - z)/F''(w), bisecting in s" in str(rule.derivation())

@@ -52,9 +52,11 @@ class BregmanRetention(Retention):
 
     kind: Literal["bregman"] = "bregman"
     potential: str = BINARY_ENTROPY  # F(w), a formula in `w`
-    # closed_form: sympy must invert F'; newton: if it cannot, a few Newton steps on F'(w) = z.
+    # closed_form: sympy must invert F'; newton: if it cannot, safeguarded Newton on F'(w) = z
+    # (bracketed, bisecting where a step leaves the bracket), iterated until it converges.
     solver: Literal["closed_form", "newton"] = "closed_form"
-    newton_steps: number(Range(1, 50, lo_closed=True, hi_closed=True), integer=True) = 5
+    # The most Newton/bisection iterations per step; the solve stops earlier once converged.
+    newton_steps: number(Range(1, 1000, lo_closed=True, hi_closed=True), integer=True) = 100
 
     @field_validator("potential")
     @classmethod

@@ -31,7 +31,7 @@ from miras.compiler.emit import function_source, load_module, module_source
 from miras.compiler.printer import UnsupportedExpression, torch_code
 from miras.components.base import Retention
 from miras.errors import DerivationError
-from miras.symbols import gate_symbol, sigmoid_rewrite, soft_threshold, u, w, w0
+from miras.symbols import gate_symbol, sigmoid, sigmoid_rewrite, soft_threshold, u, w, w0
 
 Step = tuple[str, sp.Basic | str]
 
@@ -292,9 +292,12 @@ def _derive_bregman(retention: Retention) -> tuple[list[Step], sp.Expr]:
             ("F''", sp.Eq(sp.Symbol("F''"), curvature)),
             (
                 "newton",
-                f"z = F'(w0) - u; w = w0; repeat {retention.newton_steps} times: "
-                "w <- w - (F'(w) - z)/F''(w)",
+                f"z = F'(w0) - u; bracket the root in s = {sp.sstr(COORDINATES[domain][0])} "
+                "from w0; then w <- w - (F'(w) - z)/F''(w), bisecting in s where that step "
+                "leaves the bracket or does not halve; until converged (step < 2 eps |w|), at "
+                f"most {retention.newton_steps} iterations",
             ),
+            ("gradient", "dw/dz = 1/F''(w) at the solution (implicit differentiation)"),
             ("step", sp.Eq(w, inverse_slope(target))),
         ]
         return steps, inverse_slope(target)
@@ -429,29 +432,108 @@ def _step_source(retention: Retention, step: sp.Expr, gates: tuple[str, ...]) ->
     return f"{head}\n    z = {logits}\n    return {retention.scale!r} * torch.softmax(z, dim=-1)\n"
 
 
-def _newton_source(retention: Retention, target: sp.Expr, args: list[str]) -> str:
-    """Newton's method on F'(w) = z from w = w0; F' and F'' printed by the strict printer.
+# Bregman `solver: newton`: a coordinate s(w) that maps the domain onto all reals, (s(w), w(s)),
+# where the root of F'(w) = z is bracketed and bisected; relative precision near 0 and 1.
+_s = sp.Symbol("s", real=True)
+COORDINATES = {
+    "real": (w, _s),
+    "positive": (sp.log(w), sp.exp(_s)),
+    "unit_interval": (sp.log(w) - sp.log(1 - w), sigmoid(_s)),
+}
 
-    Where F's domain is bounded, an iterate that would leave it moves halfway to the boundary
-    instead (a safeguarded step), so log(w) or log(1 - w) never sees a value outside it."""
+
+def _newton_source(retention: Retention, target: sp.Expr, args: list[str]) -> str:
+    """`retention_step` solves F'(w) = F'(w0) - u per entry by safeguarded Newton, and helpers
+    `bregman_slope` (F'), `bregman_curvature` (F'') and `bregman_inverse_slope` (the solve).
+
+    F' is increasing (F strictly convex, checked), so the root is bracketed in s(w) by doubling
+    steps from s(w0) (F' runs from -oo to oo over the domain, checked); then Newton steps, each
+    replaced by bisection in s where it leaves the bracket or does not halve the step before
+    last (Numerical Recipes' rtsafe). No step divides by a vanishing F'' unguarded: such a step
+    is not finite, so it is not inside the bracket. The iteration stops when every entry's step
+    is below 2 eps |w| or its bracket below 4 eps (1 + |s|), after at most `newton_steps`.
+
+    The solve runs on detached tensors; the returned w carries dw/dz = 1/F''(w) at the
+    solution (implicit differentiation of F'(w) = z), 0 where F''(w) = 0 (the inverse's slope
+    is unbounded there, like a cube root at 0)."""
     F = retention.potential_expr()
     slope, curvature = torch_code(sp.diff(F, w)), torch_code(sp.diff(F, w, 2))
-    doc = f"retention bregman, {retention.newton_steps} Newton steps on F'(w) = F'(w0) - u. {STEP_DOC}"
-    lines = [
-        f"def retention_step({', '.join(args)}):",
-        f'    """{doc}"""',
-        f"    z = {torch_code(target)}",
-        "    w = w0",
-        f"    for _ in range({retention.newton_steps}):",
-        f"        w_next = w - ({slope} - z)/{curvature}",
-    ]
-    domain = retention.domain()
-    if domain in ("positive", "unit_interval"):
-        lines.append("        w_next = torch.where(w_next > 0, w_next, w/2)")
-    if domain == "unit_interval":
-        lines.append("        w_next = torch.where(w_next < 1, w_next, (w + 1)/2)")
-    lines += ["        w = w_next", "    return w"]
-    return "\n".join(lines) + "\n"
+    to_s, from_s = COORDINATES[retention.domain()]
+
+    def s_of(name: str) -> str:
+        return torch_code(to_s.subs(w, sp.Symbol(name, real=True)))
+
+    def w_of(name: str) -> str:
+        return torch_code(from_s.subs(_s, sp.Symbol(name, real=True)))
+
+    cap = retention.newton_steps
+    step_doc = (
+        f"retention bregman: w = (F')^-1(F'(w0) - u) by safeguarded Newton (at most {cap} "
+        f"iterations). {STEP_DOC}"
+    )
+    return f'''def retention_step({", ".join(args)}):
+    """{step_doc}"""
+    z = {torch_code(target)}
+    w = bregman_inverse_slope(z.detach(), w0.detach())
+    # dw/dz = 1/F''(w) at the solution (implicit differentiation of F'(w) = z); the value is w.
+    dw_dz = 1/bregman_curvature(w)
+    dw_dz = torch.where(torch.isfinite(dw_dz), dw_dz, 0)
+    return w + (z - z.detach())*dw_dz
+
+
+def bregman_slope(w):
+    """F'(w)"""
+    return {slope}
+
+
+def bregman_curvature(w):
+    """F''(w)"""
+    return {curvature}
+
+
+def bregman_inverse_slope(z, w0):
+    """(F')^-1(z) per entry from w0 (no autograd graph): bracket in s = {s_of("w")}, then
+    Newton, bisecting in s where a step leaves the bracket or stalls; at most {cap} iterations."""
+    eps = torch.finfo(z.dtype).eps
+    s0 = {s_of("w0")}
+    below = bregman_slope(w0) > z  # F' increases: the root lies below w0
+    lo, hi = torch.where(below, s0 - 1, s0), torch.where(below, s0, s0 + 1)
+    step = torch.ones_like(s0)
+    # Doubling steps reach any float (2**1024 overflows float64) in at most 1100.
+    for _ in range(1100):
+        low, high = bregman_slope({w_of("lo")}) > z, bregman_slope({w_of("hi")}) < z
+        if not bool((low | high).any()):
+            break
+        step = 2*step
+        lo, hi = (
+            torch.where(low, lo - step, torch.where(high, hi, lo)),
+            torch.where(high, hi + step, torch.where(low, lo, hi)),
+        )
+    mid = (lo + hi)/2
+    w = torch.where((lo <= s0) & (s0 <= hi), w0, {w_of("mid")})  # w0, unless the bracket moved
+    before_last = last = ({w_of("hi")} - {w_of("lo")}).abs()
+    done = torch.zeros_like(w, dtype=torch.bool)
+    for _ in range({cap}):
+        f = bregman_slope(w) - z
+        s = {s_of("w")}
+        lo, hi = torch.where(f < 0, s, lo), torch.where(f > 0, s, hi)
+        newton = w - f/bregman_curvature(w)
+        inside = (newton > {w_of("lo")}) & (newton < {w_of("hi")})
+        fast = (newton - w).abs() <= before_last/2
+        mid = (lo + hi)/2
+        bisection = {w_of("mid")}
+        # A Newton step below 2 eps |w| has converged: tested before the bracket, whose ends
+        # went through s and back (a round trip that may cost more than that step).
+        converged = (f == 0) | ((newton - w).abs() <= 2*eps*w.abs())
+        proposal = torch.where(converged, w, torch.where(inside & fast, newton, bisection))
+        moved = (proposal - w).abs()
+        w = torch.where(done, w, proposal)
+        done = done | converged | (moved <= 2*eps*w.abs()) | (hi - lo <= 4*eps*(1 + s.abs()))
+        before_last, last = last, moved
+        if bool(done.all()):
+            break
+    return w
+'''
 
 
 # The smallest norm lq's read divides by: a zero accumulator reads as zero, not nan.
