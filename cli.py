@@ -178,11 +178,14 @@ def _make_task(name: str, options: dict):
 
 @app.command()
 def train(
+    ctx: typer.Context,
     spec: SpecPath,
     task: Annotated[str, typer.Option(help="The task: mqar, mad, niah, text, ...")],
     task_option: KeyValues = None,
     model: KeyValues = None,
-    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
+    steps: Annotated[
+        int, typer.Option(help="Optimizer steps (with --resume --extend: the new total).")
+    ] = 1000,
     batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 32,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).")] = 3e-3,
     warmup: Annotated[int, typer.Option(help="Linear warmup steps.")] = 100,
@@ -191,22 +194,44 @@ def train(
     seed: Annotated[int, typer.Option(help="Seed of the model's initialization.")] = 0,
     eval_every: Annotated[int, typer.Option(help="Steps between evaluations.")] = 100,
     eval_batches: Annotated[int, typer.Option(help="Validation batches per evaluation.")] = 4,
+    log_every: Annotated[
+        int,
+        typer.Option(
+            help="Steps between training records in metrics.jsonl; off a terminal, a progress "
+            "line comes about every tenth of the run, at a multiple of this."
+        ),
+    ] = 10,
     out_dir: Annotated[
         Path | None,
         typer.Option(
-            "--out", help="Run directory (metrics.jsonl, checkpoint.pt); default runs/NAME."
+            "--out",
+            help="Run directory (metrics.jsonl, checkpoint.pt); default runs/SPEC-TASK-seedSEED "
+            "(SPEC the spec's name, e.g. runs/deltanet-mqar-seed0).",
+            show_default=False,
         ),
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out.")] = False,
+    extend: Annotated[
+        bool,
+        typer.Option(
+            "--extend",
+            help="With --resume: train on to a larger --steps than the run planned. The "
+            "learning-rate schedule is re-planned over the new total, so the result differs "
+            "from a run planned that long.",
+        ),
+    ] = False,
     time_limit: Annotated[
         float | None, typer.Option(help="Stop after this many seconds (then evaluate).")
     ] = None,
     threads: Annotated[
         int | None, typer.Option(help="torch CPU threads (1 is fastest for tiny models).")
     ] = None,
-    progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+    progress: Annotated[
+        bool, typer.Option(help="Show progress on stderr (plain lines off a terminal).")
+    ] = True,
 ) -> None:
-    """Train the spec's model on a task; --model key=value overrides the spec's model section."""
+    """Train the spec's model on a task; --model key=value overrides the spec's model section.
+    Ctrl-C saves a checkpoint and prints the command that resumes it (exit code 130)."""
     import torch
 
     from miras.training import train as run_training
@@ -237,46 +262,108 @@ def train(
             seed=seed,
             eval_every=eval_every,
             eval_batches=eval_batches,
+            log_every=log_every,
             out_dir=directory,
             resume=resume,
+            extend=extend,
             time_limit=time_limit,
             progress=progress,
         )
     except (ValueError, FileNotFoundError) as error:  # SpecError, TrainingDiverged, options
         raise _fail(error) from None
-    table = Table(title=f"{loaded.name} on {task}: step {result.steps}", title_justify="left")
-    table.add_column("metric")
-    table.add_column("value")
-    for name, value in result.metrics.items():
-        table.add_row(name, f"{value:.4f}")
-    out.print(table)
+    except KeyboardInterrupt as stop:
+        raise _interrupted(stop, ctx) from None
+    out.print(f"{loaded.name} on {task}: step {result.steps}", highlight=False)
+    _print_metrics(result.metrics)
     out.print(f"run directory: {directory}", highlight=False)
 
 
-@app.command(name="eval")
-def evaluate_command(
-    checkpoint: Annotated[Path, typer.Argument(help="checkpoint.pt or its run directory.")],
-    task: Annotated[str, typer.Option(help="The task the model is scored on.")],
-    task_option: KeyValues = None,
-    batches: Annotated[int, typer.Option(help="Validation batches.")] = 8,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Default: the training batch size.")
-    ] = None,
-) -> None:
-    """Score a checkpoint on a task's validation batches."""
-    from miras.training import evaluate
+def _interrupted(stop: KeyboardInterrupt, ctx: typer.Context) -> typer.Exit:
+    """Ctrl-C: where the checkpoint is and the command that resumes it; exit code 130."""
+    from miras.training import TrainingInterrupted
 
-    try:
-        the_task = _make_task(task, _key_values(task_option, "--task-option"))
-        metrics = evaluate(checkpoint, the_task, batches=batches, batch_size=batch_size)
-    except (ValueError, FileNotFoundError) as error:
-        raise _fail(error) from None
-    table = Table(title=f"{checkpoint} on {task}", title_justify="left")
+    if isinstance(stop, TrainingInterrupted) and stop.checkpoint is not None:
+        err.print(str(stop), highlight=False, markup=False)
+        err.print(
+            f"resume with: {_resume_command(ctx, stop.checkpoint.parent)}",
+            highlight=False,
+            markup=False,
+        )
+    else:
+        err.print("interrupted before the run wrote a checkpoint: nothing was saved")
+    return typer.Exit(130)
+
+
+def _resume_command(ctx: typer.Context, directory: Path) -> str:
+    """This command line as given (defaults left out), with --out DIRECTORY --resume."""
+    import shlex
+
+    words = ["miras", ctx.info_name or "train"]
+    for param in ctx.command.params:
+        name = param.name
+        source = ctx.get_parameter_source(name) if name else None
+        if name in ("out_dir", "resume") or source is None or source.name == "DEFAULT":
+            continue
+        value = ctx.params[name]
+        if not param.opts[0].startswith("-"):  # an argument
+            words.append(str(value))
+        elif isinstance(value, bool):
+            words.append(param.opts[0] if value else param.secondary_opts[0])
+        elif isinstance(value, list | tuple):
+            words += [word for item in value for word in (param.opts[0], str(item))]
+        else:
+            words += [param.opts[0], str(value)]
+    return shlex.join([*words, "--out", str(directory), "--resume"])
+
+
+def _print_metrics(metrics: dict[str, float]) -> None:
+    table = Table()
     table.add_column("metric")
     table.add_column("value")
     for name, value in metrics.items():
         table.add_row(name, f"{value:.4f}")
     out.print(table)
+
+
+@app.command(name="eval")
+def evaluate_command(
+    checkpoint: Annotated[Path, typer.Argument(help="checkpoint.pt or its run directory.")],
+    task: Annotated[
+        str | None,
+        typer.Option(
+            help="The task the model is scored on. Default: the one it trained on, with the "
+            "options it trained with.",
+            show_default=False,
+        ),
+    ] = None,
+    task_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="key=value, repeatable (values read as YAML scalars); replaces the run's "
+            "option of that name.",
+            show_default=False,
+        ),
+    ] = None,
+    batches: Annotated[int, typer.Option(help="Validation batches.")] = 8,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Default: the training batch size.")
+    ] = None,
+) -> None:
+    """Score a checkpoint on a task's validation batches (by default the run's own task)."""
+    from miras.training import evaluate, load_checkpoint, recorded_task
+
+    try:
+        options = _key_values(task_option, "--task-option")
+        data = load_checkpoint(checkpoint)
+        the_task, notes = recorded_task(data, task, options)
+        for note in notes:
+            err.print(f"note: {note}", highlight=False, markup=False)
+        metrics = evaluate(data, the_task, batches=batches, batch_size=batch_size)
+    except (ValueError, FileNotFoundError) as error:
+        raise _fail(error) from None
+    shown = ", ".join(f"{key}={value}" for key, value in the_task.options().items())
+    out.print(f"{checkpoint} on {the_task.name} ({shown})", highlight=False)
+    _print_metrics(metrics)
 
 
 # ---------------------------------------------------------------------------------------------
