@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from miras.compiler.pipeline import compile as compile_spec
@@ -23,11 +25,25 @@ app = typer.Typer(
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
+# Off a terminal (a CI log, `make demo | tee`) rich lays tables out in 80 columns and folds
+# every longer cell ("comple / te"). Tables do not expand, so there a wide console gives each
+# table the width its cells need; an explicit COLUMNS still decides.
+OFF_TERMINAL_WIDTH = 1000
+
+
+@app.callback()
+def _console_width() -> None:
+    # Runs before every command: the stream is the one this command prints to.
+    off_terminal = not out.is_terminal and "COLUMNS" not in os.environ
+    out.width = OFF_TERMINAL_WIDTH if off_terminal else None
+
+
 SpecPath = Annotated[Path, typer.Argument(help="A spec YAML file.", show_default=False)]
 
 
 def _fail(error: Exception, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
+    # escape: a message's own brackets (a list of solutions, [elementwise]) are not markup.
+    err.print(f"[red]error:[/red] {escape(str(error))}", markup=True, highlight=False)
     return typer.Exit(code)
 
 
