@@ -4,6 +4,10 @@ The text is parsed by Python's `ast` module into a syntax tree, which is then wa
 node against a whitelist: numbers, the symbols the component declares, arithmetic, comparisons
 (inside `where`/`Piecewise`) and the functions in `FUNCTIONS`. Nothing is ever evaluated as
 Python: no `eval`, no `sympify` of the text, no attribute access, no names outside the list.
+
+Every term must be a real, finite number-valued expression: a comparison is only a condition
+(of `where`/`Piecewise`), and a term that sympy reduces to an infinity, NaN or an imaginary
+number (`e/0`, `log(0)`, `sqrt(-1)`) is refused where it appears, with that term quoted.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import difflib
 from collections.abc import Mapping
 
 import sympy as sp
+from sympy.logic.boolalg import Boolean
 
 from miras.errors import FormulaError
 from miras.symbols import ChannelSum, sigmoid, softplus
@@ -99,13 +104,46 @@ def parse_formula(
     n_nodes = sum(1 for _ in ast.walk(tree))
     if n_nodes > MAX_NODES:
         raise FormulaError(f"the formula has {n_nodes} syntax nodes; at most {MAX_NODES}")
-    return _Walker(symbols, channel_sums).visit(tree.body)
+    return _Walker(symbols, channel_sums, text.strip()).value(tree.body)
+
+
+def value_at(expr: sp.Expr, point: Mapping[sp.Symbol, sp.Expr]) -> sp.Expr:
+    """`expr` at `point`, evaluated to a sympy number as far as sympy can (sigmoid and softplus
+    written with exp, which sympy evaluates)."""
+    value = expr.subs(point)
+    if value.has(sigmoid, softplus):
+        value = value.rewrite(sp.exp)
+    return sp.N(value)
+
+
+def not_finite(value: sp.Expr) -> str | None:
+    """Why a value from `value_at` is not a finite real number ('undefined (NaN)', 'infinite',
+    'not real'), or None: finite and real, or not a number sympy could evaluate."""
+    if value.has(sp.nan):
+        return "undefined (NaN)"
+    if value.has(sp.zoo, sp.oo, sp.S.NegativeInfinity):
+        return "infinite"
+    if value.has(sp.I) or (value.is_number and value.is_real is False):
+        return "not real"
+    return None
+
+
+# What sympy makes of a term that is not a real number, and why a user wrote one.
+_NOT_FINITE = (
+    (sp.nan, "undefined (NaN), e.g. 0/0 or 0*oo"),
+    (sp.zoo, "infinite (sympy: zoo), e.g. a division by zero, log(0) or 0**-1"),
+    (sp.oo, "infinite (sympy: oo)"),
+    (sp.S.NegativeInfinity, "infinite (sympy: -oo)"),
+    (sp.I, "not real (sympy: I), e.g. sqrt or log of a negative number"),
+)
 
 
 class _Walker:
-    def __init__(self, symbols: Mapping[str, sp.Symbol], channel_sums: bool):
+    def __init__(self, symbols: Mapping[str, sp.Symbol], channel_sums: bool, text: str):
         self.symbols = dict(symbols)
         self.channel_sums = channel_sums
+        self.text = text
+        self.example = next(iter(self.symbols), "x")  # a symbol to write examples with
         self.inside_sum = False
 
     def visit(self, node: ast.AST) -> sp.Basic:
@@ -113,6 +151,35 @@ class _Walker:
         if method is None:
             raise FormulaError(f"{_describe(node)} is not allowed in a formula")
         return method(node)
+
+    def quote(self, node: ast.AST) -> str:
+        return repr(ast.get_source_segment(self.text, node) or ast.unparse(node))
+
+    def value(self, node: ast.AST) -> sp.Expr:
+        """A term that must be a real, finite number (not a condition, not zoo/nan/I)."""
+        result = self.visit(node)
+        if not isinstance(result, sp.Expr):
+            raise FormulaError(
+                f"{self.quote(node)} is a condition (true or false), not a number; a comparison "
+                "is only allowed as the condition of where(condition, a, b) or of a Piecewise "
+                f"pair, e.g. where({self.example} > 0, {self.example}**2, 0)"
+            )
+        for atom, why in _NOT_FINITE:
+            if result.has(atom):
+                raise FormulaError(
+                    f"{self.quote(node)} is {why}; every term must be finite and real"
+                )
+        return result
+
+    def condition(self, node: ast.AST) -> sp.Basic:
+        """The condition of where/Piecewise: a comparison (or True), never a number."""
+        result = self.visit(node)
+        if not isinstance(result, Boolean) or isinstance(result, sp.Expr):  # a Symbol is both
+            raise FormulaError(
+                f"the condition {self.quote(node)} is not a comparison; write one with "
+                f"<, <=, > or >=, e.g. {self.example} > 0"
+            )
+        return result
 
     def visit_Constant(self, node: ast.Constant) -> sp.Basic:
         value = node.value
@@ -140,7 +207,7 @@ class _Walker:
         )
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> sp.Basic:
-        operand = self.visit(node.operand)
+        operand = self.value(node.operand)
         if isinstance(node.op, ast.USub):
             return -operand
         if isinstance(node.op, ast.UAdd):
@@ -155,11 +222,14 @@ class _Walker:
                 f"the operator {_OPERATOR_NAMES.get(type(node.op), type(node.op).__name__)} "
                 "is not allowed; use + - * / **"
             )
-        return _BINARY[type(node.op)](self.visit(node.left), self.visit(node.right))
+        left, right = self.value(node.left), self.value(node.right)
+        if isinstance(node.op, ast.Div) and right.is_zero:
+            raise FormulaError(f"{self.quote(node)} divides by zero")
+        return _BINARY[type(node.op)](left, right)
 
     def _power(self, node: ast.BinOp) -> sp.Basic:
-        base = self.visit(node.left)
-        exponent = self.visit(node.right)
+        base = self.value(node.left)
+        exponent = self.value(node.right)
         if exponent.is_number:
             if abs(float(exponent)) > MAX_EXPONENT:
                 raise FormulaError(
@@ -175,7 +245,7 @@ class _Walker:
         op = type(node.ops[0])
         if op not in _COMPARE:
             raise FormulaError("only <, <=, >, >= comparisons are allowed")
-        return _COMPARE[op](self.visit(node.left), self.visit(node.comparators[0]))
+        return _COMPARE[op](self.value(node.left), self.value(node.comparators[0]))
 
     def visit_Tuple(self, node: ast.Tuple) -> sp.Basic:
         raise FormulaError("a tuple is only allowed as a (value, condition) pair of Piecewise")
@@ -197,7 +267,10 @@ class _Walker:
                 f"{', '.join(allowed)}{did_you_mean(name, allowed)}"
             )
         arity, build = FUNCTIONS[name]
-        args = [self.visit(a) for a in node.args]
+        if name == "where" and len(node.args) == 3:  # where(condition, value, value)
+            args = [self.condition(node.args[0]), *map(self.value, node.args[1:])]
+        else:
+            args = [self.value(a) for a in node.args]
         if arity == -1 and len(args) < 2:
             raise FormulaError(f"{name}() takes two or more arguments, got {len(args)}")
         if arity != -1 and len(args) != arity:
@@ -209,7 +282,7 @@ class _Walker:
         for arg in node.args:
             if not (isinstance(arg, ast.Tuple) and len(arg.elts) == 2):
                 raise FormulaError("Piecewise takes (value, condition) pairs")
-            pieces.append((self.visit(arg.elts[0]), self.visit(arg.elts[1])))
+            pieces.append((self.value(arg.elts[0]), self.condition(arg.elts[1])))
         if not pieces or pieces[-1][1] is not sp.true:
             raise FormulaError("the last Piecewise pair must have the condition True")
         return sp.Piecewise(*pieces)
@@ -223,7 +296,7 @@ class _Walker:
             raise FormulaError(f"{name}() takes 1 argument, got {len(node.args)}")
         self.inside_sum = True
         try:
-            term = self.visit(node.args[0])
+            term = self.value(node.args[0])
         finally:
             self.inside_sum = False
         if name == "sum":

@@ -2,25 +2,47 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import sympy as sp
 from pydantic import model_validator
 
 from miras.components.base import POSITIVE, Bias, gate_or
-from miras.formula import parse_formula
+from miras.formula import (
+    CONSTANTS,
+    FUNCTIONS,
+    SPECIAL_FUNCTIONS,
+    not_finite,
+    parse_formula,
+    value_at,
+)
 from miras.symbols import ChannelSum, e, gate_symbol, v, y
 
 RESERVED = frozenset({"e", "y", "v", "x", "w", "w0", "u", "pi", "True"})
+
+# Where a loss and its gradient must be finite and real. e = 0 exactly is common (a zero memory
+# read against zero values, the window's padding); errors of either sign and size follow. v is
+# a generic target (y = v + e) and every parameter that is a gate is 1.
+PROBE_ERRORS = (0, sp.Rational(-1, 2), sp.Rational(1, 2), -2, 2)
+PROBE_TARGET = sp.Rational(1, 3)
 
 
 def check_param_names(params: dict[str, Any]) -> None:
     for name in params:
         if not name.isidentifier() or name.startswith("_"):
-            raise ValueError(f"parameter name {name!r} must be a plain identifier")
+            raise ValueError(
+                f"parameter name {name!r} must be a plain identifier (letters, digits and _, "
+                "not starting with _ or a digit)"
+            )
         if name in RESERVED:
             raise ValueError(
                 f"parameter name {name!r} is reserved; reserved names: {', '.join(sorted(RESERVED))}"
+            )
+        if name in FUNCTIONS or name in SPECIAL_FUNCTIONS or name in CONSTANTS:
+            raise ValueError(
+                f"parameter name {name!r} is the name of a formula function or constant; "
+                "choose another name"
             )
 
 
@@ -29,10 +51,77 @@ def check_params_used(params: dict[str, Any], expr: sp.Expr, field: str) -> None
     named = {s.name for s in expr.free_symbols}
     unused = [name for name in params if name not in named]
     if unused:
+        used = [name for name in params if name in named]
+        uses = f" (it uses {', '.join(used)})" if used else ""
         raise ValueError(
             f"parameter name {', '.join(map(repr, unused))} is declared in params but not used "
-            f"in {field}; use it in the formula or remove it"
+            f"in {field}{uses}; use it in the formula or remove it"
         )
+
+
+def _gradient(loss: sp.Expr) -> tuple[sp.Expr, dict[sp.Symbol, sp.Expr]]:
+    """dL/dy_j by the chain rule through the channel sums (as the compiler derives it), in
+    e, v and one symbol per channel sum; and each symbol's channel term."""
+    channel_sums = sorted(loss.atoms(ChannelSum), key=sp.default_sort_key)
+    symbols = [sp.Dummy(f"s{i}", real=True) for i in range(len(channel_sums))]
+    outer = loss.subs(dict(zip(channel_sums, symbols, strict=True)))
+    gradient = sp.Integer(0)
+    for s, term in zip(symbols, channel_sums, strict=True):
+        gradient += sp.diff(outer, s) * sp.diff(term.args[0].subs(e, y - v), y)
+    terms = {s: c.args[0] for s, c in zip(symbols, channel_sums, strict=True)}
+    return gradient.subs(y, e + v), terms
+
+
+def check_loss(loss: sp.Expr, fixed: dict[str, float]) -> None:
+    """Refuse a loss the memory cannot learn from: constant, without y, or one whose value or
+    gradient is not a finite real number where errors occur (NaN in every backend)."""
+    _check_loss(loss, tuple(sorted(fixed.items())))
+
+
+@functools.lru_cache(maxsize=256)  # a spec is validated again on every load and copy
+def _check_loss(loss: sp.Expr, fixed_items: tuple[tuple[str, float], ...]) -> None:
+    fixed = dict(fixed_items)
+    if not loss.free_symbols & {e, y, v}:
+        raise ValueError(
+            "the loss is a constant (it uses none of e, y, v), so its gradient is zero and the "
+            "memory never learns; write it in the error e = y - v, e.g. e**2/2"
+        )
+    gradient, terms = _gradient(loss)
+    if gradient == 0:
+        raise ValueError(
+            "the loss does not change with the prediction y (its gradient dL/dy is zero), so "
+            "the memory never learns; write it in the error e = y - v, e.g. e**2/2"
+        )
+    scalars = {s: sp.nsimplify(fixed.get(s.name, 1)) for s in loss.free_symbols - {e, y, v}}
+    for err in PROBE_ERRORS:
+        point = {e: err, y: err + PROBE_TARGET, v: PROBE_TARGET, **scalars}
+        channel = {s: value_at(term, point) for s, term in terms.items()}  # one channel
+        where = "e = 0 (y = v, as for a zero memory and zero values)" if err == 0 else f"e = {err}"
+        why = not_finite(value_at(loss.replace(ChannelSum, lambda f: f), point))
+        if why is not None:
+            raise ValueError(
+                f"the loss is {why} at {where}, and would be NaN in training; " + _advice(why, err)
+            )
+        why = not_finite(value_at(gradient, {**point, **channel}))
+        if why is not None:
+            raise ValueError(
+                f"the gradient dL/dy is {why} at {where}"
+                + (", so the loss is not differentiable there" if err == 0 else "")
+                + "; "
+                + _advice(why, err)
+            )
+
+
+def _advice(why: str, err: sp.Expr) -> str:
+    if why == "not real":
+        return "a root or log of a negative error is not real: use abs(e), e.g. abs(e)**1.5"
+    if err == 0:
+        return (
+            "floating point does not cancel 0/0 or 0*oo, so every term must be finite at "
+            "e = 0; smooth it there, e.g. abs(e)**p -> (e**2 + 1e-6)**(p/2), "
+            "sqrt(sum(e**2)) -> norm(e)"
+        )
+    return "every term must be finite for every error"
 
 
 class CustomBias(Bias):
@@ -51,6 +140,7 @@ class CustomBias(Bias):
         check_param_names(self.params)
         expr = self.expression()  # raises FormulaError (a ValueError) naming what is wrong
         check_params_used(self.params, expr, "loss")
+        check_loss(expr, self.fixed())
         return self
 
     def gates(self) -> list[str]:
@@ -70,8 +160,9 @@ class CustomBias(Bias):
         outside = expr.replace(ChannelSum, lambda arg: sp.Integer(0)).free_symbols
         stray = sorted(s.name for s in outside & {e, y, v})
         if stray:
+            verb = "appears" if len(stray) == 1 else "appear"
             raise ValueError(
-                f"loss: {', '.join(stray)} appear outside sum(...)/norm(...); a loss that uses "
-                "sum() or norm() is a whole-vector loss, so every channel term must sit inside one"
+                f"{', '.join(stray)} {verb} outside sum(...)/norm(...); a loss that uses sum() "
+                "or norm() is a whole-vector loss, so every channel term must sit inside one"
             )
         return expr

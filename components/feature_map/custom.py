@@ -7,10 +7,14 @@ from typing import Literal
 import sympy as sp
 from pydantic import model_validator
 
-from miras.components.base import FeatureMap
+from miras.components.base import FeatureMap, Range, number
 from miras.components.bias.custom import check_param_names, check_params_used
-from miras.formula import parse_formula
+from miras.formula import not_finite, parse_formula, value_at
 from miras.symbols import x
+
+# Key and query channels are any real numbers, 0 included (the window's padding): phi and its
+# derivative (training differentiates phi) must be finite and real at each of these.
+PROBE_INPUTS = (0, sp.Rational(-1, 2), sp.Rational(1, 2), -2, 2)
 
 
 class CustomMap(FeatureMap):
@@ -21,14 +25,16 @@ class CustomMap(FeatureMap):
 
     kind: Literal["custom"] = "custom"
     formula: str
-    params: dict[str, float] = {}
+    # Parameter name -> a fixed finite number (a feature map takes no gates).
+    params: dict[str, number(Range())] = {}
 
     @model_validator(mode="after")
     def _parse(self) -> CustomMap:
         check_param_names(self.params)
-        self.expression()  # raises FormulaError (a ValueError) naming what is wrong
+        phi = self.expression()  # raises FormulaError (a ValueError) naming what is wrong
         symbolic = {"x": x, **{n: sp.Symbol(n) for n in self.params}}
         check_params_used(self.params, parse_formula(self.formula, symbolic), "formula")
+        check_map(phi)
         return self
 
     def output_dim(self, d: int) -> int:
@@ -37,3 +43,23 @@ class CustomMap(FeatureMap):
     def expression(self) -> sp.Expr:
         symbols = {"x": x, **{n: sp.Float(val) for n, val in self.params.items()}}
         return parse_formula(self.formula, symbols)
+
+
+def check_map(phi: sp.Expr) -> None:
+    """Refuse a constant map (every key the same feature) and one that is not finite and real,
+    or not differentiable, at some input."""
+    if not phi.has(x):
+        raise ValueError(
+            "the feature map does not use x, so every key and query maps to the same vector; "
+            "write it in x, e.g. x or exp(x)"
+        )
+    slope = sp.diff(phi, x)
+    for point in PROBE_INPUTS:
+        for what, expr in (("phi(x)", phi), ("the derivative phi'(x)", slope)):
+            why = not_finite(value_at(expr, {x: point}))
+            if why is not None:
+                raise ValueError(
+                    f"{what} is {why} at x = {point}; keys and queries take any real value, 0 "
+                    "included, so phi and its derivative must be finite and real everywhere "
+                    "(e.g. abs(x)**0.5 -> (x**2 + 1e-6)**0.25, log(x) -> log(1 + x**2))"
+                )
