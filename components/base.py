@@ -105,6 +105,11 @@ class Component(BaseModel):
                 return line.strip()[len("Equation:") :].strip()
         return ""
 
+    def spec_equation(self) -> str:
+        """The equation for this spec's values, where they change it (lq: its q); `equation()`
+        is the catalogue's, with the paper's values."""
+        return self.equation()
+
     def gates(self) -> list[str]:
         """Names of the fields set to "gate": the rule takes them per token."""
         return [name for name in self.gateable if getattr(self, name) == "gate"]

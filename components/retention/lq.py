@@ -14,13 +14,22 @@ from miras.symbols import alpha, eta, gate_symbol, u, w, w0
 class LqRetention(Retention):
     """l_q retention: an l2-retained accumulator A_t, read out through l_q normalization.
 
-    Equation: A_t = a_t A_{t-1} - u_t,  W_t = A_t / ||A_t||_q^(q-2)   (MIRAS eq. 24, Moneta; q = 4)
+    Equation: A_t = a_t A_{t-1} - u_t,  W_t = A_t / ||A_t||_q^(q-2)   (MIRAS eq. 24; Moneta: q = 4)
     """
 
     kind: Literal["lq"] = "lq"
     q: number(Range(1, math.inf)) = 4.0
     decay: gate_or(UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+
+    def spec_equation(self) -> str:
+        """The docstring's equation with this spec's q in place of the paper's."""
+        q = f"{self.q:g}"
+        return (
+            self.equation()
+            .replace("||A_t||_q^(q-2)", f"||A_t||_{q}^{self.q - 2:g}")
+            .replace("Moneta: q = 4", f"q = {q} here, 4 in Moneta")
+        )
 
     def objective(self) -> sp.Expr:
         """One entry of the accumulator's objective: the l2 retention's, with w an entry of A.

@@ -94,7 +94,7 @@ def describe(spec: Spec, bias: BiasRule, retention: RetentionRule, plan: Plan) -
         component = getattr(spec, field)
         params = ", ".join(f"{k}={v}" for k, v in component.parameters().items() if v is not None)
         components.append(f"  {field:12s} {component.kind}" + (f" ({params})" if params else ""))
-        components.append(f"  {'':12s} {component.equation()}")
+        components.append(f"  {'':12s} {component.spec_equation()}")  # lq: the spec's q
     components.append(f"  {'window':12s} c = {spec.window.c}, gamma = {spec.window.gamma}")
 
     def indent(text: str) -> list[str]:
