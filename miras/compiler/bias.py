@@ -61,11 +61,32 @@ def _in_error_form(expr: sp.Expr) -> sp.Expr:
     return sp.expand_mul(expr.subs(y, e + v)) if expr.has(y) else expr
 
 
+def _sign_to_abs(expr: sp.Expr) -> sp.Expr:
+    """s**n * sign(s) -> s**(n - 1) * |s| for a positive integer n (s * sign(s) = |s|), which
+    sympy does not do by itself: the l_p gradient e**2*sign(e) + 2*e*|e| becomes 3*e*|e|. Both
+    sides are the same function everywhere, e = 0 included, so nothing is divided."""
+
+    def rewrite(term: sp.Mul) -> sp.Expr:
+        factors = list(term.args)
+        for sign in [f for f in factors if isinstance(f, sp.sign)]:
+            s = sign.args[0]
+            for i, f in enumerate(factors):
+                base, n = f.as_base_exp()
+                if base == s and n.is_integer and n.is_positive:
+                    factors[i] = s ** (n - 1) * sp.Abs(s)
+                    factors.remove(sign)
+                    break
+        return sp.Mul(*factors)
+
+    return expr.replace(lambda t: isinstance(t, sp.Mul) and t.has(sp.sign), rewrite)
+
+
 def _tidy(expr: sp.Expr) -> sp.Expr:
     """The shortest of a few rewritings, refusing any that adds special cases (simplify likes
     to turn e**2*sign(e) into a Piecewise around e = 0)."""
     best = expr
-    for candidate in (sp.expand_mul(expr), sp.simplify(expr)):
+    expanded = sp.expand_mul(expr)
+    for candidate in (expanded, _sign_to_abs(expanded), sp.simplify(expr)):
         added_cases = candidate.has(sp.Piecewise) and not expr.has(sp.Piecewise)
         if not added_cases and sp.count_ops(candidate) < sp.count_ops(best):
             best = candidate
