@@ -110,8 +110,14 @@ def _solve_unique(equation: sp.Expr, symbol: sp.Symbol, what: str) -> sp.Expr:
         solutions = sp.solve(equation, symbol)
     except NotImplementedError as err:
         raise DerivationError(f"{what}: sympy cannot solve {equation} = 0 ({err})") from None
-    if len(solutions) != 1:
-        raise DerivationError(f"{what}: expected one solution of {equation} = 0, got {solutions}")
+    if not solutions:
+        raise DerivationError(f"{what}: sympy found no solution of {equation} = 0 for {symbol}")
+    if len(solutions) > 1:
+        listed = ", ".join(map(str, solutions))
+        raise DerivationError(
+            f"{what}: expected one solution of {equation} = 0 for {symbol}, sympy found "
+            f"{len(solutions)}: {listed}"
+        )
     return solutions[0]
 
 
@@ -364,10 +370,16 @@ def _invert_slope(slope: sp.Expr, domain: str) -> sp.Expr:
         ):
             valid.append(candidate)
     if not valid:
-        found = f"its solutions {candidates} are" if candidates else "no solution was"
+        if candidates:
+            found = (
+                f"none of its solutions for w ({', '.join(map(str, candidates))}) is a real "
+                "inverse at every sample point"
+            )
+        else:
+            found = "sympy found no closed-form solution for w"
         raise DerivationError(
             f"retention bregman: sympy cannot invert F'(w) = {slope} on the whole domain "
-            f"({domain}): {found} not a real inverse at every sample point; {advice}"
+            f"({domain}): {found}; {advice}"
         )
     # Several valid branches agree on the domain: keep the simplest.
     return sigmoid_rewrite(min(valid, key=sp.count_ops))
