@@ -19,6 +19,7 @@ class Shapes:
     heads: int
     d_key: int
     d_value: int
+    dtype: torch.dtype  # of q, k, v; the gates must have it too
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Shapes:
@@ -42,7 +43,7 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Shapes:
     if k.shape[1] < 1:
         raise ValueError("q, k, v: expected at least one token (T >= 1)")
     b, t, h, dk = k.shape
-    return Shapes(b, t, h, dk, v.shape[-1])
+    return Shapes(b, t, h, dk, v.shape[-1], q.dtype)
 
 
 def check_gates(
@@ -52,7 +53,8 @@ def check_gates(
     *,
     per_channel_ok: set[str],
 ) -> dict[str, torch.Tensor]:
-    """Gates in natural space, each [B, T, H] (per head) or [B, T, H, Dv] (per channel).
+    """Gates in natural space, each [B, T, H] (per head) or [B, T, H, Dv] (per channel), in
+    the dtype of q, k, v (another would be converted silently, losing or faking precision).
     Returns each as [B, T, H, 1] or [B, T, H, Dv]."""
     if gates is None:
         gates = {}
@@ -76,6 +78,12 @@ def check_gates(
         g = gates[info.name]
         if not isinstance(g, torch.Tensor):
             raise ValueError(f"gates[{info.name!r}]: expected a tensor, got {type(g).__name__}")
+        if g.dtype != shapes.dtype:
+            raise ValueError(
+                f"gates[{info.name!r}]: the gate is {_name(g.dtype)} but q, k, v are "
+                f"{_name(shapes.dtype)}; pass gates in the inputs' dtype, e.g. "
+                f"gates[{info.name!r}].to(q.dtype)"
+            )
         if tuple(g.shape) == head:
             g = g.unsqueeze(-1)
         elif tuple(g.shape) == (*head, shapes.d_value):
@@ -98,6 +106,10 @@ def check_gates(
             )
         out[info.name] = g
     return out
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _inside(g: torch.Tensor, allowed) -> torch.Tensor:

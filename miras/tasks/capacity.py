@@ -107,7 +107,8 @@ def store(
     order = torch.stack([torch.randperm(n, generator=gen) for _ in range(epochs)]).reshape(-1)
     seq_k, seq_v = k[:, order, None], v[:, order, None]  # [B, E*N, 1, D]: one head
     norm2 = features(rule, k).pow(2).sum(-1)[:, order, None]  # [B, E*N, 1]
-    omega = relaxation(epochs).repeat_interleave(n)[None, :, None]
+    # [1, E*N, 1] in k's dtype: the rule takes gates in the inputs' dtype
+    omega = relaxation(epochs).repeat_interleave(n)[None, :, None].to(norm2.dtype)
     constant = {**CONSTANT_GATES, **(gates or {})}
     step_gates = {}
     for name in rule.gates:
