@@ -8,10 +8,13 @@ The state is float32 (float64 when the inputs are); the output has the inputs' d
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
 
+from miras.compiler.plan import GateInfo
+from miras.components.base import Range
 from miras.runtime import attention, chunk, recurrent
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import check_backend, check_chunk_size, check_gates, check_qkv
@@ -115,9 +118,12 @@ def run(
             f"width), got Dv = {shapes.d_value}"
         )
     default = rt.initial_state(shapes.batch, shapes.heads, d_phi, shapes.d_value, dtype, q.device)
-    default.update(_empty_window(rt, shapes, d_phi, gates_, dtype, q.device))
+    pads = {info.name: inside_value(info.allowed) for info in rule.plan.gates}
+    default.update(_empty_window(rt, shapes, d_phi, gates_, pads, dtype, q.device))
     state = _state_in(rt, initial_state, default)
-    seq = _tokens(rt, phi_q, phi_k, v_, gates_, state)
+    if initial_state is not None:
+        _check_window(state, {info.name: info for info in rule.plan.gates})
+    seq = _tokens(rt, phi_q, phi_k, v_, gates_, state, pads)
 
     if backend == "recurrent":
         o, final = recurrent.forward(rt, seq, state)
@@ -137,24 +143,71 @@ def run(
     return o, (_state_out(final) if output_final_state else None)
 
 
-def _empty_window(rt: Runtime, shapes, d_phi: int, gates, dtype, device) -> State:
-    """The window's carried tokens before the first one: none (valid = 0)."""
+def inside_value(allowed: Range) -> float:
+    """A value inside a gate's range for the window's slots before the first token: 1 where
+    allowed (a neutral scale), else the middle of a bounded range, else one unit inside its
+    finite end. Padding must never reach a formula with a value outside the gate's range:
+    a custom bias's gate 0 makes tanh(e/a) 0/0, and valid = 0 does not clear a NaN."""
+    if 1.0 in allowed:
+        return 1.0
+    lo, hi = allowed.lo, allowed.hi
+    if math.isfinite(lo) and math.isfinite(hi):
+        return (lo + hi) / 2
+    return lo + 1.0 if math.isfinite(lo) else hi - 1.0 if math.isfinite(hi) else 0.0
+
+
+def _empty_window(
+    rt: Runtime, shapes, d_phi: int, gates, pads: dict[str, float], dtype, device
+) -> State:
+    """The window's carried tokens before the first one: none (valid = 0), with zero keys and
+    values and each gate at `pads[name]`, a value inside its range."""
     past = rt.spec.window.c - 1
     if past == 0:
         return {}
     b, h = shapes.batch, shapes.heads
 
-    def zeros(*tail):
-        return torch.zeros(b, h, past, *tail, dtype=dtype, device=device)
+    def full(value, *tail):
+        return torch.full((b, h, past, *tail), value, dtype=dtype, device=device)
 
-    empty = {"window.k": zeros(d_phi), "window.v": zeros(shapes.d_value), "window.valid": zeros(1)}
+    empty = {
+        "window.k": full(0.0, d_phi),
+        "window.v": full(0.0, shapes.d_value),
+        "window.valid": full(0.0, 1),
+    }
     for n in rt.window_gate_names:
-        empty[f"window.{n}"] = zeros(gates[n].shape[-1])
+        empty[f"window.{n}"] = full(pads[n], gates[n].shape[-1])
     return empty
 
 
-def _tokens(rt: Runtime, phi_q, phi_k, v, gates, state: State) -> Tokens:
-    """The sequence with the window's carried tokens in front of the keys, values and gates."""
+def _check_window(state: State, infos: dict[str, GateInfo]) -> None:
+    """A carried window from the caller: valid is 0 or 1, and each gate lies in its range
+    where valid = 1 (the slots with valid = 0 are replaced in `_tokens`)."""
+    if "window.valid" not in state:
+        return
+    valid = state["window.valid"].detach()
+    if not bool(((valid == 0) | (valid == 1)).all()):
+        raise ValueError(
+            "initial_state['window.valid']: expected 0 (no token) or 1, got other values"
+        )
+    live = valid == 1  # [B, H, P, 1]
+    for name, info in infos.items():
+        if f"window.{name}" not in state:
+            continue
+        g, allowed = state[f"window.{name}"].detach(), info.allowed
+        above = g >= allowed.lo if allowed.lo_closed else g > allowed.lo
+        below = g <= allowed.hi if allowed.hi_closed else g < allowed.hi
+        bad = ~(above & below) & live
+        if bool(bad.any()):
+            raise ValueError(
+                f"initial_state['window.{name}']: values where window.valid = 1 must lie in "
+                f"{info.allowed}, found {g[bad].flatten()[0].item():g}"
+            )
+
+
+def _tokens(rt: Runtime, phi_q, phi_k, v, gates, state: State, pads: dict[str, float]) -> Tokens:
+    """The sequence with the window's carried tokens in front of the keys, values and gates.
+    Slots with valid = 0 are selected away (torch.where, so not even a NaN there passes): zero
+    keys and values, each gate at `pads[name]`, inside its range."""
     window = set(rt.window_gate_names)
     step_gates = {n: g for n, g in gates.items() if n not in window}
     past = rt.spec.window.c - 1
@@ -163,12 +216,18 @@ def _tokens(rt: Runtime, phi_q, phi_k, v, gates, state: State) -> Tokens:
         window_gates = {n: gates[n] for n in window}
         return Tokens(phi_q, phi_k, v, valid, step_gates, window_gates, 0)
     ones = torch.ones_like(phi_k[..., :1])
+    valid = state.pop("window.valid")  # [B, H, P, 1]
+    live = valid > 0
+
+    def carried(name: str, pad: float) -> torch.Tensor:
+        return torch.where(live, state.pop(name), pad)
+
     return Tokens(
         phi_q,
-        torch.cat([state.pop("window.k"), phi_k], dim=2),
-        torch.cat([state.pop("window.v"), v], dim=2),
-        torch.cat([state.pop("window.valid"), ones], dim=2),
+        torch.cat([carried("window.k", 0.0), phi_k], dim=2),
+        torch.cat([carried("window.v", 0.0), v], dim=2),
+        torch.cat([live.to(ones.dtype), ones], dim=2),
         step_gates,
-        {n: torch.cat([state.pop(f"window.{n}"), gates[n]], dim=2) for n in window},
+        {n: torch.cat([carried(f"window.{n}", pads[n]), gates[n]], dim=2) for n in window},
         past,
     )
