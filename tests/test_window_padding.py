@@ -17,6 +17,7 @@ import miras
 from miras.models import MirasLayer
 
 SPEC_PATH = "specs/examples/logcosh_deltanet.yaml"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # Triton: the interpreter on a CPU
 GATES = ("a", "decay", "lr")
 
 
@@ -46,7 +47,7 @@ def oracle(q, k, v, gates, c: int, chunk_size: int) -> torch.Tensor:
     token of t's chunk (chunk size 1: decay_t W_{t-1}). dL/dy is autograd of the loss."""
     b, t_len, h, dk = k.shape
     dv = v.shape[-1]
-    w = torch.zeros(b, h, dv, dk, dtype=q.dtype)
+    w = torch.zeros(b, h, dv, dk, dtype=q.dtype, device=q.device)
     w_start, kept = w, None
     outputs = []
     for t in range(t_len):
@@ -126,7 +127,9 @@ def test_triton_window_matches_oracle_without_padding(c, kernel):
         gates["decay"] = gates["decay"][..., None] ** torch.linspace(0.5, 2, 4, dtype=torch.float64)
     weight = torch.randn(
         1, 5, 1, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(6)
-    )
+    ).to(DEVICE)
+    q, k, v = q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
+    gates = {n: g.to(DEVICE) for n, g in gates.items()}
 
     def ours(q, k, v, g):
         return rule(q, k, v, gates=g, backend="triton", chunk_size=2)[0]
