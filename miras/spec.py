@@ -123,6 +123,9 @@ class ModelConfig(BaseModel):
     persistent_tokens: number(Range(0, math.inf, lo_closed=True), integer=True) = 0
     chunk_size: number(Range(1, math.inf, lo_closed=True), integer=True) = 16
     backend: Literal["chunk", "recurrent", "triton"] = "chunk"
+    # "auto": exact chunks where the rule is affine in its memory, else chunk-start; "start",
+    # "exact": force one (docs/chunking.md).
+    chunk_mode: Literal["auto", "start", "exact"] = "auto"
     conv_size: number(Range(0, 16, lo_closed=True, hi_closed=True), integer=True) = 4
     gate_rank: number(Range(1, math.inf, lo_closed=True), integer=True) = 16
     mlp_expansion: number(Range(0, 64, hi_closed=True)) = 4.0

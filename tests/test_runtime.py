@@ -221,7 +221,9 @@ def test_chunk_matches_chunk_start_loop(name, t_len):
     rule = compiled(name)
     q, k, v, gates = random_inputs(rule, t=t_len, b=1, per_channel=name in PER_CHANNEL, seed=3)
     params = rule.default_params(torch.float64)
-    o, state = rule(q, k, v, gates, backend="chunk", chunk_size=16, output_final_state=True)
+    o, state = rule(
+        q, k, v, gates, backend="chunk", chunk_size=16, chunk_mode="start", output_final_state=True
+    )
     o_ref, state_ref = chunk_reference(rule, q, k, v, gates, 16, params)
     torch.testing.assert_close(o, o_ref, rtol=1e-9, atol=1e-9)
     state = state if isinstance(state, dict) else {"W": state}

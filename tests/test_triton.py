@@ -129,9 +129,10 @@ def _run(rule, backend, inputs, chunk, seed=7):
     init_ = [s.clone().requires_grad_(True) for s in _flat(init)]
     state = dict(zip(init, init_, strict=True)) if isinstance(init, dict) else init_[0]
     params_ = {n: p.clone().requires_grad_(True) for n, p in params.items()}
+    # chunk_mode "start": the kernels compute the chunk-start form only (docs/chunking.md).
     o, final = rule(
         q_, k_, v_, dict(zip(gates, g_, strict=True)), backend=backend, chunk_size=chunk,
-        initial_state=state, output_final_state=True, params=params_,
+        chunk_mode="start", initial_state=state, output_final_state=True, params=params_,
     )  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     outputs = [o, *_flat(final)]
@@ -237,7 +238,7 @@ def test_two_pieces_equal_one_pass():
     q, k, v, gates = _to_device(
         random_inputs(rule, b=1, t=40, h=2, dk=16, dv=16, dtype=torch.float32)
     )
-    options = dict(backend="triton", chunk_size=16, output_final_state=True)
+    options = dict(backend="triton", chunk_size=16, chunk_mode="start", output_final_state=True)
     o, final = rule(q, k, v, gates, **options)
     cut = 32  # a chunk boundary
 
@@ -288,7 +289,7 @@ def test_cpu_tensors_without_the_interpreter_raise(monkeypatch):
     rule = miras.compile({"name": "cpu", "bias": "l2", "retention": "none"})
     q, k, v, gates = random_inputs(rule, t=5, dtype=torch.float32)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1") as err:
-        rule(q, k, v, gates, backend="triton")
+        rule(q, k, v, gates, backend="triton", chunk_mode="start")
     assert "backend='chunk'" in str(err.value)
 
 

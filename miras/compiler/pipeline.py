@@ -1,6 +1,6 @@
 """The compiler: a spec becomes a derived, checked `MemoryRule`, as a list of named passes.
 
-    resolve -> bias_gradient -> retention_step -> plan -> emit -> check
+    resolve -> bias_gradient -> retention_step -> plan -> chunk_form -> emit -> check
 
 Each pass reads and fills one `Compilation`; an invariant is checked after each, and
 `MIRAS_DEBUG=1` prints what every pass produced. Results are cached by the spec's digest.
@@ -19,6 +19,7 @@ import sympy as sp
 import torch
 
 from miras.check import CheckResult
+from miras.compiler.affine import analyze
 from miras.compiler.bias import BiasRule, check_bias, derive_bias
 from miras.compiler.describe import Derivation, describe
 from miras.compiler.emit import function_source, load_module, module_source
@@ -83,6 +84,12 @@ def plan(c: Compilation) -> str:
     return c.plan.text()
 
 
+def chunk_form(c: Compilation) -> str:
+    """Exact chunks where the step is affine in the memory, chunk-start otherwise."""
+    c.plan = replace(c.plan, chunk_form=analyze(c.spec, c.bias))
+    return c.plan.chunk_form.text()
+
+
 def _extra_functions(spec: Spec) -> list[str]:
     """Activation and its derived derivative (MLP memories), a custom feature map."""
     functions = []
@@ -126,6 +133,7 @@ PASSES: list[tuple[str, Callable[[Compilation], str]]] = [
     ("bias_gradient", bias_gradient),
     ("retention_step", retention_step),
     ("plan", plan),
+    ("chunk_form", chunk_form),
     ("emit", emit),
     ("check", check),
 ]

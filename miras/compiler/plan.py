@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from miras.components.base import POSITIVE, Range
 from miras.spec import Spec
@@ -19,15 +20,41 @@ class GateInfo:
 
 
 @dataclass(frozen=True)
+class ChunkForm:
+    """How `backend="chunk"` runs a spec at chunk size b > 1 (docs/chunking.md), decided by the
+    affine analysis (`miras.compiler.affine`):
+
+    - "exact": every step is affine in the memory state, so each chunk is solved exactly (a
+      unit-lower-triangular system per chunk); equal to the recurrence at any b;
+    - "start": inside a chunk every gradient is taken at the chunk-start state (Titans 3.2).
+
+    `slope` is d2L/dy2 when the analysis proved it a constant (l2: 1, dot: 0), else None (it
+    reads gates, or v when `slope_reads_v`); the exact form evaluates it from `bias_grad`."""
+
+    form: Literal["exact", "start"]
+    reason: str
+    slope: float | None = None
+    slope_reads_v: bool = False
+
+    def text(self) -> str:
+        if self.form == "exact":
+            return f"chunk: exact ({self.reason})"
+        return f"chunk: chunk-start approximation (Titans section 3.2), because {self.reason}"
+
+
+@dataclass(frozen=True)
 class Plan:
     state: tuple[str, ...]  # named state tensors and their shapes, symbolically
     gates: tuple[GateInfo, ...]
     schedule: str
+    chunk_form: ChunkForm | None = None  # set by the compiler's chunk_form pass
 
     def text(self) -> str:
         lines = ["state:", *(f"  {s}" for s in self.state), "gates:"]
         lines += [f"  {g}" for g in self.gates] or ["  (none)"]
         lines += ["schedule:", f"  {self.schedule}"]
+        if self.chunk_form is not None:
+            lines.append(f"  {self.chunk_form.text()}")
         return "\n".join(lines)
 
 
@@ -68,8 +95,5 @@ def make_plan(spec: Spec) -> Plan:
     if spec.memory.kind == "nonparametric":
         schedule = "closed form: causal softmax attention (no inner optimization)"
     else:
-        schedule = (
-            "chunked: inside a chunk of b tokens every gradient is taken at the chunk-start "
-            "state; b = 1 is the exact recurrence"
-        )
+        schedule = "chunked: chunks of b tokens (chunk_size); b = 1 is the exact recurrence"
     return Plan(tuple(state), tuple(gates), schedule)

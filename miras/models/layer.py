@@ -23,6 +23,7 @@ from miras.compiler.pipeline import MemoryRule
 from miras.compiler.pipeline import compile as compile_rule
 from miras.compiler.plan import GateInfo
 from miras.components.base import Range
+from miras.runtime.exact_chunk import resolve_mode
 from miras.spec import Spec, load_spec
 
 Cache = dict[str, object]
@@ -203,7 +204,9 @@ class LearnedState(nn.Module):
 class MirasLayer(nn.Module):
     """A memory layer built from a spec. x [B, T, D] -> y [B, T, D].
 
-    `forward(x)` runs the whole sequence in parallel on `backend` (chunk size `chunk_size`);
+    `forward(x)` runs the whole sequence in parallel on `backend` (chunk size `chunk_size`;
+    `chunk_mode` "auto" solves chunks exactly where the rule is affine in its memory, "start"
+    takes the chunk-start approximation, "exact" insists: docs/chunking.md);
     `forward(x, cache)` continues from a cache (`empty_cache(batch)`) and returns the new one:
     with one token it runs the exact recurrent step, so decoding token by token equals the
     parallel forward of the `recurrent` backend (and of `chunk` at chunk size 1).
@@ -219,6 +222,7 @@ class MirasLayer(nn.Module):
         *,
         chunk_size: int = 16,
         backend: str = "chunk",
+        chunk_mode: str = "auto",
         conv_size: int = 4,
         gate_rank: int = 16,
         persistent_tokens: int = 0,
@@ -236,6 +240,9 @@ class MirasLayer(nn.Module):
         self.d_model, self.n_heads = d_model, n_heads
         self.head_dim = d_model // n_heads
         self.chunk_size, self.backend = chunk_size, backend
+        form = self.rule.plan.chunk_form
+        resolve_mode(chunk_mode, form, spec.name, backend)  # a bad choice fails here, not mid-run
+        self.chunk_mode = chunk_mode
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.conv = ShortConv(3 * d_model, conv_size)
         self.gates = GateMaps(self.rule.plan.gates, d_model, n_heads, gate_rank)
@@ -318,6 +325,7 @@ class MirasLayer(nn.Module):
             gates,
             backend=backend,
             chunk_size=self.chunk_size,
+            chunk_mode=self.chunk_mode,
             initial_state=cache["memory"],
             output_final_state=keep_state,
             params=self.params(),

@@ -72,6 +72,7 @@ def build_mixer(spec: Spec, config: ModelConfig) -> nn.Module:
             h,
             chunk_size=config.chunk_size,
             backend=config.backend,
+            chunk_mode=config.chunk_mode,
             conv_size=config.conv_size,
             gate_rank=config.gate_rank,
             persistent_tokens=persistent,

@@ -15,7 +15,7 @@ import torch
 
 from miras.compiler.plan import GateInfo
 from miras.components.base import Range
-from miras.runtime import attention, chunk, recurrent
+from miras.runtime import attention, chunk, exact_chunk, recurrent
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import check_backend, check_chunk_size, check_gates, check_qkv
 
@@ -73,6 +73,7 @@ def run(
     *,
     backend: str = "chunk",
     chunk_size: int = 64,
+    chunk_mode: str = "auto",
     initial_state: torch.Tensor | State | None = None,
     output_final_state: bool = False,
     params: dict[str, torch.Tensor] | None = None,
@@ -89,6 +90,9 @@ def run(
                 f"backend: 'triton' does not cover spec '{rule.spec.name}': {reason}; use "
                 "backend='chunk' (parallel) or 'recurrent' (the exact reference)"
             )
+    # "exact" or "start" (docs/chunking.md); the compiler's chunk_form pass recorded the form.
+    form = rule.plan.chunk_form or exact_chunk.chunk_form(rule.spec)
+    mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name, backend)
     rt = rule.runtime
     per_channel_ok = set(rule.spec.bias.gates())
     if rule.spec.memory.kind == "matrix":
@@ -127,6 +131,8 @@ def run(
 
     if backend == "recurrent":
         o, final = recurrent.forward(rt, seq, state)
+    elif backend == "chunk" and mode == "exact":
+        o, final = exact_chunk.forward(rt, seq, state, chunk_size, form)
     elif backend == "chunk":
         o, final = chunk.forward(rt, seq, state, chunk_size)
     else:

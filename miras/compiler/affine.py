@@ -1,0 +1,103 @@
+"""The affine analysis: is the whole step affine in the memory state? Then `backend="chunk"`
+solves each chunk exactly (docs/chunking.md, "The exact form"); otherwise it takes every
+gradient in a chunk at the chunk-start state.
+
+The step is affine in (W, S) when
+- the memory is a matrix, so y = W phi(k) is linear in W;
+- the bias's dL/dy_j is affine in y_j: its derivative in y (the slope d2L/dy_j^2, proved
+  symbolically from the derived gradient) does not depend on y, and no channel sum of the
+  error enters it (that would couple the value channels);
+- the retention step is W_t = a_t W_{t-1} - u_t (none, l2; either gradient point);
+- the optimizer is gd or momentum (Muon's Newton-Schulz is not linear);
+- the feature map reads only the keys and queries (every feature map does);
+- the window (any c, gamma fixed or gated) sums affine terms.
+Gates may be per head or per value channel: a per-channel gate scales rows of W [Dv, Dphi],
+and a per-channel slope scales rows of the prediction, so each row of W runs its own affine
+recurrence and the exact form solves one system per channel.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from miras.compiler.bias import BiasRule, derive_bias
+from miras.compiler.plan import ChunkForm
+from miras.spec import Spec
+from miras.symbols import e, gate_symbol, v, y
+
+LINEAR_RETENTIONS = ("none", "l2")
+LINEAR_OPTIMIZERS = ("gd", "momentum")
+
+
+def _start(reason: str) -> ChunkForm:
+    return ChunkForm("start", reason)
+
+
+def _bias_name(spec: Spec) -> str:
+    bias = spec.bias
+    return f"the custom bias {bias.loss!r}" if bias.kind == "custom" else f"the {bias.kind} bias"
+
+
+def bias_slope(spec: Spec, rule: BiasRule) -> tuple[sp.Expr | None, str]:
+    """(slope, "") with slope = d(dL/dy_j)/dy_j free of y, fixed parameters substituted; or
+    (None, why not) when dL/dy is not affine in y or couples the value channels."""
+    name = _bias_name(spec)
+    fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in spec.bias.fixed().items()}
+    gradient = rule.gradient.subs(fixed).subs(e, y - v)
+    for _, term in rule.sums:  # a sum of v alone is a per-vector constant: allowed
+        if term.subs(e, y - v).has(y):
+            return None, (
+                f"the gradient of {name} reads sum_j({term}), a channel sum of the "
+                "prediction, so it couples the value channels"
+            )
+    slope = sp.simplify(sp.diff(gradient, y))
+    if slope.has(y):
+        return None, f"the gradient of {name}, dL/dy = {rule.gradient}, is not affine in y"
+    # A numerically tiny y term (e**4 * 1e-9) is still a y term: the check above is exact.
+    rest = sp.simplify(gradient - slope * y)
+    if rest.has(y):
+        return None, f"the gradient of {name}, dL/dy = {rule.gradient}, is not affine in y"
+    return slope, ""
+
+
+def analyze(spec: Spec, bias: BiasRule | None = None) -> ChunkForm:
+    """Decide the chunk form of `spec` from its components and derived bias gradient."""
+    memory = spec.memory
+    if memory.kind == "nonparametric":
+        return ChunkForm("exact", "softmax attention is computed in closed form; nothing to chunk")
+    if memory.kind != "matrix":
+        return _start(f"the {memory.kind} memory's prediction is not linear in its weights")
+    retention = spec.retention
+    if retention.kind not in LINEAR_RETENTIONS:
+        return _start(f"the {retention.kind} retention's step is not affine in W")
+    optimizer = spec.optimizer
+    if optimizer.kind not in LINEAR_OPTIMIZERS:
+        return _start(f"the {optimizer.kind} optimizer's update is not linear in the gradient")
+    rule = derive_bias(spec.bias) if bias is None else bias
+    slope, why = bias_slope(spec, rule)
+    if slope is None:
+        return _start(why)
+
+    reads_v = bool(slope.free_symbols - {gate_symbol(n) for n in spec.bias.gates()})
+    constant = float(slope) if slope.is_number else None
+    if constant == 0.0:
+        pieces = ["dL/dy does not depend on W (a Hebbian update)"]
+    else:
+        pieces = [f"dL/dy is affine in y with slope {slope}"]
+    pieces.append(f"retention {retention.kind}")
+    pieces.append(f"optimizer {optimizer.kind}")
+    if spec.window.c > 1:
+        pieces.append(f"window c = {spec.window.c}")
+    reason = "the step is affine in W: matrix memory, " + ", ".join(pieces)
+    return ChunkForm("exact", reason, slope=constant, slope_reads_v=reads_v)
+
+
+_CACHE: dict[str, ChunkForm] = {}
+
+
+def chunk_form(spec: Spec, bias: BiasRule | None = None) -> ChunkForm:
+    """`analyze`, cached by the spec's digest (the runtime asks once per spec)."""
+    key = spec.digest()
+    if key not in _CACHE:
+        _CACHE[key] = analyze(spec, bias)
+    return _CACHE[key]
