@@ -232,6 +232,10 @@ def test_triton_refuses_the_exact_form():
     with pytest.raises(ValueError, match="chunk-start form only") as err:
         rule(q, k, v, gates, backend="triton")
     assert "backend='chunk'" in str(err.value) and "chunk_mode='start'" in str(err.value)
+    # At chunk size 1 the two forms are one model: no error, and the exact step's numbers.
+    o, _ = rule(q, k, v, gates, backend="triton", chunk_size=1)
+    want, _ = rule(q, k, v, gates, backend="recurrent")
+    assert rel_rms(o, want) <= F32_TOL
 
 
 # fla's exact chunked references ----------------------------------------------------------------

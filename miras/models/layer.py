@@ -241,7 +241,8 @@ class MirasLayer(nn.Module):
         self.head_dim = d_model // n_heads
         self.chunk_size, self.backend = chunk_size, backend
         form = self.rule.plan.chunk_form
-        resolve_mode(chunk_mode, form, spec.name, backend)  # a bad choice fails here, not mid-run
+        # A bad choice fails here, not mid-run.
+        resolve_mode(chunk_mode, form, spec.name, backend, chunk_size)
         self.chunk_mode = chunk_mode
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.conv = ShortConv(3 * d_model, conv_size)

@@ -92,7 +92,7 @@ def run(
             )
     # "exact" or "start" (docs/chunking.md); the compiler's chunk_form pass recorded the form.
     form = rule.plan.chunk_form or exact_chunk.chunk_form(rule.spec)
-    mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name, backend)
+    mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name, backend, chunk_size)
     rt = rule.runtime
     per_channel_ok = set(rule.spec.bias.gates())
     if rule.spec.memory.kind == "matrix":

@@ -281,7 +281,9 @@ def _at_token(z: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
 CHUNK_MODES = ("auto", "start", "exact")
 
 
-def resolve_mode(chunk_mode: str, form: ChunkForm, spec_name: str, backend: str) -> str:
+def resolve_mode(
+    chunk_mode: str, form: ChunkForm, spec_name: str, backend: str, chunk_size: int
+) -> str:
     """`chunk_mode` -> "exact" or "start" for this spec and backend; a ValueError naming the
     reason where the exact form is asked for and does not exist, or the backend lacks it."""
     if chunk_mode not in CHUNK_MODES:
@@ -294,8 +296,9 @@ def resolve_mode(chunk_mode: str, form: ChunkForm, spec_name: str, backend: str)
             "chunk_mode='start' (the chunk-start approximation) or 'auto'"
         )
     mode = form.form if chunk_mode == "auto" else chunk_mode
-    # With a zero slope (dot bias) the signals do not read the state: both forms coincide.
-    if backend == "triton" and mode == "exact" and form.slope != 0.0:
+    # Both forms coincide at chunk size 1, and for a zero slope (the dot bias: the signals do
+    # not read the state).
+    if backend == "triton" and mode == "exact" and form.slope != 0.0 and chunk_size > 1:
         raise ValueError(
             f"backend: 'triton' computes the chunk-start form only, and spec '{spec_name}' "
             f"resolves to the exact chunk form ({form.reason}); use backend='chunk' for the "
