@@ -7,6 +7,7 @@ import torch
 
 from miras.compiler.emit import function_source, load_module, module_source
 from miras.components import CATALOGUE, GD, Momentum, Muon, PolynomialMap, TaylorMap
+from miras.components.base import Range
 from miras.components.optimizer.muon import newton_schulz
 
 
@@ -18,7 +19,9 @@ def test_every_component_documents_its_math(cls):
     assert cls.equation(), f"{cls.__name__} needs an 'Equation:' line in its docstring"
     for name, allowed in cls.gateable.items():
         assert name in cls.model_fields, f"gateable {name} is not a field"
-        assert str(allowed).startswith(("(", "["))
+        assert isinstance(allowed, Range) and allowed.lo < allowed.hi, f"{name}: {allowed}"
+        default = cls.model_fields[name].default
+        assert default == "gate" or default in allowed, f"{name}: {default} not in {allowed}"
 
 
 def test_catalogue_keys_match_kinds():

@@ -163,7 +163,9 @@ def test_memory_layers_of_other_components_train(spec):
     loss = loss_of(m(tokens()), tokens(1))
     loss.backward()
     assert torch.isfinite(loss)
-    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+    missing = [n for n, p in m.named_parameters() if p.grad is None]
+    assert not missing, f"no gradient reached {missing}"
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
 
 
 # Gates, states and parameters ---------------------------------------------------------------

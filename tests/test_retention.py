@@ -152,12 +152,18 @@ class RetentionContract:
         assert torch.autograd.gradcheck(load(rule).retention_step, args)
 
     def test_derivation_reads(self, rule):
-        text = rule.text()
-        assert len(text.splitlines()) >= 4
+        heading, *lines = rule.text().splitlines()
+        assert heading.startswith(f"retention {rule.kind}: W_t = argmin_W <u_t, W>")
         labels = [label for label, _ in rule.steps]
+        assert [line.split("  ")[1] for line in lines] == labels  # one line per step, in order
         assert labels[0] in ("objective", "potential")
         assert any("step" in label for label in labels)
-        assert rule.latex().startswith("\\begin{aligned}")
+        latex = rule.latex()
+        assert latex.startswith("\\begin{aligned}\n") and latex.endswith("\n\\end{aligned}")
+        rows = latex.splitlines()[1:-1][-len(labels) :]  # the steps' rows end the block
+        for row, label in zip(rows, labels, strict=True):
+            word = label.split()[0].replace("_", r"\_")
+            assert row.startswith(r"\text{" + word) and " &: " in row, (label, row)
 
 
 class TestNone(RetentionContract):
