@@ -185,6 +185,21 @@ def _rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt().clamp_min(1e-30))
 
 
+def _mismatches(got: dict, want: dict, tol: float) -> dict[str, str]:
+    """Every entry of `want` compared, by relative RMS; an all-zero reference has no scale to be
+    relative to, so there the largest |got| must be at most `tol` (an absolute tolerance on
+    inputs and outputs of order 1). A NaN anywhere fails either comparison."""
+    bad = {}
+    for n, w in want.items():
+        if torch.count_nonzero(w) == 0:
+            err, what = float(got[n].detach().abs().max()), "max |got|, reference all zero"
+        else:
+            err, what = _rel_rms(got[n], w), "relative RMS"
+        if not err <= tol:
+            bad[n] = f"{what} {err:.2e}"
+    return bad
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_triton_equals_chunk(name, monkeypatch):
     fields, shape = CASES[name]
@@ -204,9 +219,8 @@ def test_triton_equals_chunk(name, monkeypatch):
     want = _run(rule, "chunk", inputs, shape["chunk"])
     got = _run(rule, "triton", inputs, shape["chunk"])
     assert list(got) == list(want)
-    errors = {n: _rel_rms(got[n], want[n]) for n in want if want[n].abs().max() > 0}
-    bad = {n: f"{err:.2e}" for n, err in errors.items() if not err <= TOL}
-    assert not bad, f"relative RMS above {TOL}: {bad}"
+    bad = _mismatches(got, want, TOL)
+    assert not bad, f"above {TOL}: {bad}"
 
 
 @pytest.mark.parametrize("name", ["huber_retained_window2_blocks", "kl_momentum_window2_channel"])
@@ -225,9 +239,8 @@ def test_float64_agrees_to_rounding(name):
     inputs = _to_device((q, k, v, gates, init, rule.default_params(torch.float64)))
     want = _run(rule, "chunk", inputs, 16)
     got = _run(rule, "triton", inputs, 16)
-    errors = {n: _rel_rms(got[n], want[n]) for n in want if want[n].abs().max() > 0}
-    bad = {n: f"{err:.2e}" for n, err in errors.items() if not err <= 1e-12}
-    assert not bad, f"relative RMS above 1e-12: {bad}"
+    bad = _mismatches(got, want, 1e-12)
+    assert not bad, f"above 1e-12: {bad}"
 
 
 def test_two_pieces_equal_one_pass():
@@ -339,3 +352,13 @@ def test_every_matrix_spec_has_a_golden_copy():
         if miras.load_spec(p).memory.kind == "matrix"
     )
     assert shipped == sorted(MATRIX_SPECS)
+
+
+def test_an_all_zero_reference_is_compared():
+    """The comparison helper itself: a zero reference is matched absolutely, and NaN fails."""
+    zero, one = torch.zeros(3), torch.ones(3)
+    assert _mismatches({"x": zero + 1e-7}, {"x": zero}, 1e-5) == {}
+    assert list(_mismatches({"x": zero + 1e-3}, {"x": zero}, 1e-5)) == ["x"]
+    assert list(_mismatches({"x": torch.full((3,), float("nan"))}, {"x": zero}, 1e-5)) == ["x"]
+    assert list(_mismatches({"x": one}, {"x": torch.full((3,), float("nan"))}, 1e-5)) == ["x"]
+    assert list(_mismatches({"x": 1.1 * one}, {"x": one}, 1e-5)) == ["x"]
