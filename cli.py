@@ -103,9 +103,11 @@ def derive(
         bool, typer.Option("--code", help="Also print the emitted torch code.")
     ] = False,
 ) -> None:
-    """Derive a spec's update rule and print it."""
+    """Derive a spec's update rule and print it; exit 1, with compile's error, on a rule that
+    compile refuses (one whose derivation fails, or whose derived pieces fail their checks)."""
     try:
-        rule = compile_spec(load_spec(spec), checked=False)
+        # Checked, as miras.compile is: derive never prints a rule that compile then refuses.
+        rule = compile_spec(load_spec(spec))
     except (SpecError, DerivationError) as error:
         raise _fail(error) from None
     derivation = rule.derivation()

@@ -19,6 +19,7 @@ import sympy as sp
 import torch
 
 from miras.check import CheckResult, max_relative_error
+from miras.compiler.describe import Line, Math, Name, latex_lines, plain_lines
 from miras.compiler.emit import load_module, module_source
 from miras.compiler.printer import torch_code
 from miras.components.base import Bias
@@ -40,20 +41,23 @@ class BiasRule:
         str  # defines bias_loss(y, v, *gates) -> [..., 1] and bias_grad(y, v, *gates) -> [..., Dv]
     )
 
-    def text(self) -> str:
-        lines = [f"L(y, v) = {self.loss}", "e = y - v"]
-        lines += [f"{s} = sum_j({f})" for s, f in self.sums]
+    def lines(self) -> list[Line]:
+        """L, e, the channel sums the gradient reads, and dL/dy_j, as display lines."""
+        lines = [
+            Line(Name("L(y, v)", r"\mathcal{L}(y, v)"), Math(self.loss)),
+            Line(Math(e), Name("y - v")),
+        ]
+        lines += [Line(Math(s), Math(ChannelSum(f))) for s, f in self.sums]
         form = "elementwise" if self.elementwise else "needs channel sums"
-        lines.append(f"dL/dy_j = {self.gradient}    [{form}]")
-        return "\n".join(lines)
+        gradient = Name("dL/dy_j", r"\frac{\partial \mathcal{L}}{\partial y_j}")
+        lines.append(Line(gradient, Math(self.gradient), f"[{form}]"))
+        return lines
+
+    def text(self) -> str:
+        return "\n".join(plain_lines(self.lines()))
 
     def latex(self) -> str:
-        lines = [rf"\mathcal{{L}}(y, v) = {sp.latex(self.loss)}"]
-        lines += [rf"{sp.latex(s)} = \sum_j {sp.latex(f)}" for s, f in self.sums]
-        lines.append(
-            rf"\frac{{\partial \mathcal{{L}}}}{{\partial y_j}} = {sp.latex(self.gradient)}"
-        )
-        return "\n".join(lines)
+        return latex_lines(self.lines())
 
 
 def _in_error_form(expr: sp.Expr) -> sp.Expr:

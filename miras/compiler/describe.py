@@ -1,11 +1,19 @@
-"""The readable derivation `miras derive` prints: components, derived pieces, the step."""
+"""The readable derivation `miras derive` prints: components, derived pieces, the step.
+
+Every formula shown is a `Line` (`lhs = rhs`, an optional note) built from a small term tree
+whose leaves are sympy expressions. Two printers render the same lines: `PlainPrinter` as
+text and `LatexPrinter` as LaTeX. The update rule is built once, as lines, so its text and
+its LaTeX state the same rule.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import sympy as sp
+from sympy.printing.latex import LatexPrinter as SympyLatexPrinter
+from sympy.printing.latex import greek_letters_set
 
 from miras.symbols import gate_symbol, u, w0
 
@@ -16,112 +24,477 @@ if TYPE_CHECKING:
     from miras.spec import Spec
 
 
+# Terms -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Math:
+    """A sympy expression: a derived step, a gradient, a symbol such as W_{t-1}."""
+
+    expr: sp.Basic
+
+
+@dataclass(frozen=True)
+class Name:
+    """An atom drawn differently in text and in LaTeX (`dL/dy`, `grad_W L`); `latex`
+    defaults to the text."""
+
+    text: str
+    latex: str | None = None
+
+
+@dataclass(frozen=True)
+class Times:
+    """A product with a scalar: `a * b`."""
+
+    factors: tuple[Term, ...]
+
+
+@dataclass(frozen=True)
+class Juxt:
+    """Matrix and vector products, written side by side: `W_e phi(k_t)`."""
+
+    factors: tuple[Term, ...]
+
+
+@dataclass(frozen=True)
+class Plus:
+    terms: tuple[Term, ...]
+
+
+@dataclass(frozen=True)
+class Call:
+    """A function applied to arguments: `softmax_row(z)`, `M_{W_t}(phi(q_t))`."""
+
+    fn: Name
+    args: tuple[Term, ...]
+
+
+@dataclass(frozen=True)
+class WindowSum:
+    """`sum_{i=lo..t} body`: the Omega window, or the tokens softmax attention reads."""
+
+    lo: str
+    body: Term
+
+
+@dataclass(frozen=True)
+class Frac:
+    num: Term
+    den: Term
+
+
+@dataclass(frozen=True)
+class Norm:
+    """`||arg||_q` over a whole matrix."""
+
+    arg: Term
+    q: str
+
+
+@dataclass(frozen=True)
+class Power:
+    base: Term
+    exp: str
+
+
+@dataclass(frozen=True)
+class Transpose:
+    arg: Term
+
+
+@dataclass(frozen=True)
+class Dot:
+    """The inner product of two vectors."""
+
+    a: Term
+    b: Term
+
+
+Term = Math | Name | Times | Juxt | Plus | Call | WindowSum | Frac | Norm | Power | Transpose | Dot
+
+
+@dataclass(frozen=True)
+class Line:
+    """`lhs = rhs    note`. Without lhs, a continuation `= rhs` of the line above; without
+    either, a note on the line above."""
+
+    lhs: Term | None
+    rhs: Term | None
+    note: str = ""
+
+
+# Printers --------------------------------------------------------------------------------------
+
+
+class _SympyLatex(SympyLatexPrinter):
+    """sympy's LaTeX, with upright multi-letter names (`\\mathrm{decay}_{t}`, not an italic
+    product of five letters) and the helper functions of the derivations."""
+
+    def _print_Symbol(self, expr, style="plain"):
+        base, _, sub = expr.name.partition("_")
+        if len(base) > 1 and base.isalpha() and base.lower() not in greek_letters_set:
+            sub = sub[1:-1] if sub.startswith("{") and sub.endswith("}") else sub
+            return rf"\mathrm{{{base}}}" + (f"_{{{sub}}}" if sub else "")
+        return super()._print_Symbol(expr, style=style)
+
+    def _print_soft_threshold(self, expr, exp=None):
+        args = ", ".join(self._print(a) for a in expr.args)
+        body = r"\operatorname{soft\_threshold}\left(" + args + r"\right)"
+        return body if exp is None else f"{{{body}}}^{{{exp}}}"
+
+
+def latex_math(expr: sp.Basic) -> str:
+    """A sympy expression as LaTeX (math mode)."""
+    return _SympyLatex().doprint(expr)
+
+
+# Characters that are commands, or other glyphs, in LaTeX's text mode.
+_TEXT_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "{": r"\{",
+    "}": r"\}",
+    "_": r"\_",
+    "^": r"\^{}",
+    "%": r"\%",
+    "&": r"\&",
+    "#": r"\#",
+    "$": r"\$",
+    "~": r"\~{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+}
+
+
+def latex_text(text: str) -> str:
+    """Plain words as a LaTeX `\\text{...}` that shows them verbatim."""
+    return r"\text{" + "".join(_TEXT_ESCAPES.get(ch, ch) for ch in text) + "}"
+
+
+class _Printer:
+    """Dispatch to `_print_<Term class>`; a term without a method raises (no half lines)."""
+
+    def doprint(self, term: Term) -> str:
+        method = getattr(self, f"_print_{type(term).__name__}", None)
+        if method is None:
+            raise TypeError(f"{type(self).__name__} cannot print {term!r}")
+        return method(term)
+
+    def _grouped(self, term: Term) -> str:
+        """A factor of a product, parenthesized when it is a sum."""
+        text = self.doprint(term)
+        is_sum = isinstance(term, Plus) or (isinstance(term, Math) and term.expr.is_Add)
+        return self._parens(text) if is_sum else text
+
+
+class PlainPrinter(_Printer):
+    """Lines as text; leaves by sympy's str printer."""
+
+    def _parens(self, text: str) -> str:
+        return f"({text})"
+
+    def _print_Math(self, t: Math) -> str:
+        return sp.sstr(t.expr)
+
+    def _print_Name(self, t: Name) -> str:
+        return t.text
+
+    def _print_Times(self, t: Times) -> str:
+        return " * ".join(self._grouped(f) for f in t.factors)
+
+    def _print_Juxt(self, t: Juxt) -> str:
+        return " ".join(self._grouped(f) for f in t.factors)
+
+    def _print_Plus(self, t: Plus) -> str:
+        return " + ".join(self.doprint(a) for a in t.terms)
+
+    def _print_Call(self, t: Call) -> str:
+        return f"{self.doprint(t.fn)}({', '.join(self.doprint(a) for a in t.args)})"
+
+    def _print_WindowSum(self, t: WindowSum) -> str:
+        return f"sum_{{i={t.lo}..t}} {self.doprint(t.body)}"
+
+    def _print_Frac(self, t: Frac) -> str:
+        return f"{self._grouped(t.num)} / {self._grouped(t.den)}"
+
+    def _print_Norm(self, t: Norm) -> str:
+        return f"||{self.doprint(t.arg)}||_{t.q}"
+
+    def _print_Power(self, t: Power) -> str:
+        return f"{self._grouped(t.base)}^{t.exp}"
+
+    def _print_Transpose(self, t: Transpose) -> str:
+        return f"{self._grouped(t.arg)}^T"
+
+    def _print_Dot(self, t: Dot) -> str:
+        return f"{self.doprint(t.a)} . {self.doprint(t.b)}"
+
+    def line(self, line: Line) -> str:
+        note = f"    {line.note}" if line.note else ""
+        if line.lhs is not None:
+            return f"{self.doprint(line.lhs)} = {self.doprint(line.rhs)}{note}"
+        if line.rhs is not None:
+            return f"    = {self.doprint(line.rhs)}{note}"
+        return f"    {line.note}"
+
+
+class LatexPrinter(_Printer):
+    """Lines as rows of an `aligned` environment; leaves by sympy's LaTeX printer."""
+
+    def _parens(self, text: str) -> str:
+        return rf"\left({text}\right)"
+
+    def _print_Math(self, t: Math) -> str:
+        return latex_math(t.expr)
+
+    def _print_Name(self, t: Name) -> str:
+        return t.text if t.latex is None else t.latex
+
+    def _print_Times(self, t: Times) -> str:
+        return " ".join(self._grouped(f) for f in t.factors)
+
+    _print_Juxt = _print_Times
+
+    def _print_Plus(self, t: Plus) -> str:
+        return " + ".join(self.doprint(a) for a in t.terms)
+
+    def _print_Call(self, t: Call) -> str:
+        args = ", ".join(self.doprint(a) for a in t.args)
+        return rf"{self.doprint(t.fn)}\left({args}\right)"
+
+    def _print_WindowSum(self, t: WindowSum) -> str:
+        return rf"\sum_{{i={t.lo}}}^{{t}} {self.doprint(t.body)}"
+
+    def _print_Frac(self, t: Frac) -> str:
+        return rf"\frac{{{self.doprint(t.num)}}}{{{self.doprint(t.den)}}}"
+
+    def _print_Norm(self, t: Norm) -> str:
+        return rf"\left\lVert {self.doprint(t.arg)} \right\rVert_{{{t.q}}}"
+
+    def _print_Power(self, t: Power) -> str:
+        return f"{{{self._grouped(t.base)}}}^{{{t.exp}}}"
+
+    def _print_Transpose(self, t: Transpose) -> str:
+        return rf"{{{self._grouped(t.arg)}}}^{{\top}}"
+
+    def _print_Dot(self, t: Dot) -> str:
+        return rf"{self.doprint(t.a)} \cdot {self.doprint(t.b)}"
+
+    def line(self, line: Line) -> str:
+        note = rf" \quad {latex_text(line.note)}" if line.note else ""
+        if line.lhs is not None:
+            return f"{self.doprint(line.lhs)} &= {self.doprint(line.rhs)}{note}"
+        if line.rhs is not None:
+            return f"&= {self.doprint(line.rhs)}{note}"
+        return rf"&\quad {latex_text(line.note)}"
+
+
+def plain_lines(lines: list[Line] | tuple[Line, ...]) -> list[str]:
+    printer = PlainPrinter()
+    return [printer.line(line) for line in lines]
+
+
+def latex_block(rows: list[str]) -> str:
+    """Rows (with `&` alignment marks) as one `aligned` environment."""
+    return "\\begin{aligned}\n" + " \\\\\n".join(rows) + "\n\\end{aligned}"
+
+
+def latex_lines(lines: list[Line] | tuple[Line, ...]) -> str:
+    printer = LatexPrinter()
+    return latex_block([printer.line(line) for line in lines])
+
+
+# The update rule -------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Derivation:
-    """The derived update rule, as text (`str()`) and LaTeX (`.latex`)."""
+    """The derived update rule, as text (`str()`) and LaTeX (`.latex`); `update` holds the
+    lines of one step that both render."""
 
     text: str
     latex: str
+    update: tuple[Line, ...] = field(default=())
 
     def __str__(self) -> str:
         return self.text
 
 
-W_prev = sp.Symbol("W_{t-1}")
-U_t = sp.Symbol("u_t")
+def sym(name: str) -> Math:
+    return Math(sp.Symbol(name))
 
 
-def _scalar(component, name: str) -> str:
-    """`name_t` for a gate, the number for a fixed value."""
-    value = getattr(component, name)
-    return f"{name}_t" if value == "gate" else f"{value:g}"
+def times(*factors: Term | None) -> Term:
+    """The product of the factors that are not None (None: a fixed factor of 1)."""
+    kept = tuple(f for f in factors if f is not None)
+    if not kept:
+        return Name("1")
+    return kept[0] if len(kept) == 1 else Times(kept)
 
 
-def _step_expr(spec: Spec, rule: RetentionRule) -> sp.Expr:
-    """The retention step in W_{t-1} and u_t, fixed values substituted."""
+PHI = Name("phi", r"\phi")
+GRAD_L = Name("grad_W L", r"\nabla_W \mathcal{L}")
+DL_DY = Name("dL/dy", r"\frac{\partial \mathcal{L}}{\partial y}")
+SOFTMAX_ROW = Name("softmax_row", r"\operatorname{softmax}_{\mathrm{row}}")
+SOFTMAX_I = Name("softmax_i", r"\operatorname{softmax}_{i}")
+MLP_BACKWARD = "(the explicit backward through the MLP: dL/dy, then the layers)"
+NEWTON_NOTE = "(solved per entry by Newton's method, not in closed form)"
+
+
+def _scalar(value, name: str, index: str = "t") -> Term | None:
+    """`name_t` for a gate, the number for a fixed value, None for a fixed 1."""
+    if value == "gate":
+        return sym(f"{name}_{index}")
+    return None if value == 1 else Name(f"{value:g}")
+
+
+def _step_expr(spec: Spec, rule: RetentionRule, previous: str = "W_{t-1}") -> sp.Expr:
+    """The retention step in the previous state and u_t, fixed values substituted."""
     fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in spec.retention.fixed().items()}
     per_token = {gate_symbol(n): sp.Symbol(f"{n}_t") for n in spec.retention.gates()}
-    return rule.step.subs(fixed).subs({w0: W_prev, u: U_t, **per_token})
+    names = {w0: sp.Symbol(previous), u: sp.Symbol("u_t")}
+    return rule.step.subs(fixed).subs({**names, **per_token})
 
 
-def _update_lines(spec: Spec, rule: RetentionRule) -> list[str]:
-    if spec.memory.kind == "nonparametric":
-        window = f"t-{spec.memory.window - 1}" if spec.memory.window else "1"
-        return [
-            f"o_t = sum_{{i={window}..t}} softmax_i(q_t . k_i) v_i",
-            "(the closed-form minimizer of the l2 bias: no inner optimization)",
-        ]
-    opt = spec.optimizer
-    lr = _scalar(opt, "lr")
-    lines = []
+def is_newton(spec: Spec) -> bool:
+    return spec.retention.kind == "bregman" and spec.retention.solver == "newton"
+
+
+def _attention_lines(spec: Spec) -> list[Line]:
+    window = spec.memory.window
+    lo = "1" if not window else ("t" if window == 1 else f"t-{window - 1}")
+    weights = Call(SOFTMAX_I, (Dot(sym("q_t"), sym("k_i")),))
+    return [
+        Line(sym("o_t"), WindowSum(lo, Juxt((weights, sym("v_i"))))),
+        Line(None, None, "(the closed-form minimizer of the l2 bias: no inner optimization)"),
+    ]
+
+
+def _gradient_lines(spec: Spec) -> list[Line]:
+    """W_e and g_t, with the Omega window and the matrix form of the gradient."""
     retention = spec.retention
     if getattr(retention, "grad_at", "state") == "retained":
-        lines.append(f"W_e = {_scalar(retention, 'decay')} * W_{{t-1}}    (grad_at: retained)")
+        point = times(_scalar(retention.decay, "decay"), sym("W_{t-1}"))
+        lines = [Line(sym("W_e"), point, "(grad_at: retained)")]
     else:
-        lines.append("W_e = W_{t-1}")
+        lines = [Line(sym("W_e"), sym("W_{t-1}"))]
     c = spec.window.c
-    gamma = "gamma_i * " if c > 1 else ""
-    window = f"sum_{{i=t-{c - 1}..t}} " if c > 1 else ""
     i = "i" if c > 1 else "t"
-    lines.append(f"g_t = {window}{gamma}grad_W L(M_{{W_e}}(phi(k_{i})), v_{i})")
+    weight = _scalar(spec.window.gamma, "gamma", i)
+
+    def windowed(term: Term) -> Term:
+        term = times(weight, term)
+        return WindowSum(f"t-{c - 1}", term) if c > 1 else term
+
+    features = Call(PHI, (sym(f"k_{i}"),))
+    memory = Name("M_{W_e}")
+    lines.append(
+        Line(sym("g_t"), windowed(Call(GRAD_L, (Call(memory, (features,)), sym(f"v_{i}")))))
+    )
     if spec.memory.kind == "matrix":
-        lines.append(f"    = {window}{gamma}dL/dy(W_e phi(k_{i}), v_{i}) phi(k_{i})^T")
-    elif spec.memory.kind in ("mlp", "gated_mlp"):
-        lines.append("    (the explicit backward through the MLP: dL/dy, then the layers)")
-    if opt.kind == "gd":
-        lines.append(f"u_t = {lr} * g_t")
+        error = Call(DL_DY, (Juxt((sym("W_e"), features)), sym(f"v_{i}")))
+        lines.append(Line(None, windowed(Juxt((error, Transpose(features))))))
     else:
-        theta = _scalar(opt, "momentum")
-        lines.append(f"S_t = {theta} * S_{{t-1}} + {lr} * g_t")
-        lines.append(
-            "u_t = S_t" if opt.kind == "momentum" else f"u_t = NewtonSchulz{opt.ns_steps}(S_t)"
-        )
-    step = _step_expr(spec, rule)
-    if retention.kind == "kl":
-        lines.append(f"W_t = {retention.scale:g} * softmax_row({step})")
-    elif retention.kind == "lq":
-        lines.append(f"A_t = {str(step).replace('W_{t-1}', 'A_{t-1}')}")
-        lines.append(f"W_t = A_t / ||A_t||_{retention.q:g}^{retention.q - 2:g}")
-    else:
-        lines.append(f"W_t = {step}")
-    lines.append("o_t = M_{W_t}(phi(q_t))")
+        lines.append(Line(None, None, MLP_BACKWARD))
     return lines
+
+
+def _optimizer_lines(spec: Spec) -> list[Line]:
+    opt = spec.optimizer
+    step = times(_scalar(opt.lr, "lr"), sym("g_t"))
+    if opt.kind == "gd":
+        return [Line(sym("u_t"), step)]
+    surprise = times(_scalar(opt.momentum, "momentum"), sym("S_{t-1}"))
+    lines = [Line(sym("S_t"), Plus((surprise, step)))]
+    if opt.kind == "momentum":
+        return [*lines, Line(sym("u_t"), sym("S_t"))]
+    n = opt.ns_steps
+    newton_schulz = Name(f"NewtonSchulz{n}", rf"\operatorname{{NewtonSchulz}}_{{{n}}}")
+    return [*lines, Line(sym("u_t"), Call(newton_schulz, (sym("S_t"),)))]
+
+
+def _retention_lines(spec: Spec, rule: RetentionRule) -> list[Line]:
+    retention = spec.retention
+    W_t = sym("W_t")
+    if retention.kind == "kl":
+        softmax = Call(SOFTMAX_ROW, (Math(_step_expr(spec, rule)),))
+        return [Line(W_t, times(_scalar(retention.scale, "scale"), softmax))]
+    if retention.kind == "lq":
+        A_t = sym("A_t")
+        q = retention.q
+        read = Frac(A_t, Power(Norm(A_t, f"{q:g}"), f"{q - 2:g}"))
+        return [Line(A_t, Math(_step_expr(spec, rule, "A_{t-1}"))), Line(W_t, read)]
+    step = _step_expr(spec, rule)
+    if is_newton(spec):
+        # step = inverse_slope(F'(W_{t-1}) - u_t): name its argument z_t.
+        z_t = sp.Symbol("z_t")
+        return [
+            Line(Math(z_t), Math(step.args[0]), "(F'(W_{t-1}) - u_t)"),
+            Line(W_t, Math(step.func(z_t)), NEWTON_NOTE),
+        ]
+    return [Line(W_t, Math(step))]
+
+
+def update_lines(spec: Spec, rule: RetentionRule) -> list[Line]:
+    """One step t of the exact recurrence: W_e, g_t, the optimizer, retention, the read."""
+    if spec.memory.kind == "nonparametric":
+        return _attention_lines(spec)
+    return [
+        *_gradient_lines(spec),
+        *_optimizer_lines(spec),
+        *_retention_lines(spec, rule),
+        Line(sym("o_t"), Call(Name("M_{W_t}"), (Call(PHI, (sym("q_t"),)),))),
+    ]
 
 
 def describe(spec: Spec, bias: BiasRule, retention: RetentionRule, plan: Plan) -> Derivation:
     components = []
-    for field in ("memory", "feature_map", "bias", "retention", "optimizer"):
-        component = getattr(spec, field)
+    for name in ("memory", "feature_map", "bias", "retention", "optimizer"):
+        component = getattr(spec, name)
         params = ", ".join(f"{k}={v}" for k, v in component.parameters().items() if v is not None)
-        components.append(f"  {field:12s} {component.kind}" + (f" ({params})" if params else ""))
+        components.append(f"  {name:12s} {component.kind}" + (f" ({params})" if params else ""))
         components.append(f"  {'':12s} {component.spec_equation()}")  # lq: the spec's q
     components.append(f"  {'window':12s} c = {spec.window.c}, gamma = {spec.window.gamma}")
 
     def indent(text: str) -> list[str]:
         return ["  " + line for line in text.splitlines()]
 
+    update = tuple(update_lines(spec, retention))
+    headings = {
+        "bias": "Attentional bias (derived: chain rule through the channel sums)",
+        "retention": (
+            "Retention (derived: Newton solve of the Learning-Retaining stationarity condition "
+            "F'(W_t) = F'(W_{t-1}) - u_t)"
+            if is_newton(spec)
+            else "Retention (derived: closed-form argmin of the Learning-Retaining objective)"
+        ),
+        "update": "Update rule, one step t (the exact recurrence; chunk size 1)",
+    }
     text = [
         f"spec {spec.name}  (digest {spec.digest()[:12]})",
         "",
         "Components",
         *components,
         "",
-        "Attentional bias (derived: chain rule through the channel sums)",
+        headings["bias"],
         *indent(bias.text()),
         "",
-        "Retention (derived: closed-form argmin of the Learning-Retaining objective)",
+        headings["retention"],
         *indent(retention.text()),
         "",
-        "Update rule, one step t (the exact recurrence; chunk size 1)",
-        *indent("\n".join(_update_lines(spec, retention))),
+        headings["update"],
+        *indent("\n".join(plain_lines(update))),
         "",
         "Plan",
         *indent(plan.text()),
     ]
-    latex = [
-        rf"% spec {spec.name}",
-        r"\text{bias: }" + bias.latex().replace("\n", r" \\ "),
-        r"\text{retention: }" + retention.latex().replace("\n", r" \\ "),
-        r"W_t = " + sp.latex(_step_expr(spec, retention)),
-    ]
-    return Derivation("\n".join(text), "\n".join(latex))
+    # One display per section, each an `aligned` block (amsmath), with the text's headings as
+    # comments.
+    latex = [f"% spec {spec.name}  (digest {spec.digest()[:12]})"]
+    for key, block in (
+        ("bias", bias.latex()),
+        ("retention", retention.latex()),
+        ("update", latex_lines(update)),
+    ):
+        latex += [f"% {headings[key]}", r"\[", block, r"\]"]
+    return Derivation("\n".join(text), "\n".join(latex), update)

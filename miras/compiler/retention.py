@@ -27,6 +27,7 @@ from sympy.core.function import PoleError
 from sympy.utilities.iterables import sift
 
 from miras.check import CheckResult, max_relative_error
+from miras.compiler.describe import latex_block, latex_math, latex_text
 from miras.compiler.emit import function_source, load_module, module_source
 from miras.compiler.printer import UnsupportedExpression, torch_code
 from miras.components.base import Retention
@@ -72,14 +73,21 @@ class RetentionRule:
     source: str
 
     def text(self) -> str:
+        """The objective, then one line per step: `label  value`."""
         width = max(len(label) for label, _ in self.steps)
         lines = [f"retention {self.kind}: W_t = argmin_W <u_t, W> + D(W, W_(t-1))/eta + G(W)/alpha"]
         lines += [f"  {label:<{width}}  {_plain(value)}" for label, value in self.steps]
         return "\n".join(lines)
 
     def latex(self) -> str:
-        rows = [rf"\text{{{label}}} &: {_latex(value)}" for label, value in self.steps]
-        return "\\begin{aligned}\n" + " \\\\\n".join(rows) + "\n\\end{aligned}"
+        """The same lines as `text()`, as the rows of an `aligned` environment."""
+        objective = (
+            r"W_t = \arg\min_W \langle u_t, W \rangle + \frac{1}{\eta} D(W, W_{t-1}) "
+            r"+ \frac{1}{\alpha} G(W)"
+        )
+        rows = [f"{latex_text(f'retention {self.kind}')} &: {objective}"]
+        rows += [f"{latex_text(label)} &: {_latex(value)}" for label, value in self.steps]
+        return latex_block(rows)
 
 
 def _plain(value: sp.Basic | str) -> str:
@@ -94,10 +102,10 @@ def _plain(value: sp.Basic | str) -> str:
 
 def _latex(value: sp.Basic | str) -> str:
     if isinstance(value, str):
-        return r"\text{" + value.replace("_", r"\_") + "}"
+        return latex_text(value)
     if isinstance(value, sp.Tuple):
         return ",\\quad ".join(_latex(v) for v in value)
-    return sp.latex(value)
+    return latex_math(value)
 
 
 def _equations(mapping: dict[sp.Symbol, sp.Expr]) -> sp.Tuple:
