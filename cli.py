@@ -143,7 +143,8 @@ def check(
     spec: SpecPath,
     seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
 ) -> None:
-    """Check every derived piece against autograd or a numerical argmin; exit 1 on a failure."""
+    """Check every derived piece against autograd or a numerical argmin, then the whole rule
+    end to end on every backend against an autograd oracle; exit 1 on a failure."""
     try:
         rule = compile_spec(load_spec(spec), checked=False)
     except (SpecError, DerivationError) as error:

@@ -1,0 +1,493 @@
+"""The end-to-end check: the composed rule on every backend against an autograd oracle.
+
+The piece checks (`check_bias`, `check_retention`) test each derived formula at random interior
+points. This stage runs the whole rule as a layer would: from the spec's default initial state,
+through the window's padding (the tokens before the first), on random inputs with every gate
+sampled inside its range, on each backend the spec supports; and compares outputs and final
+state with an oracle of the whole step that never calls a derived gradient or step:
+
+    W_e = W_{t-1}, or a_t W_{t-1} (grad_at: retained)
+    g_t = autograd of sum_{i = max(0, t-c+1)..t} gamma_i L(M_{W_e}(phi(k_i)), v_i)
+          with L the printed `bias_loss` and M the memory's forward
+    u_t = the optimizer component's update of g_t (gd, momentum, Muon)
+    W_t = argmin_W of the printed Learning-Retaining objective, found numerically: bisection on
+          its autograd slope per entry (F convex: the slope is monotone), L-BFGS over each
+          row's logits for kl; lq's read A / ||A||_q^(q-2) written out
+    o_t = M_{W_t}(phi(q_t))
+
+A window never reads a token before the first here: its sum is shorter, not padded. Softmax
+attention (nonparametric memory) is compared with a direct float64 softmax(QK^T + mask) V.
+
+Where a backend's values go non-finite, the runtime's own step is replayed piece by piece
+(bias gradient, optimizer, retention step, read) and the first token and piece that produce a
+non-finite value is named in the result (docs/compiler.md, "Checks").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+
+from miras.check import CheckResult, max_relative_error
+from miras.compiler.emit import load_module, module_source
+from miras.compiler.retention import _objective_source
+
+if TYPE_CHECKING:
+    from miras.compiler.pipeline import MemoryRule
+
+DTYPE = torch.float64
+PIECES = ("bias gradient", "optimizer", "retention step", "read")
+# Outputs and final state vs the oracle after T tokens. The oracle's argmin is found to about
+# 1e-14 (bisection) or 1e-12 (L-BFGS for kl); a wrong piece is off by far more.
+TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """One run's inputs: q, k [B, T, H, Dk]; v [B, T, H, Dv]. T covers c - 1 padded tokens
+    and a few full windows."""
+
+    batch: int = 1
+    length: int = 9
+    heads: int = 2
+    d_key: int = 4
+    d_value: int = 4
+
+
+def sizes_for(rule: MemoryRule) -> Sizes:
+    """Small sizes that still reach past the window (c, or an attention window) by 3 tokens."""
+    spec = rule.spec
+    reach = spec.window.c
+    if spec.memory.kind == "nonparametric":
+        reach = spec.memory.window or 1
+    return Sizes(length=max(9, reach + 3))
+
+
+def random_inputs(rule: MemoryRule, sizes: Sizes, seed: int):
+    """q, k with unit rows (as the layer feeds them), v, and every gate inside its range, per
+    head: q, k [B, T, H, Dk], v [B, T, H, Dv], gates name -> [B, T, H]."""
+    gen = torch.Generator().manual_seed(seed)
+    b, t, h = sizes.batch, sizes.length, sizes.heads
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=DTYPE)
+
+    q = torch.nn.functional.normalize(randn(b, t, h, sizes.d_key), dim=-1)
+    k = torch.nn.functional.normalize(randn(b, t, h, sizes.d_key), dim=-1)
+    v = randn(b, t, h, sizes.d_value)
+    gates = {}
+    for info in rule.plan.gates:
+        r = torch.rand(b, t, h, generator=gen, dtype=DTYPE)
+        lo, hi = info.allowed.lo, info.allowed.hi
+        if math.isfinite(lo) and math.isfinite(hi):
+            gates[info.name] = lo + (hi - lo) * (0.1 + 0.8 * r)  # a decay, a momentum
+        elif math.isfinite(lo):
+            gates[info.name] = lo + 0.1 + 0.9 * r  # a learning rate, a scale, gamma
+        else:
+            gates[info.name] = 2 * r - 1
+    return q, k, v, gates
+
+
+# The oracle ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    """Per token t, each piece's values (dicts name -> [B, H, out, in], o [B, H, Dv]), and the
+    first (token, piece) whose value is not finite."""
+
+    pieces: list[dict[str, object]]
+    outputs: torch.Tensor | None  # o [B, H, T, Dv]
+    final: dict[str, torch.Tensor]
+    first_nonfinite: tuple[int, str] | None = None
+
+
+def _finite(value) -> bool:
+    if isinstance(value, dict):
+        return all(bool(torch.isfinite(x).all()) for x in value.values())
+    return bool(torch.isfinite(value).all())
+
+
+def _record(trace: Trace, t: int, piece: str, value) -> None:
+    trace.pieces[t][piece] = value
+    if trace.first_nonfinite is None and not _finite(value):
+        trace.first_nonfinite = (t, piece)
+
+
+def _gate_at(component, name: str, gates, t: int):
+    """A gate at token t, [B, H, 1], or the spec's fixed value."""
+    value = getattr(component, name)
+    return value if value != "gate" else gates[name][:, :, t]
+
+
+def _param_gate(g):
+    """[B, H, 1] -> [B, H, 1, 1]: one value per matrix."""
+    return g.unsqueeze(-1) if isinstance(g, torch.Tensor) else g
+
+
+def _lq_read(a: torch.Tensor, q: float) -> torch.Tensor:
+    """Moneta's W = A / ||A||_q^(q-2) per matrix [..., out, in]; A = 0 reads as 0."""
+    norm = a.abs().pow(q).sum(dim=(-2, -1), keepdim=True).pow(1 / q)
+    return torch.where(norm > 0, a / norm.clamp_min(1e-300) ** (q - 2), a)
+
+
+def _heads_first(rule: MemoryRule, q, k, v, gates):
+    """[B, T, H, D] -> [B, H, T, D]; phi applied to q and k; gates [B, H, T, 1]."""
+    rt = rule.runtime
+    params = rule.default_params(DTYPE)
+    q_, k_, v_ = (x.transpose(1, 2) for x in (q, k, v))
+    gates_ = {n: g.transpose(1, 2).unsqueeze(-1) for n, g in gates.items()}
+    return rt.feature(q_, params), rt.feature(k_, params), v_, gates_
+
+
+EPS = torch.finfo(DTYPE).eps
+
+
+def _slopes(objective, point: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """dJ/dw and d2J/dw2 per entry of a separable objective, by autograd."""
+    with torch.enable_grad():
+        point = point.detach().requires_grad_()
+        (slope,) = torch.autograd.grad(objective(point).sum(), point, create_graph=True)
+        if not slope.requires_grad:  # J linear in w: no curvature
+            return slope.detach(), torch.zeros_like(slope)
+        (curvature,) = torch.autograd.grad(slope.sum(), point, allow_unused=True)
+    curvature = torch.zeros_like(slope) if curvature is None else curvature
+    return slope.detach(), curvature.detach()
+
+
+def _root(fn, lo: torch.Tensor, hi: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per entry, x in (lo, hi) with f(x) = 0, for f nondecreasing, f(lo) <= 0 <= f(hi) (the
+    ends are never evaluated). `fn(x)` -> (f, f'). Newton steps where they stay inside the
+    bracket and at least halve the step before last; bisection otherwise (Numerical Recipes'
+    rtsafe), so it converges whatever f' does (f' = 0 stalls plain Newton). Stops when the
+    step is below float precision of max(|x|, scale): relative for large roots, absolute (on
+    the problem's scale) for small ones, as `max_relative_error` measures."""
+    x = (lo + hi) / 2
+    step = step_before = hi - lo
+    done = torch.zeros_like(x, dtype=torch.bool)
+    for _ in range(400):
+        f, df = fn(x)
+        lo, hi = torch.where(f < 0, x, lo), torch.where(f > 0, x, hi)
+        newton = f / df
+        bisect = (
+            ~torch.isfinite(newton)
+            | (x - newton < lo)
+            | (x - newton > hi)
+            | (2 * newton.abs() > step_before.abs())
+        )
+        step_before = step
+        step = torch.where(bisect, x - (lo + hi) / 2, newton)
+        precision = 2 * EPS * torch.maximum(x.abs(), scale)
+        done |= (f == 0) | (newton.abs() <= precision) | (step.abs() <= precision)
+        x = torch.where(done, x, x - step)
+        if bool(done.all()):
+            break
+    return x
+
+
+def _bracket(fn, lo: torch.Tensor, hi: torch.Tensor, open_lo: bool, open_hi: bool):
+    """Widen [lo, hi] until f(lo) <= 0 <= f(hi); an open end (a domain's bound) stays."""
+    for _ in range(200):
+        low = (fn(lo)[0] > 0) if not open_lo else torch.zeros_like(lo, dtype=torch.bool)
+        high = (fn(hi)[0] < 0) if not open_hi else torch.zeros_like(hi, dtype=torch.bool)
+        if not (low.any() or high.any()):
+            break
+        width = hi - lo
+        lo, hi = torch.where(low, lo - width, lo), torch.where(high, hi + width, hi)
+    return lo, hi
+
+
+def argmin_separable(objective, w0: torch.Tensor, u: torch.Tensor, domain: str) -> torch.Tensor:
+    """The minimizer of a convex objective, entry by entry, as the root of its autograd slope
+    (nondecreasing, J being convex) inside the domain: "real", "positive" or "unit_interval".
+    On "positive" the root is sought in z = log w (w = exp(z) keeps it inside, and a log-type
+    slope is close to affine in z, where Newton's steps are nearly exact)."""
+    spread = 1 + w0.abs() + u.abs()
+    if domain == "positive":
+        z0 = torch.log(w0)
+
+        def fn(z):
+            slope, curvature = _slopes(objective, torch.exp(z))
+            return slope, curvature * torch.exp(z)
+
+        lo, hi = _bracket(fn, z0 - spread, z0 + spread, open_lo=False, open_hi=False)
+        return torch.exp(_root(fn, lo, hi, torch.ones_like(z0)))
+    lo = w0 - spread if domain == "real" else torch.zeros_like(w0)
+    hi = torch.ones_like(w0) if domain == "unit_interval" else w0 + spread
+
+    def fn(x):
+        return _slopes(objective, x)
+
+    lo, hi = _bracket(fn, lo, hi, open_lo=domain != "real", open_hi=domain == "unit_interval")
+    return _root(fn, lo, hi, spread)
+
+
+def argmin_rows(objective, w0: torch.Tensor, u: torch.Tensor, scale: float) -> torch.Tensor:
+    """KL: the minimizer of sum_j J(w_j) over w > 0 with each row summing to c = `scale`.
+    With the row's multiplier mu, w_j(mu) = argmin_w J(w) + mu w, and the row sum falls as mu
+    grows, with d w_j/d mu = -1/J''(w_j) (implicit differentiation): the root in mu of
+    log c - log sum_j w_j(mu), per row. w0, u [..., rows, n]; the last axis is a row."""
+
+    def entries(mu: torch.Tensor) -> torch.Tensor:
+        return argmin_separable(lambda x: objective(x) + mu * x, w0, u, "positive")
+
+    def fn(mu: torch.Tensor):  # nondecreasing in mu
+        w = entries(mu)
+        _, curvature = _slopes(objective, w)
+        total = w.sum(-1, keepdim=True)
+        return math.log(scale) - torch.log(total), (1 / curvature).sum(-1, keepdim=True) / total
+
+    lo, hi = -torch.ones_like(w0[..., :1]), torch.ones_like(w0[..., :1])
+    lo, hi = _bracket(fn, lo, hi, open_lo=False, open_hi=False)
+    mu = _root(fn, lo, hi, 1 + lo.abs() + hi.abs())
+    return entries(mu)
+
+
+def _retention_objective(rule: MemoryRule) -> ModuleType:
+    """The printed objective `retention_objective(w, w0, u, *gates)` of the spec's retention,
+    the same one `check_retention` tests the derived step against."""
+    retention = rule.spec.retention
+    sources = _objective_source(retention, tuple(retention.gates()))
+    return load_module(module_source(f"retention {retention.kind}: objective", sources))
+
+
+def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
+    """The whole rule, token by token, in float64, from the default initial state.
+
+    q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates name -> [B, T, H]. Returns the trace with
+    o [B, H, T, Dv] and the final state (W and S.<name> [B, H, out, in])."""
+    spec, rt = rule.spec, rule.runtime
+    phi_q, phi_k, v_, gates_ = _heads_first(rule, q, k, v, gates)
+    b, h, length, d_phi = phi_k.shape
+    state = rt.initial_state(b, h, d_phi, v_.shape[-1], DTYPE, "cpu")
+    names = rt.param_names
+    opt, retention = spec.optimizer, spec.retention
+    objective_module = _retention_objective(rule)
+    retention_gates = retention.gates()
+
+    def read(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if retention.kind == "lq":
+            return {n: _lq_read(s[n], float(retention.q)) for n in names}
+        return {n: s[n] for n in names}
+
+    trace = Trace([{} for _ in range(length)], None, {})
+    outputs = []
+    for t in range(length):
+        weights = read(state)
+        if getattr(retention, "grad_at", "state") == "retained":
+            decay = _param_gate(_gate_at(retention, "decay", gates_, t))
+            weights = {n: decay * w for n, w in weights.items()}
+        # g_t: autograd of the gamma-weighted printed loss over the tokens of the window.
+        point = {n: w.detach().requires_grad_() for n, w in weights.items()}
+        with torch.enable_grad():
+            loss = 0.0
+            for i in range(max(0, t - spec.window.c + 1), t + 1):
+                y = rt.memory.forward(point, phi_k[:, :, i])  # [B, H, Dv]
+                bias_args = [gates_[n][:, :, i] for n in spec.bias.gates()]
+                term = rule.functions.bias_loss(y, v_[:, :, i], *bias_args)  # [B, H, 1]
+                loss = loss + (_gate_at(spec.window, "gamma", gates_, i) * term).sum()
+            grads = torch.autograd.grad(loss, [point[n] for n in names], allow_unused=True)
+        grads = {
+            n: torch.zeros_like(point[n]) if g is None else g
+            for n, g in zip(names, grads, strict=True)
+        }
+        _record(trace, t, "bias gradient", grads)
+        # u_t: the optimizer component's own update.
+        lr = _param_gate(_gate_at(opt, "lr", gates_, t))
+        updates = {}
+        for n, g in grads.items():
+            if opt.kind == "gd":
+                updates[n], _ = opt.update(g, None, lr)
+            else:
+                theta = _param_gate(_gate_at(opt, "momentum", gates_, t))
+                updates[n], state[f"S.{n}"] = opt.update(g, state[f"S.{n}"], lr, theta)
+        _record(trace, t, "optimizer", updates)
+        # W_t: the numerical argmin of the printed objective.
+        args = [_param_gate(gates_[g][:, :, t]) for g in retention_gates]
+        for n, u in updates.items():
+            w0 = state[n]
+
+            def objective(x, w0=w0, u=u, args=args):
+                return objective_module.retention_objective(x, w0, u, *args)
+
+            if retention.kind == "kl":
+                state[n] = argmin_rows(objective, w0, u, retention.scale)
+            else:
+                state[n] = argmin_separable(objective, w0, u, retention.domain())
+        _record(trace, t, "retention step", {n: state[n] for n in names})
+        o = rt.memory.forward(read(state), phi_q[:, :, t])  # [B, H, Dv]
+        _record(trace, t, "read", o)
+        outputs.append(o)
+    trace.outputs = torch.stack(outputs, dim=2)
+    trace.final = state
+    return trace
+
+
+def attention_oracle(window: int | None, q, k, v) -> torch.Tensor:
+    """softmax(q k^T + mask) v in float64, unscaled; token t sees t - window + 1 .. t.
+    q, k [B, T, H, Dk]; v [B, T, H, Dv] -> o [B, T, H, Dv]."""
+    scores = torch.einsum("bthd,bshd->bhts", q, k)  # [B, H, T, T]
+    t = torch.arange(q.shape[1])
+    distance = t[:, None] - t[None, :]
+    allowed = (distance >= 0) & (distance < (window or q.shape[1]))
+    scores = scores.masked_fill(~allowed, -math.inf)
+    return torch.einsum("bhts,bshd->bthd", torch.softmax(scores, dim=-1), v)
+
+
+# The runtime, replayed piece by piece ----------------------------------------------------------
+
+
+def replay(rule: MemoryRule, q, k, v, gates) -> Trace:
+    """The recurrent backend's step with each piece recorded, on the runtime's own inputs.
+
+    `rule(...)` runs with backend="recurrent", so the runtime prepares the sequence itself
+    (features, default state, the window's padding); for the length of that one call,
+    `miras.runtime.recurrent.forward` is replaced by `_recorded_steps`, which takes the same
+    steps in the same order with the same functions, recording each piece."""
+    from miras.runtime import recurrent
+
+    traces = []
+
+    def recording(rt, seq, state):
+        traces.append(_recorded_steps(rt, seq, dict(state)))
+        return traces[-1].outputs, traces[-1].final
+
+    original = recurrent.forward
+    recurrent.forward = recording
+    try:
+        rule(q, k, v, gates, backend="recurrent")
+    finally:
+        recurrent.forward = original
+    return traces[-1]
+
+
+def _recorded_steps(rt, seq, state) -> Trace:
+    """`miras.runtime.recurrent.forward`, piece by piece: seq (Tokens) and state as it gets
+    them; returns the trace with o [B, H, T, Dv] and the final state."""
+    from miras.runtime import recurrent
+    from miras.runtime.core import as_param_gate
+
+    trace = Trace([{} for _ in range(seq.length)], None, {})
+    outputs = []
+    for t in range(seq.length):
+        weights = rt.weights(state)
+        retention_args = [as_param_gate(seq.step_gates[n][:, :, t]) for n in rt.retention_gates]
+        if rt.retained_gradient:
+            decay = as_param_gate(rt.scalar(rt.spec.retention, "decay", seq.step_gates, t))
+            weights = {n: decay * w for n, w in weights.items()}
+        grads = recurrent.gradient(rt, weights, seq, t)
+        _record(trace, t, "bias gradient", grads)
+        updates = recurrent.optimizer_step(rt, grads, state, seq.step_gates, t)
+        _record(trace, t, "optimizer", updates)
+        for n, u in updates.items():
+            state[n] = rt.functions.retention_step(state[n], u, *retention_args)
+        _record(trace, t, "retention step", {n: state[n] for n in rt.param_names})
+        o = rt.memory.forward(rt.weights(state), seq.phi_q[:, :, t])
+        _record(trace, t, "read", o)
+        outputs.append(o)
+    trace.outputs = torch.stack(outputs, dim=2)
+    trace.final = state
+    return trace
+
+
+# The stage -------------------------------------------------------------------------------------
+
+
+def _backends(rule: MemoryRule, triton: bool) -> list[tuple[str, int]]:
+    """(backend, chunk size) pairs to run. Chunk size 1 makes the chunk-start form the exact
+    step; a spec whose chunk backend solves each chunk exactly (`plan.chunk_form`) runs the
+    chunk backend at 4, so a chunk boundary falls inside the sequence."""
+    pairs = [("recurrent", 1)]
+    if getattr(rule.plan, "chunk_form", None) == "exact":
+        pairs.append(("chunk", 4))
+    else:
+        pairs.append(("chunk", 1))
+    if triton and rule.spec.memory.kind != "nonparametric":
+        from miras.compiler.triton import unsupported_reason
+
+        if unsupported_reason(rule.spec) is None:
+            pairs.append(("triton", 1))
+    return pairs
+
+
+def _first_token(bad: torch.Tensor) -> int | None:
+    """bad [B, T, H, Dv] (True where a value is wrong) -> the first such t, or None."""
+    per_token = bad.flatten(2).any(-1).any(0)  # [T]
+    return int(per_token.nonzero()[0]) if bool(per_token.any()) else None
+
+
+def _state_error(final, reference: dict[str, torch.Tensor]) -> float:
+    if isinstance(final, torch.Tensor):
+        final = {"W": final}
+    return max(max_relative_error(final[n], reference[n]) for n in reference)
+
+
+def _first_piece_off(steps: Trace, reference: Trace) -> tuple[int, str] | None:
+    """The first (token, piece) where the runtime's step leaves the oracle's by more than
+    the tolerance."""
+    for t, (ours, theirs) in enumerate(zip(steps.pieces, reference.pieces, strict=True)):
+        for piece in PIECES:
+            a, b = ours[piece], theirs[piece]
+            pairs = [(a[n], b[n]) for n in b] if isinstance(b, dict) else [(a, b)]
+            if any(not max_relative_error(x, y) <= TOLERANCE for x, y in pairs):
+                return t, piece
+    return None
+
+
+def check_end_to_end(rule: MemoryRule, *, seed: int = 0, triton: bool = True) -> list[CheckResult]:
+    """One `CheckResult` per backend: the max relative error of the outputs and the final
+    state against the oracle, in float64. A result that fails names the first token whose
+    output is non-finite (or off), and the first token and piece of the runtime's step (bias
+    gradient, optimizer, retention step, read) that is non-finite (or off the oracle's).
+    `triton=False` leaves the Triton backend out (on a machine without a GPU it runs in
+    Triton's interpreter, which takes seconds even at these sizes)."""
+    sizes = sizes_for(rule)
+    q, k, v, gates = random_inputs(rule, sizes, seed)
+    what = (
+        "end-to-end {}, chunk size {}: outputs and final state vs the autograd oracle "
+        f"(T={sizes.length}, c={rule.spec.window.c}, from the default initial state)"
+    )
+    results = []
+    if rule.spec.memory.kind == "nonparametric":
+        expected = attention_oracle(rule.spec.memory.window, q, k, v)
+        for backend, chunk_size in _backends(rule, triton):
+            o, _ = rule(q, k, v, backend=backend, chunk_size=chunk_size)
+            error = max_relative_error(o, expected)
+            results.append(CheckResult(what.format(backend, chunk_size), error, TOLERANCE))
+        return results
+    reference = oracle(rule, q, k, v, gates)
+    if reference.first_nonfinite is not None:
+        t, piece = reference.first_nonfinite
+        text = what.format("oracle", "-") + f"; the oracle's {piece} is non-finite at token {t}"
+        return [CheckResult(text, math.inf, TOLERANCE)]
+    expected_o = reference.outputs.transpose(1, 2)  # [B, T, H, Dv]
+    expected_state = {n: x for n, x in reference.final.items() if not n.startswith("window.")}
+    steps = None  # the runtime's step replayed piece by piece, once, where a backend fails
+    for backend, chunk_size in _backends(rule, triton):
+        o, final = rule(
+            q, k, v, gates, backend=backend, chunk_size=chunk_size, output_final_state=True
+        )
+        error = max(max_relative_error(o, expected_o), _state_error(final, expected_state))
+        text = what.format(backend, chunk_size)
+        if not error <= TOLERANCE:  # also NaN
+            steps = steps or replay(rule, q, k, v, gates)
+            finite = bool(torch.isfinite(o).all()) and math.isfinite(error)
+            if not finite:
+                error = math.inf
+                bad = _first_token(~torch.isfinite(o))
+                text += "; non-finite" + (f" output from token {bad}" if bad is not None else "")
+            else:
+                scale = expected_o.abs().clamp_min(1.0)
+                bad = _first_token((o - expected_o).abs() / scale > TOLERANCE)
+                text += "; off" + (f" from token {bad}" if bad is not None else " (final state)")
+            if steps.first_nonfinite is not None:
+                t, piece = steps.first_nonfinite
+                text += f"; the step's first non-finite piece: {piece} at token {t}"
+            elif (off := _first_piece_off(steps, reference)) is not None:
+                text += f"; the step's first piece off the oracle: {off[1]} at token {off[0]}"
+        results.append(CheckResult(text, error, TOLERANCE))
+    return results

@@ -1,0 +1,138 @@
+"""The end-to-end stage of `miras check`: every shipped spec passes it, and it catches what the
+piece checks missed (NaN through the window's padding, a Newton solve from F'' = 0) and an
+injected defect, naming the first token and piece."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import miras
+from miras.check_end_to_end import (
+    argmin_rows,
+    argmin_separable,
+    check_end_to_end,
+    oracle,
+    random_inputs,
+    sizes_for,
+)
+from miras.runtime import recurrent
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted((ROOT / "specs").glob("*.yaml")) + sorted((ROOT / "specs/examples").glob("*.yaml"))
+
+# Defect 1 of issue 10: the c - 1 padded slots carried gate a = 0, so tanh(e/a) was 0/0.
+LOGCOSH_WINDOW_2 = {**yaml.safe_load((ROOT / "specs/examples/logcosh_deltanet.yaml").read_text())}
+LOGCOSH_WINDOW_2["window"] = 2
+# Defect 2: Newton steps on F'(w) = z from W_0 = 0, where F''(0) = 0 for F = w^4/4.
+QUARTIC_NEWTON = {
+    "name": "quartic_newton",
+    "memory": "matrix",
+    "bias": "l2",
+    "retention": {"kind": "bregman", "solver": "newton", "potential": "w**4/4"},
+    "optimizer": "gd",
+}
+
+
+def _failures(results):
+    return [f"{r.piece}: {r.error:.3g} > {r.tolerance:.0e}" for r in results if not r.passed]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_spec_passes_end_to_end(path):
+    rule = miras.compile(path, checked=False)
+    results = check_end_to_end(rule, triton=False)
+    backends = {"recurrent", "chunk"}
+    assert {r.piece.split()[1].rstrip(",") for r in results} == backends
+    assert not _failures(results)
+
+
+@pytest.mark.parametrize("path", ["specs/examples/logcosh_deltanet.yaml", "specs/swla.yaml"])
+def test_triton_backend_passes_end_to_end(path):
+    """The Triton backend too (in the interpreter on the CPU: two specs, tiny sizes)."""
+    results = check_end_to_end(miras.compile(ROOT / path, checked=False))
+    assert [r.piece.split()[1].rstrip(",") for r in results] == ["recurrent", "chunk", "triton"]
+    assert not _failures(results)
+
+
+@pytest.mark.parametrize("spec", [LOGCOSH_WINDOW_2, QUARTIC_NEWTON], ids=["window_pad", "newton"])
+def test_regressions_of_issue_10_pass_end_to_end(spec):
+    """Both gave NaN from token 0 before their fixes; the stage named the token and piece
+    ('bias gradient at token 0' and 'retention step at token 0')."""
+    results = check_end_to_end(miras.compile(spec, checked=False))
+    assert not _failures(results)
+
+
+def test_rule_check_includes_the_stage():
+    results = miras.compile(ROOT / "specs/deltanet.yaml").check(triton=False)
+    assert [r.piece for r in results if r.piece.startswith("end-to-end")]
+    assert all(r.passed for r in results)
+
+
+# The stage catches an injected defect ---------------------------------------------------------
+
+
+def _inject(monkeypatch, corrupt):
+    """Make the recurrent backend's optimizer step wrong at token 3 only."""
+    original = recurrent.optimizer_step
+
+    def optimizer_step(rt, grads, state, gates, t):
+        updates = original(rt, grads, state, gates, t)
+        return {n: corrupt(u) for n, u in updates.items()} if t == 3 else updates
+
+    monkeypatch.setattr(recurrent, "optimizer_step", optimizer_step)
+
+
+@pytest.mark.parametrize(
+    "corrupt, what",
+    [(lambda u: u * (1 + 1e-6), "off from token 3"), (lambda u: u * math.nan, "non-finite")],
+    ids=["small_error", "nan"],
+)
+def test_injected_defect_is_reported_at_its_token_and_piece(monkeypatch, corrupt, what):
+    _inject(monkeypatch, corrupt)
+    rule = miras.compile(ROOT / "specs/gated_deltanet.yaml", checked=False)
+    recurrent_result, chunk_result = check_end_to_end(rule, triton=False)
+    assert not recurrent_result.passed
+    assert what in recurrent_result.piece
+    assert "optimizer at token 3" in recurrent_result.piece
+    if what == "non-finite":
+        assert "non-finite output from token 3" in recurrent_result.piece
+    assert chunk_result.passed  # the chunk backend does not call the patched step
+
+
+# The oracle's solvers -------------------------------------------------------------------------
+
+
+def test_argmin_separable_solves_where_newton_stalls():
+    """J = u w + w^4/4 (Bregman w^4/4 from w0 = 0): F''(0) = 0; the minimizer is -cbrt(u)."""
+    u = torch.tensor([-2.0, -0.3, 0.0, 1e-3, 0.7, 5.0], dtype=torch.float64)
+    w0 = torch.zeros_like(u)
+    found = argmin_separable(lambda w: u * w + w**4 / 4, w0, u, "real")
+    expected = -torch.sign(u) * u.abs() ** (1 / 3)
+    assert torch.allclose(found, expected, rtol=1e-13, atol=1e-15)
+
+
+def test_argmin_rows_is_the_scaled_softmax():
+    """KL with the row sum c: argmin_w sum_j u_j w_j + w_j log(w_j / w0_j) = c softmax(log w0 - u)."""
+    gen = torch.Generator().manual_seed(1)
+    w0 = torch.softmax(torch.randn(3, 5, dtype=torch.float64, generator=gen), -1) * 2.0
+    u = 3 * torch.randn(3, 5, dtype=torch.float64, generator=gen)
+    found = argmin_rows(lambda w: u * w + w * torch.log(w / w0), w0, u, 2.0)
+    expected = 2.0 * torch.softmax(torch.log(w0) - u, -1)
+    assert torch.allclose(found, expected, rtol=1e-12, atol=1e-15)
+
+
+def test_oracle_window_reads_no_token_before_the_first():
+    """At token 0 with c = 4, the oracle's gradient is the one term of token 0 alone."""
+    rule = miras.compile(ROOT / "specs/omeganet.yaml", checked=False)
+    q, k, v, gates = random_inputs(rule, sizes_for(rule), seed=0)
+    trace = oracle(rule, q, k, v, gates)
+    # W_0 = 0, so y = 0 and dL/dW = (y - v) phi(k)^T = -v phi(k)^T, times gamma_0.
+    phi_k = rule.runtime.feature(k.transpose(1, 2), rule.default_params(torch.float64))
+    gamma = gates["gamma"].transpose(1, 2)[:, :, 0, None, None]
+    expected = -gamma * v.transpose(1, 2)[:, :, 0, :, None] * phi_k[:, :, 0, None, :]
+    assert torch.allclose(trace.pieces[0]["bias gradient"]["W"], expected, atol=1e-15)
