@@ -4,11 +4,32 @@ Triton chooses its interpreter when it is first imported, and test modules impor
 collection (fla, in test_known_models.py, imports triton). So on a machine without CUDA the
 choice is made here, before any test module: TRITON_INTERPRET=1 runs the Triton backend's
 kernels on the CPU (tests/test_triton.py). Nothing else in the suite launches a kernel.
+
+Emitted sources go to a fresh temporary MIRAS_CACHE_DIR for the session (removed at the end),
+so the tests neither write to the user's ~/.cache/miras nor read stale modules from it.
+
+Markers (registered in pyproject.toml): `services` for tests that start PostgreSQL or headless
+Chromium, `slow` for the longest ones. `pytest -m "not slow and not services"` is the fast
+suite; a plain `pytest` (and `make test`) runs everything.
 """
 
 import os
+import shutil
+import tempfile
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+_CACHE = tempfile.mkdtemp(prefix="miras-test-cache-")
+_USER_CACHE = os.environ.get("MIRAS_CACHE_DIR")
+os.environ["MIRAS_CACHE_DIR"] = _CACHE
+
+
+def pytest_unconfigure(config):
+    if _USER_CACHE is None:
+        os.environ.pop("MIRAS_CACHE_DIR", None)
+    else:
+        os.environ["MIRAS_CACHE_DIR"] = _USER_CACHE
+    shutil.rmtree(_CACHE, ignore_errors=True)

@@ -334,6 +334,7 @@ def test_matches_paper_recurrence(name, backend):
         torch.testing.assert_close(g, g_ref, **EXACT)
 
 
+@pytest.mark.slow  # 13 s and 24 s on 2 cores: the momentum recurrence with gradients
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_titans_momentum_matrix_matches_paper(backend):
     rule = miras.compile(TITANS_MATRIX)

@@ -22,6 +22,7 @@ from search_support import TINY
 from miras.search import load_study
 from miras.search.report import write_report
 
+pytestmark = pytest.mark.services  # headless Chromium
 INSTALL = "run scripts/ensure-test-services.sh (as root; `make test` runs it) to install them"
 FLAGS = [
     "--headless",

@@ -299,6 +299,7 @@ def invoke(*args, cwd: Path):
         return runner.invoke(app, [str(a) for a in args])
 
 
+@pytest.mark.slow  # worker processes, 30 s or more on 2 cores
 def test_tiny_study_search_resume_report_export(tmp_path):
     from miras.training import train
 
@@ -384,6 +385,7 @@ def test_a_study_made_from_another_definition_is_not_resumed(tmp_path):
     assert "--name" in result.stderr and "Traceback" not in result.output
 
 
+@pytest.mark.slow  # worker processes, 30 s or more on 2 cores
 def test_workers_flag_shares_one_sqlite_file(tmp_path):
     """`--workers 2`: two spawned processes on one SQLite file (WAL journal, lock waits)."""
     study = write_study(tmp_path, name="flag")
@@ -395,11 +397,13 @@ def test_workers_flag_shares_one_sqlite_file(tmp_path):
     assert len({t.user_attrs.get("worker") for t in found}) == 2  # both processes ran trials
 
 
+@pytest.mark.slow  # worker processes, 30 s or more on 2 cores
 def test_killed_worker_on_sqlite(tmp_path):
     study = write_study(tmp_path, train={**TINY["train"], "steps": 60})
     kill_scenario(study, f"sqlite:///{tmp_path / 'kill.db'}", trials=3)
 
 
+@pytest.mark.slow  # worker processes, 30 s or more on 2 cores
 def test_ctrl_c_marks_the_running_trial_and_keeps_the_storage(tmp_path):
     study = write_study(tmp_path, train={**TINY["train"], "steps": 200})
     storage = f"sqlite:///{tmp_path / 'int.db'}"

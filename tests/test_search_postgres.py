@@ -22,6 +22,8 @@ import pytest
 from optuna.trial import TrialState
 from search_support import FINISHED, TINY, kill_scenario, start_worker, trials_of, write_study
 
+# A PostgreSQL server and worker processes: about a minute a test on 2 cores.
+pytestmark = [pytest.mark.services, pytest.mark.slow]
 INSTALL = "run scripts/ensure-test-services.sh (as root; `make test` runs it) to install them"
 
 
