@@ -402,7 +402,8 @@ def _backends(rule: MemoryRule, triton: bool) -> list[tuple[str, int]]:
     step; a spec whose chunk backend solves each chunk exactly (`plan.chunk_form`) runs the
     chunk backend at 4, so a chunk boundary falls inside the sequence."""
     pairs = [("recurrent", 1)]
-    if getattr(rule.plan, "chunk_form", None) == "exact":
+    form = getattr(rule.plan, "chunk_form", None)  # a ChunkForm; .form is "exact" or "start"
+    if getattr(form, "form", None) == "exact":
         pairs.append(("chunk", 4))
     else:
         pairs.append(("chunk", 1))
