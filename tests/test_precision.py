@@ -41,6 +41,7 @@ F32_TOL = 2e-6
 BF16_TOL = 2.0**-8 + F32_TOL
 
 SPECS = ["deltanet", "gated_deltanet", "retnet", "titans"]
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: TRITON_INTERPRET=1
 MATRIX_SPECS = ["deltanet", "gated_deltanet", "retnet"]  # the Triton kernels cover these
 
 
@@ -53,12 +54,13 @@ def flat(state) -> dict[str, torch.Tensor]:
     return dict(state) if isinstance(state, dict) else {"W": state}
 
 
-def rounded_inputs(rule, dtype, *, t, d, per_channel=False, seed=0):
+def rounded_inputs(rule, dtype, *, t, d, per_channel=False, seed=0, device="cpu"):
     """q, k, v, gates in `dtype`, drawn in float64 (unit-norm keys, gates in range)."""
     q, k, v, gates = random_inputs(
         rule, b=1, t=t, h=2, dk=d, dv=d, per_channel=per_channel, seed=seed
     )
-    return [x.to(dtype) for x in (q, k, v)], {n: g.to(dtype) for n, g in gates.items()}
+    qkv = [x.to(dtype).to(device) for x in (q, k, v)]
+    return qkv, {n: g.to(dtype).to(device) for n, g in gates.items()}
 
 
 def run(rule, qkv, gates, dtype, **options):
@@ -70,19 +72,17 @@ def run(rule, qkv, gates, dtype, **options):
     state = flat(state)
     gen = torch.Generator().manual_seed(1)
     # Weights that bfloat16 represents exactly, so the backward starts unrounded.
-    weights = [
-        torch.randn(x.shape, generator=gen).to(bf16).to(x.dtype) for x in (o, *state.values())
-    ]
+    weights = [torch.randn(x.shape, generator=gen).to(bf16).to(x) for x in (o, *state.values())]
     loss = sum((x * w).sum() for x, w in zip((o, *state.values()), weights, strict=True))
     grads = torch.autograd.grad(loss, leaves)
     names = ["dq", "dk", "dv", *(f"d {n}" for n in gates)]
     return o, state, dict(zip(names, grads, strict=True))
 
 
-def compare(rule, dtype, options, *, t, d, reference=None):
+def compare(rule, dtype, options, *, t, d, reference=None, device="cpu"):
     """The run in `dtype` against the float64 run with the `reference` options (the same
     options by default), on the same inputs."""
-    qkv, gates = rounded_inputs(rule, dtype, t=t, d=d)
+    qkv, gates = rounded_inputs(rule, dtype, t=t, d=d, device=device)
     o, state, grads = run(rule, qkv, gates, dtype, **options)
     o_ref, state_ref, grads_ref = run(rule, qkv, gates, f64, **(reference or options))
     assert o.dtype == dtype and all(g.dtype == dtype for g in grads.values())
@@ -125,7 +125,7 @@ def test_triton_low_precision_against_float64(name, dtype):
     options = dict(chunk_size=16, chunk_mode="start")  # the form the kernels compute
     compare(
         rule, dtype, dict(backend="triton", **options), t=20, d=16,
-        reference=dict(backend="chunk", **options),
+        reference=dict(backend="chunk", **options), device=TRITON_DEVICE,
     )  # fmt: skip
 
 
