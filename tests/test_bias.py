@@ -7,7 +7,9 @@ so a new bias gets every check by adding one class.
 import pytest
 import sympy as sp
 import torch
+from helpers import random_inputs
 
+import miras
 from miras.compiler.bias import check_bias, derive_bias
 from miras.compiler.emit import load_module, module_source
 from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, RobustBias
@@ -42,19 +44,21 @@ class BiasContract:
         assert rule.elementwise is self.elementwise
 
     def test_per_channel_gates_and_odd_shapes(self, module):
-        """Gates per channel [..., Dv] broadcast like per-head ones [..., 1]."""
+        """Gates per channel [..., Dv] broadcast like per-head ones [..., 1]. A whole-vector
+        loss has no per-channel gate (its gate scales a norm), so it gets one per vector."""
         gen = torch.Generator().manual_seed(5)
         y = torch.randn(2, 5, 3, 60, dtype=torch.float64, generator=gen, requires_grad=True)
         v_ = torch.randn(2, 5, 3, 60, dtype=torch.float64, generator=gen)
+        width = 60 if self.elementwise else 1
         gates = [
-            0.1 + torch.rand(2, 5, 3, 60, dtype=torch.float64, generator=gen)
+            0.1 + torch.rand(2, 5, 3, width, dtype=torch.float64, generator=gen)
             for _ in self.bias.gates()
         ]
         derived = module.bias_grad(y, v_, *gates)
-        (expected,) = torch.autograd.grad(module.bias_loss(y, v_, *gates).sum(), y)
-        assert derived.shape == y.shape
-        if self.elementwise:  # a whole-vector loss has no meaning per channel
-            torch.testing.assert_close(derived, expected, rtol=TOL, atol=TOL)
+        loss = module.bias_loss(y, v_, *gates)
+        assert loss.shape == (2, 5, 3, 1) and derived.shape == y.shape
+        (expected,) = torch.autograd.grad(loss.sum(), y)
+        torch.testing.assert_close(derived, expected, rtol=TOL, atol=TOL)
 
 
 class KnownGradient(BiasContract):
@@ -167,3 +171,17 @@ def test_loss_without_channel_sum_is_refused():
 
     with pytest.raises(DerivationError, match="no channel sum"):
         derive_bias(Broken())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: the runtime accepts a per-channel gate [B, T, H, Dv] for a whole-vector bias "
+    "(robust's radius), whose derived dL/dy_j = e_j + radius_j e_j/||e|| is then the gradient "
+    "of no loss; miras/runtime/__init__.py allows per-channel gates for every bias gate",
+)
+def test_whole_vector_bias_refuses_per_channel_gates():
+    rule = miras.compile({"name": "robust-gate", "bias": {"kind": "robust", "radius": "gate"}})
+    q, k, v, gates = random_inputs(rule, t=5)
+    gates["radius"] = gates["radius"].unsqueeze(-1).expand(*gates["radius"].shape, v.shape[-1])
+    with pytest.raises(ValueError, match="radius"):
+        rule(q, k, v, gates, backend="recurrent")
