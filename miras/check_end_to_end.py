@@ -67,9 +67,11 @@ def sizes_for(rule: MemoryRule) -> Sizes:
     return Sizes(length=max(9, reach + 3))
 
 
-def random_inputs(rule: MemoryRule, sizes: Sizes, seed: int):
-    """q, k with unit rows (as the layer feeds them), v, and every gate inside its range, per
-    head: q, k [B, T, H, Dk], v [B, T, H, Dv], gates name -> [B, T, H]."""
+def random_inputs(rule: MemoryRule, sizes: Sizes, seed: int, per_channel: bool = False):
+    """q, k with unit rows (as the layer feeds them), v, and every gate inside its range:
+    q, k [B, T, H, Dk], v [B, T, H, Dv], gates name -> [B, T, H], or [B, T, H, Dv] with
+    `per_channel` for the gates the runtime takes per channel (a bias's; for a matrix
+    memory every gate but gamma)."""
     gen = torch.Generator().manual_seed(seed)
     b, t, h = sizes.batch, sizes.length, sizes.heads
 
@@ -79,9 +81,13 @@ def random_inputs(rule: MemoryRule, sizes: Sizes, seed: int):
     q = torch.nn.functional.normalize(randn(b, t, h, sizes.d_key), dim=-1)
     k = torch.nn.functional.normalize(randn(b, t, h, sizes.d_key), dim=-1)
     v = randn(b, t, h, sizes.d_value)
+    channels = set(rule.spec.bias.gates())
+    if rule.spec.memory.kind == "matrix":
+        channels |= set(rule.gates) - {"gamma"}
     gates = {}
     for info in rule.plan.gates:
-        r = torch.rand(b, t, h, generator=gen, dtype=DTYPE)
+        width = (sizes.d_value,) if per_channel and info.name in channels else ()
+        r = torch.rand(b, t, h, *width, generator=gen, dtype=DTYPE)
         lo, hi = info.allowed.lo, info.allowed.hi
         if math.isfinite(lo) and math.isfinite(hi):
             gates[info.name] = lo + (hi - lo) * (0.1 + 0.8 * r)  # a decay, a momentum
@@ -136,11 +142,12 @@ def _lq_read(a: torch.Tensor, q: float) -> torch.Tensor:
 
 
 def _heads_first(rule: MemoryRule, q, k, v, gates):
-    """[B, T, H, D] -> [B, H, T, D]; phi applied to q and k; gates [B, H, T, 1]."""
+    """[B, T, H, D] -> [B, H, T, D]; phi applied to q and k; gates [B, H, T, X], X = 1 (per
+    head) or Dv (per channel)."""
     rt = rule.runtime
     params = rule.default_params(DTYPE)
     q_, k_, v_ = (x.transpose(1, 2) for x in (q, k, v))
-    gates_ = {n: g.transpose(1, 2).unsqueeze(-1) for n, g in gates.items()}
+    gates_ = {n: (g if g.dim() == 4 else g.unsqueeze(-1)).transpose(1, 2) for n, g in gates.items()}
     return rt.feature(q_, params), rt.feature(k_, params), v_, gates_
 
 
@@ -439,18 +446,23 @@ def _first_piece_off(steps: Trace, reference: Trace) -> tuple[int, str] | None:
     return None
 
 
-def check_end_to_end(rule: MemoryRule, *, seed: int = 0, triton: bool = True) -> list[CheckResult]:
+def check_end_to_end(
+    rule: MemoryRule, *, seed: int = 0, triton: bool = True, per_channel: bool = False
+) -> list[CheckResult]:
     """One `CheckResult` per backend: the max relative error of the outputs and the final
     state against the oracle, in float64. A result that fails names the first token whose
     output is non-finite (or off), and the first token and piece of the runtime's step (bias
     gradient, optimizer, retention step, read) that is non-finite (or off the oracle's).
     `triton=False` leaves the Triton backend out (on a machine without a GPU it runs in
-    Triton's interpreter, which takes seconds even at these sizes)."""
+    Triton's interpreter, which takes seconds even at these sizes); `per_channel` samples
+    gates per value channel where the runtime takes them so (per head otherwise, as the
+    layer feeds them)."""
     sizes = sizes_for(rule)
-    q, k, v, gates = random_inputs(rule, sizes, seed)
+    q, k, v, gates = random_inputs(rule, sizes, seed, per_channel)
     what = (
         "end-to-end {}, chunk size {}: outputs and final state vs the autograd oracle "
-        f"(T={sizes.length}, c={rule.spec.window.c}, from the default initial state)"
+        f"(T={sizes.length}, c={rule.spec.window.c}, from the default initial state"
+        + (", per-channel gates)" if per_channel else ")")
     )
     results = []
     if rule.spec.memory.kind == "nonparametric":

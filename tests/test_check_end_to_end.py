@@ -59,6 +59,20 @@ def test_triton_backend_passes_end_to_end(path):
     assert not _failures(results)
 
 
+@pytest.mark.parametrize(
+    "path", ["specs/gated_deltanet.yaml", "specs/omeganet.yaml", "specs/yaad.yaml"]
+)
+def test_per_channel_gates_pass_end_to_end(path):
+    """Gates [B, T, H, Dv] where the runtime takes them per channel (a bias's gate; every gate
+    but gamma for a matrix memory)."""
+    rule = miras.compile(ROOT / path, checked=False)
+    *_, gates = random_inputs(rule, sizes_for(rule), seed=0, per_channel=True)
+    assert any(g.dim() == 4 for g in gates.values())
+    results = check_end_to_end(rule, triton=False, per_channel=True)
+    assert all("per-channel gates" in r.piece for r in results)
+    assert not _failures(results)
+
+
 @pytest.mark.parametrize("spec", [LOGCOSH_WINDOW_2, QUARTIC_NEWTON], ids=["window_pad", "newton"])
 def test_regressions_of_issue_10_pass_end_to_end(spec):
     """Both gave NaN from token 0 before their fixes; the stage named the token and piece
