@@ -35,6 +35,7 @@ import torch
 from miras.check import CheckResult, max_relative_error
 from miras.compiler.emit import load_module, module_source
 from miras.compiler.retention import _objective_source
+from miras.runtime import per_channel_gates
 
 if TYPE_CHECKING:
     from miras.compiler.pipeline import MemoryRule
@@ -70,8 +71,7 @@ def sizes_for(rule: MemoryRule) -> Sizes:
 def random_inputs(rule: MemoryRule, sizes: Sizes, seed: int, per_channel: bool = False):
     """q, k with unit rows (as the layer feeds them), v, and every gate inside its range:
     q, k [B, T, H, Dk], v [B, T, H, Dv], gates name -> [B, T, H], or [B, T, H, Dv] with
-    `per_channel` for the gates the runtime takes per channel (a bias's; for a matrix
-    memory every gate but gamma)."""
+    `per_channel` for the gates the runtime takes per channel (`per_channel_gates`)."""
     gen = torch.Generator().manual_seed(seed)
     b, t, h = sizes.batch, sizes.length, sizes.heads
 
@@ -81,9 +81,7 @@ def random_inputs(rule: MemoryRule, sizes: Sizes, seed: int, per_channel: bool =
     q = torch.nn.functional.normalize(randn(b, t, h, sizes.d_key), dim=-1)
     k = torch.nn.functional.normalize(randn(b, t, h, sizes.d_key), dim=-1)
     v = randn(b, t, h, sizes.d_value)
-    channels = set(rule.spec.bias.gates())
-    if rule.spec.memory.kind == "matrix":
-        channels |= set(rule.gates) - {"gamma"}
+    channels = per_channel_gates(rule)
     gates = {}
     for info in rule.plan.gates:
         width = (sizes.d_value,) if per_channel and info.name in channels else ()

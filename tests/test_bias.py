@@ -173,12 +173,6 @@ def test_loss_without_channel_sum_is_refused():
         derive_bias(Broken())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the runtime accepts a per-channel gate [B, T, H, Dv] for a whole-vector bias "
-    "(robust's radius), whose derived dL/dy_j = e_j + radius_j e_j/||e|| is then the gradient "
-    "of no loss; miras/runtime/__init__.py allows per-channel gates for every bias gate",
-)
 def test_whole_vector_bias_refuses_per_channel_gates():
     rule = miras.compile({"name": "robust-gate", "bias": {"kind": "robust", "radius": "gate"}})
     q, k, v, gates = random_inputs(rule, t=5)

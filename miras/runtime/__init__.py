@@ -64,6 +64,20 @@ def _state_out(state: State):
     return state["W"] if list(state) == ["W"] else state
 
 
+def per_channel_gates(rule: MemoryRule) -> set[str]:
+    """The gates `rule` also takes per value channel, [B, T, H, Dv]; the rest are per head.
+
+    A bias gate may vary per channel only where the bias is a sum over channels of an
+    elementwise term: in a whole-vector loss (a norm, a channel sum inside a function) it would
+    scale no single term. In a matrix memory the step's gates act row by row; gamma weighs a
+    whole loss term."""
+    bias_gates = set(rule.spec.bias.gates())
+    gates = set(bias_gates) if rule.bias.elementwise else set()
+    if rule.spec.memory.kind == "matrix":
+        gates |= set(rule.gates) - {"gamma"} - bias_gates
+    return gates
+
+
 def run(
     rule: MemoryRule,
     q: torch.Tensor,
@@ -94,10 +108,7 @@ def run(
     form = rule.plan.chunk_form or exact_chunk.chunk_form(rule.spec)
     mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name, backend, chunk_size)
     rt = rule.runtime
-    per_channel_ok = set(rule.spec.bias.gates())
-    if rule.spec.memory.kind == "matrix":
-        per_channel_ok |= set(rule.gates) - {"gamma"}  # gamma weighs a whole loss term
-    gates = check_gates(gates, rule.plan.gates, shapes, per_channel_ok=per_channel_ok)
+    gates = check_gates(gates, rule.plan.gates, shapes, per_channel_ok=per_channel_gates(rule))
     dtype = state_dtype(q.dtype)
 
     # [B, T, H, D] -> [B, H, T, D], in the state's precision.

@@ -89,7 +89,8 @@ def check_gates(
         elif tuple(g.shape) == (*head, shapes.d_value):
             if info.name not in per_channel_ok:
                 raise ValueError(
-                    f"gates[{info.name!r}]: per-channel gates are not supported for this memory; "
+                    f"gates[{info.name!r}]: this rule takes this gate per head only (a per-channel "
+                    "gate needs a matrix memory, or an elementwise bias for a bias gate); "
                     f"expected per head {list(head)}"
                 )
         else:
