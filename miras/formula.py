@@ -110,7 +110,9 @@ def parse_formula(
 def value_at(expr: sp.Expr, point: Mapping[sp.Symbol, sp.Expr]) -> sp.Expr:
     """`expr` at `point`, evaluated to a sympy number as far as sympy can (sigmoid and softplus
     written with exp, which sympy evaluates)."""
-    value = expr.subs(point)
+    # simultaneous: e/sqrt(s) at e = s = 0 is 0*zoo = nan, as in floating point, whichever
+    # symbol sympy would otherwise substitute first (e first would cancel it to 0).
+    value = expr.subs(point, simultaneous=True)
     if value.has(sigmoid, softplus):
         value = value.rewrite(sp.exp)
     return sp.N(value)

@@ -95,3 +95,25 @@ def sigmoid_rewrite(expr: sp.Expr) -> sp.Expr:
         return node.func(*[visit(a) for a in node.args])
 
     return visit(expr)
+
+
+def channel_gradient(loss: sp.Expr) -> tuple[list[tuple[sp.Symbol, sp.Expr]], sp.Expr, sp.Expr]:
+    """dL/dy_j of a bias loss by the chain rule through its channel sums.
+
+    Returns the sums as (symbol s_i, channel term f_i), the loss with each sum replaced by its
+    symbol (G), and dL/dy_j = sum_i dG/ds_i * df_i/dy (e_j, y_j, v_j), in e, v and the s_i.
+    The derivative is the almost-everywhere one: sign(e) and Heaviside(e) differentiate to
+    DiracDelta, which is dropped (0), as torch's autograd does for sign."""
+    channel_sums = sorted(loss.atoms(ChannelSum), key=sp.default_sort_key)
+    symbols = [sp.Symbol(f"s{i}", real=True) for i in range(len(channel_sums))]
+    outer = loss.subs(dict(zip(channel_sums, symbols, strict=True)))
+    gradient = sp.Integer(0)
+    for s, term in zip(symbols, channel_sums, strict=True):
+        inner = sp.diff(term.args[0].subs(e, y - v), y)
+        inner = inner.replace(sp.DiracDelta, lambda *_: sp.S.Zero)
+        if inner.has(y):  # back in e, v (y = e + v)
+            inner = sp.expand_mul(inner.subs(y, e + v))
+        gradient += sp.diff(outer, s) * inner
+    gradient = gradient.subs(y, e + v)  # y outside a sum (refused by the compiler)
+    sums = [(s, c.args[0]) for s, c in zip(symbols, channel_sums, strict=True)]
+    return sums, outer, gradient

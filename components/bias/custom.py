@@ -17,7 +17,7 @@ from miras.formula import (
     parse_formula,
     value_at,
 )
-from miras.symbols import ChannelSum, e, gate_symbol, v, y
+from miras.symbols import ChannelSum, channel_gradient, e, gate_symbol, v, y
 
 RESERVED = frozenset({"e", "y", "v", "x", "w", "w0", "u", "pi", "True"})
 
@@ -59,19 +59,6 @@ def check_params_used(params: dict[str, Any], expr: sp.Expr, field: str) -> None
         )
 
 
-def _gradient(loss: sp.Expr) -> tuple[sp.Expr, dict[sp.Symbol, sp.Expr]]:
-    """dL/dy_j by the chain rule through the channel sums (as the compiler derives it), in
-    e, v and one symbol per channel sum; and each symbol's channel term."""
-    channel_sums = sorted(loss.atoms(ChannelSum), key=sp.default_sort_key)
-    symbols = [sp.Dummy(f"s{i}", real=True) for i in range(len(channel_sums))]
-    outer = loss.subs(dict(zip(channel_sums, symbols, strict=True)))
-    gradient = sp.Integer(0)
-    for s, term in zip(symbols, channel_sums, strict=True):
-        gradient += sp.diff(outer, s) * sp.diff(term.args[0].subs(e, y - v), y)
-    terms = {s: c.args[0] for s, c in zip(symbols, channel_sums, strict=True)}
-    return gradient.subs(y, e + v), terms
-
-
 def check_loss(loss: sp.Expr, fixed: dict[str, float]) -> None:
     """Refuse a loss the memory cannot learn from: constant, without y, or one whose value or
     gradient is not a finite real number where errors occur (NaN in every backend)."""
@@ -86,7 +73,8 @@ def _check_loss(loss: sp.Expr, fixed_items: tuple[tuple[str, float], ...]) -> No
             "the loss is a constant (it uses none of e, y, v), so its gradient is zero and the "
             "memory never learns; write it in the error e = y - v, e.g. e**2/2"
         )
-    gradient, terms = _gradient(loss)
+    sums, _, gradient = channel_gradient(loss)
+    terms = dict(sums)
     if gradient == 0:
         raise ValueError(
             "the loss does not change with the prediction y (its gradient dL/dy is zero), so "

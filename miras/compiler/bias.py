@@ -24,7 +24,7 @@ from miras.compiler.emit import load_module, module_source
 from miras.compiler.printer import torch_code
 from miras.components.base import Bias
 from miras.errors import DerivationError
-from miras.symbols import ChannelSum, e, v, y
+from miras.symbols import ChannelSum, channel_gradient, e, v, y
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,6 @@ class BiasRule:
 
     def latex(self) -> str:
         return latex_lines(self.lines())
-
-
-def _in_error_form(expr: sp.Expr) -> sp.Expr:
-    """Rewrite an expression in y, v as one in e, v (y = e + v)."""
-    return sp.expand_mul(expr.subs(y, e + v)) if expr.has(y) else expr
 
 
 def _sign_to_abs(expr: sp.Expr) -> sp.Expr:
@@ -100,22 +95,14 @@ def _tidy(expr: sp.Expr) -> sp.Expr:
 def derive_bias(bias: Bias) -> BiasRule:
     """dL/dy of `bias` by the chain rule through its channel sums."""
     loss = bias.expression()
-    channel_sums = sorted(loss.atoms(ChannelSum), key=sp.default_sort_key)
-    if not channel_sums:
+    sums, outer, gradient = channel_gradient(loss)
+    if not sums:
         raise DerivationError(f"bias {bias.kind}: the loss has no channel sum: {loss}")
-    sum_symbols = [sp.Symbol(f"s{i}", real=True) for i in range(len(channel_sums))]
-    outer = loss.subs(dict(zip(channel_sums, sum_symbols, strict=True)))
     stray = outer.free_symbols & {e, y, v}
     if stray:
         raise DerivationError(f"bias {bias.kind}: {sorted(map(str, stray))} outside a channel sum")
-
-    gradient = sp.Integer(0)
-    for s, term in zip(sum_symbols, channel_sums, strict=True):
-        f = term.args[0].subs(e, y - v)
-        gradient += sp.diff(outer, s) * _in_error_form(sp.diff(f, y))
     gradient = _tidy(gradient)
-    used = [(s, c.args[0]) for s, c in zip(sum_symbols, channel_sums, strict=True)]
-    used = tuple((s, f) for s, f in used if gradient.has(s))
+    used = tuple((s, f) for s, f in sums if gradient.has(s))
     gates = tuple(bias.gates())
     return BiasRule(
         kind=bias.kind,
