@@ -16,7 +16,8 @@ Theta_tau), the n*c signals solve one unit-lower-triangular system
     (I + diag(A) K) R = A * P_0 + C,   K[(t,j'), (s,j)] = rho_t M[t-1, s] lr_s (x_{s,j} . x_{t,j'}), s < t,
 
 with P_0 the predictions at W_0 and S_0. Everything but W_0 and S_0 is known before the scan,
-so T^-1 and its products are built for all chunks at once; the scan over chunks is matmuls.
+so the triangular solves run for all chunks at once, giving R = R_C + E_W W_0^T - E_S S_0^T;
+the scan over chunks is two matmuls per chunk, and the reads are batched after it.
 A per-channel gate or slope scales rows of W, so the system then has one copy per channel
 (X = Dv instead of 1).
 """
@@ -34,7 +35,8 @@ from miras.runtime.core import Runtime, State, Tokens, as_param_gate
 
 
 def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm | None = None):
-    """Returns o [B, H, T, Dv] and the final memory state, like `chunk.forward`."""
+    """Returns o [B, H, T, Dv] and the final memory state, like `chunk.forward`. `form`: the
+    compiled rule's `plan.chunk_form` (analyzed here when not given); it must be "exact"."""
     form = chunk_form(rt.spec) if form is None else form
     if form.form != "exact":
         raise ValueError(f"spec '{rt.spec.name}' has no exact chunk form: {form.reason}")
@@ -91,14 +93,14 @@ def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: Chunk
             rhs = [offset, scale_w * keys] + ([scale_s * keys] if scale_s is not None else [])
             solved = _unit_lower_solve(system.squeeze(3), torch.cat(rhs, dim=-1))
             widths = [offset.shape[-1]] + [keys.shape[-1]] * (len(rhs) - 1)
-            base, from_w, *from_s = solved.split(widths, dim=-1)
+            base, from_w, *rest = solved.split(widths, dim=-1)
+            from_s = rest[0] if rest else None
         else:  # one system per value channel: the inverse, then its column-scaled copies
             eye = torch.eye(n * c, dtype=system.dtype, device=system.device)
             inverse = _unit_lower_solve(system, eye.expand_as(system))  # [B, H, N, Dv, nc, nc]
             base = _mix(inverse, offset)
             from_w = inverse * _rows(scale_w).unsqueeze(-2)
-            from_s = [inverse * _rows(scale_s).unsqueeze(-2)] if scale_s is not None else []
-        from_s = from_s[0] if from_s else None
+            from_s = inverse * _rows(scale_s).unsqueeze(-2) if scale_s is not None else None
     else:
         base, from_w, from_s = offset, None, None
 
