@@ -69,10 +69,16 @@ def analyze(spec: Spec, bias: BiasRule | None = None) -> ChunkForm:
         return _start(f"the {memory.kind} memory's prediction is not linear in its weights")
     retention = spec.retention
     if retention.kind not in LINEAR_RETENTIONS:
-        return _start(f"the {retention.kind} retention's step is not affine in W")
+        return _start(
+            f"the {retention.kind} retention's step is not one the exact form solves (none or "
+            "l2: W_t = a_t W_(t-1) - u_t)"
+        )
     optimizer = spec.optimizer
     if optimizer.kind not in LINEAR_OPTIMIZERS:
-        return _start(f"the {optimizer.kind} optimizer's update is not linear in the gradient")
+        return _start(
+            f"the {optimizer.kind} optimizer's update is not one the exact form solves (gd or "
+            "momentum: linear in the gradient)"
+        )
     rule = derive_bias(spec.bias) if bias is None else bias
     slope, why = bias_slope(spec, rule)
     if slope is None:
