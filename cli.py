@@ -157,6 +157,11 @@ def check(
         verdict = "[green]pass[/green]" if r.passed else "[red]FAIL[/red]"
         table.add_row(r.piece, f"{r.error:.2e}", f"{r.tolerance:.0e}", verdict)
     out.print(table)
+    from miras.check_end_to_end import triton_reason
+
+    left_out = triton_reason(rule)
+    if left_out is not None:
+        out.print(f"end-to-end triton: not run ({left_out})", highlight=False)
     if not all(r.passed for r in results):
         raise typer.Exit(1)
 

@@ -412,12 +412,27 @@ def _backends(rule: MemoryRule, triton: bool) -> list[tuple[str, int]]:
         pairs.append(("chunk", 4))
     else:
         pairs.append(("chunk", 1))
-    if triton and rule.spec.memory.kind != "nonparametric":
-        from miras.compiler.triton import unsupported_reason
-
-        if unsupported_reason(rule.spec) is None:
-            pairs.append(("triton", 1))
+    if triton and triton_reason(rule) is None:
+        pairs.append(("triton", 1))
     return pairs
+
+
+def triton_reason(rule: MemoryRule) -> str | None:
+    """Why the stage leaves the Triton backend out for `rule` here, or None when it runs it."""
+    from miras.compiler.triton import unsupported_reason
+    from miras.runtime.triton_backend import runs_on_cpu
+
+    if rule.spec.memory.kind == "nonparametric":
+        return "softmax attention has no Triton kernel"
+    reason = unsupported_reason(rule.spec)
+    if reason is not None:
+        return f"the Triton backend does not cover this spec ({reason})"
+    if not torch.cuda.is_available() and not runs_on_cpu():
+        return (
+            "no CUDA device here; TRITON_INTERPRET=1 in the environment runs its kernels in "
+            "Triton's interpreter on the CPU"
+        )
+    return None
 
 
 def _first_token(bad: torch.Tensor) -> int | None:
@@ -457,10 +472,10 @@ def check_end_to_end(
     layer feeds them)."""
     sizes = sizes_for(rule)
     q, k, v, gates = random_inputs(rule, sizes, seed, per_channel)
+    # Outputs and final state, from the spec's default initial state.
     what = (
-        "end-to-end {}, chunk size {}: outputs and final state vs the autograd oracle "
-        f"(T={sizes.length}, c={rule.spec.window.c}, from the default initial state"
-        + (", per-channel gates)" if per_channel else ")")
+        "end-to-end {} (chunk size {}) vs the autograd oracle: "
+        f"T={sizes.length}, c={rule.spec.window.c}" + (", per-channel gates" if per_channel else "")
     )
     results = []
     if rule.spec.memory.kind == "nonparametric":

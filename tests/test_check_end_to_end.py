@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
 import miras
 from miras.check_end_to_end import (
@@ -19,7 +20,9 @@ from miras.check_end_to_end import (
     oracle,
     random_inputs,
     sizes_for,
+    triton_reason,
 )
+from miras.cli import app
 from miras.runtime import recurrent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,6 +88,22 @@ def test_rule_check_includes_the_stage():
     results = miras.compile(ROOT / "specs/deltanet.yaml").check(triton=False)
     assert [r.piece for r in results if r.piece.startswith("end-to-end")]
     assert all(r.passed for r in results)
+
+
+def test_triton_is_left_out_with_its_reason_where_it_cannot_run(monkeypatch):
+    """No CUDA and no interpreter asked for: `miras check` runs the other backends, says why
+    Triton was not run, and passes (it used to stop on a raw ValueError from the backend)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rule = miras.compile(ROOT / "specs/deltanet.yaml", checked=False)
+    assert "TRITON_INTERPRET=1" in triton_reason(rule)
+    assert [r.piece.split()[1] for r in check_end_to_end(rule)] == ["recurrent", "chunk"]
+    result = CliRunner().invoke(app, ["check", str(ROOT / "specs/deltanet.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "end-to-end triton: not run (no CUDA device here" in result.output
+    assert "the Triton backend does not cover" in triton_reason(
+        miras.compile(ROOT / "specs/titans.yaml", checked=False)
+    )
 
 
 # The stage catches an injected defect ---------------------------------------------------------

@@ -231,8 +231,13 @@ class ChunkKernels(torch.autograd.Function):
         return None, dq, dk, dv, None, dw0, ds0, *gate_grads
 
 
+def runs_on_cpu() -> bool:
+    """Triton's interpreter was asked for (TRITON_INTERPRET=1, before triton is imported)."""
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
 def _check_device(x: torch.Tensor) -> None:
-    if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "") != "1":
+    if x.device.type == "cpu" and not runs_on_cpu():
         raise ValueError(
             "backend: 'triton' needs CUDA tensors, or TRITON_INTERPRET=1 in the environment "
             "(set before triton is imported) to run its kernels on the CPU; got CPU tensors. "
