@@ -17,7 +17,13 @@ from miras.compiler.plan import GateInfo
 from miras.components.base import Range
 from miras.runtime import attention, chunk, exact_chunk, recurrent
 from miras.runtime.core import Runtime, State, Tokens
-from miras.runtime.inputs import check_backend, check_chunk_size, check_gates, check_qkv
+from miras.runtime.inputs import (
+    check_backend,
+    check_chunk_size,
+    check_gates,
+    check_qkv,
+    inside_range,
+)
 
 if TYPE_CHECKING:
     from miras.compiler.pipeline import MemoryRule
@@ -210,10 +216,8 @@ def _check_window(state: State, infos: dict[str, GateInfo]) -> None:
     for name, info in infos.items():
         if f"window.{name}" not in state:
             continue
-        g, allowed = state[f"window.{name}"].detach(), info.allowed
-        above = g >= allowed.lo if allowed.lo_closed else g > allowed.lo
-        below = g <= allowed.hi if allowed.hi_closed else g < allowed.hi
-        bad = ~(above & below) & live
+        g = state[f"window.{name}"].detach()
+        bad = ~inside_range(g, info.allowed) & live
         if bool(bad.any()):
             raise ValueError(
                 f"initial_state['window.{name}']: values where window.valid = 1 must lie in "

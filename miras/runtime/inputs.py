@@ -98,7 +98,7 @@ def check_gates(
                 f"gates[{info.name!r}]: expected [B, T, H] = {list(head)} or [B, T, H, Dv] = "
                 f"{[*head, shapes.d_value]}, got {list(g.shape)}"
             )
-        bad = ~_inside(g.detach(), info.allowed)
+        bad = ~inside_range(g.detach(), info.allowed)
         if bool(bad.any()):
             value = g.detach()[bad].flatten()[0].item()
             raise ValueError(
@@ -113,7 +113,8 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _inside(g: torch.Tensor, allowed) -> torch.Tensor:
+def inside_range(g: torch.Tensor, allowed) -> torch.Tensor:
+    """Elementwise: does g lie in the Range `allowed` (its ends open or closed)?"""
     lo = g >= allowed.lo if allowed.lo_closed else g > allowed.lo
     hi = g <= allowed.hi if allowed.hi_closed else g < allowed.hi
     return lo & hi
