@@ -1,0 +1,176 @@
+"""No import cycles in `miras`.
+
+Every module of the installed package tree is read as text (`ast`, nothing is imported):
+miras/ as `miras`, components/ as `miras.components`, kernels/ as `miras.kernels` (pyproject's
+package-dir). Every `import` counts, at module level, inside functions, and under
+`TYPE_CHECKING`: data flows one way, spec -> IR -> runtime, so no module may reach back to
+one that reaches it, even lazily. A cycle is named module by module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Installed package -> folder in the repository (pyproject.toml's [tool.setuptools.package-dir]).
+PACKAGE_DIRS = {"miras": "miras", "miras.components": "components", "miras.kernels": "kernels"}
+
+
+def module_files() -> dict[str, Path]:
+    """Module name -> file, for every .py file of the package tree (`miras/cli.py` included:
+    it is a link to the top-level cli.py)."""
+    modules = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules `module` imports, anywhere in its body.
+
+    `from a.b import c` imports `a.b.c` when that is a module, else `a.b` (c is a name in it).
+    `import a.b.c` imports `a.b.c`. Parent packages run first but are not counted: every module
+    has them, and a package's own imports are counted where it is the importer."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in known)
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, is_package, node)
+            for alias in node.names:
+                target = f"{source}.{alias.name}"
+                if target in known:
+                    found.add(target)
+                elif source in known:
+                    found.add(source)
+    found.discard(module)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    known = set(files)
+    return {name: imports_of(name, path, known) for name, path in files.items()}
+
+
+def _components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, result = {}, {}, set(), [], []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                members = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    members.append(member)
+                    if member == node:
+                        break
+                if len(members) > 1:
+                    result.append(sorted(members))
+    return result
+
+
+def _shortest_cycle(graph: dict[str, set[str]], members: list[str]) -> list[str]:
+    """A shortest cycle through the first member of a component, as a path a -> ... -> a."""
+    inside = set(members)
+    start = members[0]
+    parents, frontier = {start: None}, [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph[node] & inside):
+                if child == start:
+                    path = [node]
+                    while parents[path[-1]] is not None:
+                        path.append(parents[path[-1]])
+                    return [*reversed(path), start]
+                if child not in parents:
+                    parents[child] = node
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"{members} is not a cycle")
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest cycle per group of mutually importing modules."""
+    return [_shortest_cycle(graph, members) for members in _components(graph)]
+
+
+def cycle_report(graph: dict[str, set[str]]) -> str:
+    """Each group of mutually importing modules, and a shortest cycle through it."""
+    return "\n".join(
+        f"  {' -> '.join(_shortest_cycle(graph, members))}   (group: {', '.join(members)})"
+        for members in _components(graph)
+    )
+
+
+# The walker itself -----------------------------------------------------------------------------
+
+
+def test_the_walker_sees_every_kind_of_import():
+    graph = import_graph()
+    assert {"miras.compiler.pipeline", "miras.components.retention.l2"} <= set(graph)
+    assert "miras.kernels.common" in graph  # a package, named without __init__
+    # from-import of a module, relative import, in-function import.
+    assert "miras.spec" in graph["miras.compiler.pipeline"]
+    assert "miras.components.base" in graph["miras.components.retention.l2"]
+    assert "miras.check_end_to_end" in graph["miras.compiler.pipeline"]
+
+
+def test_cycles_are_found_and_named():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}}
+    assert import_cycles(graph) == [["a", "b", "c", "a"], ["e", "f", "e"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+# The package -----------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="three cycles at the start of issue 11; broken next")
+def test_no_import_cycles_in_miras():
+    graph = import_graph()
+    if import_cycles(graph):
+        pytest.fail(f"import cycles in miras:\n{cycle_report(graph)}")
