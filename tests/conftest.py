@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -33,3 +34,13 @@ def pytest_unconfigure(config):
     else:
         os.environ["MIRAS_CACHE_DIR"] = _USER_CACHE
     shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models and tensors run fastest on one thread: more only contend, the more so on a
+    shared 2-core machine. A module opts in with `pytestmark = pytest.mark.usefixtures(...)`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

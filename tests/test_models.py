@@ -41,13 +41,7 @@ OMEGA = {
 ATTENTION = {"name": "attn", "memory": "nonparametric"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def model_of(spec: dict, dtype=torch.float64, **model):

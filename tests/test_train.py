@@ -28,13 +28,7 @@ SPEC = {
 FAST = {"batch_size": 16, "lr": 3e-3, "warmup": 5, "progress": False, "eval_batches": 2}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @dataclass

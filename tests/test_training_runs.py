@@ -37,12 +37,7 @@ CLI_MODEL = [w for m in ("d_model=16", "n_layers=1") for w in ("--model", m)]
 CLI_FAST = ["--batch-size", "4", "--warmup", "2", "--eval-batches", "1", "--threads", "1"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def task():
