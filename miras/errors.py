@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
+
+
+def did_you_mean(word: str, choices) -> str:
+    """' (did you mean 'x'?)' for a near miss, '' otherwise."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 class FormulaError(ValueError):

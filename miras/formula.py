@@ -13,13 +13,12 @@ number (`e/0`, `log(0)`, `sqrt(-1)`) is refused where it appears, with that term
 from __future__ import annotations
 
 import ast
-import difflib
 from collections.abc import Mapping
 
 import sympy as sp
 from sympy.logic.boolalg import Boolean
 
-from miras.errors import FormulaError
+from miras.errors import FormulaError, did_you_mean
 from miras.symbols import ChannelSum, sigmoid, softplus
 
 MAX_LENGTH = 2000  # characters of formula text
@@ -336,9 +335,3 @@ def _describe(node: ast.AST) -> str:
         "Set": "a set",
     }
     return kinds.get(type(node).__name__, type(node).__name__)
-
-
-def did_you_mean(word: str, choices) -> str:
-    """' (did you mean 'x'?)' for a near miss, '' otherwise."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""

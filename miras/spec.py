@@ -13,14 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -37,10 +35,13 @@ from miras.components.memory.matrix import MatrixMemory
 from miras.components.optimizer.gd import GD
 from miras.components.retention.none import NoRetention
 from miras.errors import Problem, SpecError
-from miras.formula import did_you_mean
-
-SOURCE_DICT = "<dict>"
-SOURCE_TEXT = "<yaml text>"
+from miras.validation import (
+    SOURCE_DICT,
+    CarriesProblems,
+    Slug,
+    read_mapping,
+    translate,
+)
 
 # Why an unknown field is not where the user put it, beyond "it belongs to another kind".
 FIELD_REASONS: dict[tuple[str, str], str] = {
@@ -69,12 +70,6 @@ def one_of(field: str) -> Any:
     # Union[...] of a tuple made at run time; `|` would need the members written out.
     union = Annotated[Union[members], Field(discriminator="kind")]  # noqa: UP007
     return Annotated[union, BeforeValidator(_component_short_form(field))]
-
-
-def _check_slug(name: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
-        raise ValueError(f"expected a slug of letters, digits, '-' and '_', got {name!r}")
-    return name
 
 
 class Window(BaseModel):
@@ -145,14 +140,6 @@ class ModelConfig(BaseModel):
         return self.d_model // self.n_heads
 
 
-class _Incompatible(ValueError):
-    """Raised by Spec's last validator to carry every compatibility problem through pydantic."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
-
-
 class Spec(BaseModel):
     """One memory model: a choice per MIRAS axis plus the Omega window. Immutable.
 
@@ -162,7 +149,7 @@ class Spec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Annotated[str, AfterValidator(_check_slug)]
+    name: Slug
     description: str = ""
     memory: one_of("memory") = MatrixMemory()
     feature_map: one_of("feature_map") = IdentityMap()
@@ -176,7 +163,7 @@ class Spec(BaseModel):
     def _compatible(self) -> Spec:
         problems = [problem for rule in COMPATIBILITY_RULES for problem in rule(self)]
         if problems:
-            raise _Incompatible(problems)
+            raise CarriesProblems(problems)  # every one, as it is
         return self
 
     def components(self) -> dict[str, Component]:
@@ -296,222 +283,38 @@ def load_spec(source: str | Path | Mapping[str, Any] | Spec) -> Spec:
         return source
     if isinstance(source, Mapping):
         return _validate(dict(source), SOURCE_DICT)
-    if isinstance(source, Path) or (isinstance(source, str) and _looks_like_path(source)):
-        name = str(source)
-        try:
-            text = Path(source).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise SpecError(name, [Problem("", "no such file")]) from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise SpecError(name, [Problem("", f"cannot read the file: {err}")]) from None
-        return _validate(_parse_yaml(text, name), name)
-    if isinstance(source, str):
-        return _validate(_parse_yaml(source, SOURCE_TEXT), SOURCE_TEXT)
+    if isinstance(source, (str, Path)):
+        data, name = read_mapping(source, "spec", SpecError, Spec.model_fields)
+        return _validate(data, name)
     raise TypeError(
         f"load_spec takes a path, YAML text, a dict or a Spec, got {type(source).__name__}"
     )
-
-
-def _looks_like_path(text: str) -> bool:
-    if "\n" in text or not text.strip():
-        return False
-    if text.endswith((".yaml", ".yml")):
-        return True
-    try:
-        if Path(text).is_file():
-            return True
-    except OSError:  # e.g. a name too long for the file system: not a path
-        return False
-    return ":" not in text  # neither a file nor YAML: report it as a missing file
-
-
-def yaml_syntax_problem(err: yaml.YAMLError) -> Problem:
-    """A YAML syntax error as one problem naming the line and column (specs and studies)."""
-    mark = getattr(err, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-    what = getattr(err, "problem", None) or str(err).splitlines()[0]
-    return Problem("", f"invalid YAML{where}: {what}")
-
-
-def _parse_yaml(text: str, source: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(text)  # the safe loader: no tags that build Python objects
-    except yaml.YAMLError as err:
-        raise SpecError(source, [yaml_syntax_problem(err)]) from None
-    if data is None:
-        raise SpecError(source, [Problem("", "the spec is empty; expected a mapping of fields")])
-    duplicates = _duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
-    if duplicates:
-        raise SpecError(source, duplicates)
-    if not isinstance(data, dict):
-        fields = ", ".join(Spec.model_fields)
-        raise SpecError(
-            source,
-            [
-                Problem(
-                    "",
-                    f"the top level must be a mapping of fields ({fields}), "
-                    f"got {type(data).__name__}",
-                )
-            ],
-        )
-    return data
-
-
-def _duplicate_keys(node: yaml.Node | None, prefix: str = "") -> list[Problem]:
-    """safe_load keeps the last of two equal keys silently; a spec that says `bias` twice is a
-    mistake worth naming. Walks the composed node tree (nothing is constructed)."""
-    if not isinstance(node, yaml.MappingNode):
-        return []
-    problems: list[Problem] = []
-    first_line: dict[str, int] = {}
-    for key, value in node.value:
-        name = key.value if isinstance(key, yaml.ScalarNode) else "?"
-        line = key.start_mark.line + 1
-        if name in first_line:
-            where = f"first at line {first_line[name]}, again at line {line}"
-            problems.append(Problem(prefix + name, f"the key appears twice ({where})"))
-        first_line.setdefault(name, line)
-        problems.extend(_duplicate_keys(value, f"{prefix}{name}."))
-    return problems
 
 
 def _validate(data: dict[str, Any], source: str) -> Spec:
     try:
         return Spec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(source, _problems(err)) from None
+        problems = translate(
+            err, Spec, unknown_hint=_elsewhere, model_error_field=_custom_component_field
+        )
+        raise SpecError(source, problems) from None
 
 
-# ---------------------------------------------------------------------------------------------
-# pydantic errors -> Problems. A component's loc carries the union tag, e.g.
-# ('bias', 'lp', 'p'); the path drops it ('bias.p') and the tag picks the class.
-
-
-def _problems(error: ValidationError) -> list[Problem]:
-    problems: list[Problem] = []
-    for item in error.errors(include_url=False):
-        raised = (item.get("ctx") or {}).get("error")
-        if isinstance(raised, _Incompatible):
-            problems.extend(raised.problems)
-        else:
-            problems.append(_problem(item))
-    return problems
-
-
-def _owner(loc: tuple[Any, ...]) -> tuple[type[BaseModel] | None, str]:
-    """The model that holds the field at `loc` (with the union tag), and a name for it."""
-    head = loc[0] if loc else None
-    if head in CATALOGUE and len(loc) >= 2:
-        cls = CATALOGUE[head].get(loc[1])
-        return cls, f"{loc[1]} {head}"
-    if head == "window":
-        return Window, "window"
-    if head == "model":
-        return ModelConfig, "model"
-    return Spec, "the spec"
-
-
-def _problem(item: Mapping[str, Any]) -> Problem:
-    loc = tuple(item["loc"])
-    in_component = bool(loc) and loc[0] in CATALOGUE
-    parts = [loc[0], *loc[2:]] if in_component and len(loc) >= 2 else list(loc)
-    path = ".".join(str(part) for part in parts)
-    kind, value = item["type"], item.get("input")
-    cls, owner = _owner(loc)
-    nested = loc[:1] in (("window",), ("model",))
-    depth = 2 if in_component else 1 if nested else 0  # the owner's fields
-    field = str(loc[depth]) if len(loc) > depth else ""
-
-    if kind in ("union_tag_invalid", "union_tag_not_found"):
-        kinds = list(CATALOGUE[loc[0]])
-        tag = item["ctx"].get("tag") if kind == "union_tag_invalid" else None
-        got = f"unknown {loc[0]} kind {tag!r}" if tag is not None else "missing 'kind'"
-        hint = did_you_mean(tag, kinds) if tag is not None else ""
-        return Problem(f"{path}.kind", f"{got}; allowed kinds: {', '.join(kinds)}{hint}")
-    if kind == "extra_forbidden" and cls is not None:
-        allowed = list(cls.model_fields)
-        message = f"unknown field {field!r}; allowed fields: {', '.join(allowed)}"
-        return Problem(path, message + did_you_mean(field, allowed) + _elsewhere(loc[0], field))
-    if kind == "missing":
-        return Problem(path, f"missing required field {field!r} of {owner}")
-    if kind == "literal_error":
-        allowed = _literals(cls, field)
-        hint = did_you_mean(value, allowed) if isinstance(value, str) else ""
-        shown = ", ".join(str(a) for a in allowed) or item["ctx"].get("expected", "")
-        return Problem(path, f"expected one of {shown}, got {value!r}{hint}")
-    if kind in ("value_error", "assertion_error"):
-        return _value_problem(path, cls, item, value)
-    return Problem(path, f"expected {_TYPES.get(kind, _plain(item['msg']))}, got {value!r}")
-
-
-_TYPES = {
-    "string_type": "text",
-    "bool_type": "true or false",
-    "bool_parsing": "true or false",
-    "dict_type": "a mapping",
-    "model_type": "a mapping",
-    "model_attributes_type": "a mapping",
-    "int_type": "an integer",
-    "int_parsing": "an integer",
-    "float_type": "a number",
-    "float_parsing": "a number",
-}
-
-
-def _plain(msg: str) -> str:
-    """pydantic's 'Input should be a valid list' -> 'a valid list'."""
-    return msg.removeprefix("Input should be ").rstrip(".")
-
-
-def _value_problem(path: str, cls: Any, item: Mapping[str, Any], value: Any) -> Problem:
-    raised = (item.get("ctx") or {}).get("error")
-    message = str(raised) if raised is not None else _plain(item["msg"])
-    formula = _formula_field(cls)
-    if formula and "." not in path:
-        # A custom component's own validator failed: a parameter name or the formula.
-        path += ".params" if message.startswith("parameter name") else f".{formula}"
-    if isinstance(value, str) and _is_float_text(value):
-        # YAML 1.1 floats need a dot and a signed exponent: 1e-3 and 1.0e3 are strings.
-        message += f"; YAML reads {value} as text: write a dot and a signed exponent, e.g. 1.0e-3"
-    return Problem(path, message)
-
-
-def _formula_field(cls: Any) -> str:
-    """The one text field of a custom component (its formula), or ''."""
-    if cls is None or not issubclass(cls, Component):
+def _custom_component_field(cls: type[BaseModel], message: str) -> str:
+    """A custom component's own validator failed: point at its parameters or its formula (the
+    one text field besides `kind`)."""
+    if not issubclass(cls, Component):
         return ""
+    if message.startswith("parameter name"):
+        return "params"
     texts = [n for n, f in cls.model_fields.items() if f.annotation is str and n != "kind"]
     return texts[0] if len(texts) == 1 else ""
 
 
-def _is_float_text(text: str) -> bool:
-    if not any(ch.isdigit() for ch in text):
-        return False  # 'inf', 'nan': YAML has its own spelling (.inf), not worth a hint
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _literals(cls: Any, field: str) -> list[Any]:
-    """The Literal values a field accepts, read from its annotation."""
-    if cls is None or field not in cls.model_fields:
-        return []
-    found: list[Any] = []
-    pending = [cls.model_fields[field].annotation]  # unwrap Optional, Annotated, unions
-    while pending:
-        annotation = pending.pop(0)
-        if get_origin(annotation) is Literal:
-            found.extend(get_args(annotation))
-        else:
-            pending.extend(get_args(annotation))
-    return found
-
-
-def _elsewhere(field: Any, name: str) -> str:
+def _elsewhere(owner: Any, path: list[Any], name: str) -> str:
     """'; grad_at is a field of l2 retention only (...)' when other kinds have the field."""
+    field = path[0] if len(path) == 2 else None
     if field not in CATALOGUE:
         return ""
     kinds = [kind for kind, cls in CATALOGUE[field].items() if name in cls.model_fields]

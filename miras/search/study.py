@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -35,7 +31,8 @@ from pydantic import (
 from miras.errors import Problem, SpecError
 from miras.formula import did_you_mean
 from miras.search.space import Node, check_template, parse
-from miras.spec import load_spec, yaml_syntax_problem
+from miras.spec import load_spec
+from miras.validation import SOURCE_DICT, Slug, read_mapping, translate
 
 
 class StudyError(ValueError):
@@ -60,12 +57,6 @@ DIRECTIONS: dict[str, str] = {
     "throughput": "maximize",  # training tokens per second
 }
 MEASURES = ("state_size", "throughput")  # computed by the search, not by the task
-
-
-def _slug(name: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
-        raise ValueError(f"expected a slug of letters, digits, '-' and '_', got {name!r}")
-    return name
 
 
 def _short(field: str) -> Any:
@@ -166,7 +157,7 @@ class StudyDef(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Annotated[str, AfterValidator(_slug)]
+    name: Slug
     description: str = ""
     task: TaskDef
     spec: dict[str, Any]
@@ -233,32 +224,9 @@ def load_study(source: str | Path | Mapping[str, Any] | StudyDef) -> StudyDef:
     if isinstance(source, StudyDef):
         return source
     if isinstance(source, Mapping):
-        return _validate(dict(source), "<dict>")
-    name = str(source)
-    # A str is a path unless it looks like YAML text (a newline, or a colon and no .yaml end).
-    is_text = "\n" in name or (":" in name and not name.endswith((".yaml", ".yml")))
-    if isinstance(source, Path) or not is_text:
-        try:
-            text = Path(source).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise StudyError(name, [Problem("", "no such file")]) from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise StudyError(name, [Problem("", f"cannot read the file: {err}")]) from None
-        return _validate(_parse_yaml(text, name), name)
-    return _validate(_parse_yaml(name, "<yaml text>"), "<yaml text>")
-
-
-def _parse_yaml(text: str, source: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(text)  # the safe loader: no tags that build Python objects
-    except yaml.YAMLError as err:
-        raise StudyError(source, [yaml_syntax_problem(err)]) from None
-    if not isinstance(data, dict):
-        got = "nothing" if data is None else type(data).__name__
-        fields = ", ".join(StudyDef.model_fields)
-        message = f"the top level must be a mapping of fields ({fields}), got {got}"
-        raise StudyError(source, [Problem("", message)])
-    return data
+        return _validate(dict(source), SOURCE_DICT)
+    data, name = read_mapping(source, "study", StudyError, StudyDef.model_fields)
+    return _validate(data, name)
 
 
 def _validate(data: dict[str, Any], source: str) -> StudyDef:
@@ -267,7 +235,7 @@ def _validate(data: dict[str, Any], source: str) -> StudyDef:
     except ValidationError as err:
         # Report the templates' problems too: all at once. The task and the objectives are
         # checked once the structure is right.
-        problems = [_problem(item) for item in err.errors(include_url=False)]
+        problems = translate(err, StudyDef)
         spec, train = data.get("spec"), data.get("train", {})
         if isinstance(spec, dict) and isinstance(train, dict):
             problems += _check_templates(spec, train)
@@ -303,7 +271,7 @@ def _train_problems(value: dict[str, Any]) -> list[Problem]:
     try:
         TrainSettings.model_validate(value)
     except ValidationError as err:
-        return [_problem(item, TrainSettings) for item in err.errors(include_url=False)]
+        return translate(err, TrainSettings)
     return []
 
 
@@ -371,62 +339,3 @@ def _task_metrics(task: Any) -> list[str]:
 
 def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
-
-
-# ---------------------------------------------------------------------------------------------
-# pydantic errors -> Problems
-
-
-_MODELS: dict[str, type[BaseModel]] = {
-    "": StudyDef,
-    "task": TaskDef,
-    "objectives": Objective,
-    "sampler": SamplerDef,
-    "pruner": PrunerDef,
-    "heartbeat": HeartbeatDef,
-}
-
-
-def _path(loc: tuple[Any, ...]) -> str:
-    text = ""
-    for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else str(part)
-    return text
-
-
-def _problem(item: Mapping[str, Any], model: type[BaseModel] | None = None) -> Problem:
-    # pydantic puts wrapper names ('function-after[...]') in the location: not fields.
-    loc = tuple(p for p in item["loc"] if not str(p).startswith(("function-", "nullable")))
-    path = _path(loc)
-    fields = [p for p in loc if isinstance(p, str)]
-    owner = model or _MODELS.get(fields[0] if len(fields) > 1 else "", StudyDef)
-    name = str(fields[-1]) if fields else ""
-    kind, value = item["type"], item.get("input")
-    if kind == "extra_forbidden":
-        allowed = list(owner.model_fields)
-        return Problem(
-            path,
-            f"unknown field {name!r}; allowed fields: {', '.join(allowed)}{did_you_mean(name, allowed)}",
-        )
-    if kind == "missing":
-        return Problem(path, f"missing required field {name!r}")
-    if kind == "literal_error":
-        expected = item["ctx"].get("expected", "")
-        allowed = re.findall(r"'([^']*)'", expected)
-        hint = did_you_mean(value, allowed) if isinstance(value, str) else ""
-        return Problem(path, f"expected one of {', '.join(allowed)}, got {value!r}{hint}")
-    raised = (item.get("ctx") or {}).get("error")
-    message = str(raised) if raised is not None else item["msg"].removeprefix("Input should be ")
-    if isinstance(value, str) and _is_float_text(value):
-        message += f"; YAML reads {value} as text: write a dot and a signed exponent, e.g. 1.0e-3"
-    return Problem(path, f"{message}, got {value!r}" if raised is None else message)
-
-
-def _is_float_text(text: str) -> bool:
-    try:
-        return any(ch.isdigit() for ch in text) and math.isfinite(float(text))
-    except ValueError:
-        return False
