@@ -15,6 +15,7 @@ from miras.compiler.pipeline import compile as compile_spec
 from miras.components import CATALOGUE
 from miras.errors import DerivationError, SpecError
 from miras.spec import load_spec
+from miras.training_config import DEFAULTS, TrainConfig
 
 app = typer.Typer(
     help="Explore the MIRAS design space: validate, derive and check memory-rule specs.",
@@ -200,6 +201,10 @@ def _make_task(name: str, options: dict):
         raise ValueError(f"--task-option: task {name!r}: {error}") from None
 
 
+def _setting(name: str) -> str:
+    return TrainConfig.model_fields[name].description or ""
+
+
 @app.command()
 def train(
     ctx: typer.Context,
@@ -207,24 +212,34 @@ def train(
     task: Annotated[str, typer.Option(help="The task: mqar, mad, niah, text, ...")],
     task_option: KeyValues = None,
     model: KeyValues = None,
+    # Defaults and help come from TrainConfig, the one set that miras.train and studies use.
     steps: Annotated[
-        int, typer.Option(help="Optimizer steps (with --resume --extend: the new total).")
-    ] = 1000,
-    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 32,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).")] = 3e-3,
-    warmup: Annotated[int, typer.Option(help="Linear warmup steps.")] = 100,
-    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.1,
-    grad_clip: Annotated[float, typer.Option(help="Gradient-norm clip.")] = 1.0,
-    seed: Annotated[int, typer.Option(help="Seed of the model's initialization.")] = 0,
-    eval_every: Annotated[int, typer.Option(help="Steps between evaluations.")] = 100,
-    eval_batches: Annotated[int, typer.Option(help="Validation batches per evaluation.")] = 4,
+        int,
+        typer.Option(help=_setting("steps") + " With --resume --extend: the new total."),
+    ] = DEFAULTS.steps,
+    batch_size: Annotated[int, typer.Option(help=_setting("batch_size"))] = DEFAULTS.batch_size,
+    lr: Annotated[float, typer.Option(help=_setting("lr"))] = DEFAULTS.lr,
+    warmup: Annotated[
+        int | None, typer.Option(help=_setting("warmup"), show_default=False)
+    ] = DEFAULTS.warmup,
+    weight_decay: Annotated[
+        float, typer.Option(help=_setting("weight_decay"))
+    ] = DEFAULTS.weight_decay,
+    grad_clip: Annotated[float, typer.Option(help=_setting("grad_clip"))] = DEFAULTS.grad_clip,
+    seed: Annotated[int, typer.Option(help=_setting("seed"))] = DEFAULTS.seed,
+    eval_every: Annotated[
+        int | None, typer.Option(help=_setting("eval_every"), show_default=False)
+    ] = DEFAULTS.eval_every,
+    eval_batches: Annotated[
+        int, typer.Option(help=_setting("eval_batches"))
+    ] = DEFAULTS.eval_batches,
     log_every: Annotated[
         int,
         typer.Option(
             help="Steps between training records in metrics.jsonl; off a terminal, a progress "
             "line comes about every tenth of the run, at a multiple of this."
         ),
-    ] = 10,
+    ] = DEFAULTS.log_every,
     out_dir: Annotated[
         Path | None,
         typer.Option(

@@ -9,20 +9,21 @@ deterministic: the model is initialized after `torch.manual_seed(seed)` and batc
 is a function of (task seed, i), so a run resumed from its checkpoint continues exactly.
 The model stays in float32 (float64 if asked), so the memory state is never below fp32.
 Ctrl-C saves a checkpoint at the step it stops at (`TrainingInterrupted`).
+
+The module is the loop; the settings and their defaults are `miras.training_config.TrainConfig`,
+the run's files (checkpoint, metrics log, resume checks) are `miras.checkpoint`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import signal
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,12 +32,37 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from miras.checkpoint import (
+    CHECKPOINT,
+    METRICS,
+    append_json,
+    check_resumable,
+    load_checkpoint,
+    previous_checkpoint,
+    recorded_task,
+    rng_state,
+    save_atomic,
+    set_rng_state,
+    task_info,
+    truncate_metrics,
+)
 from miras.errors import TrainingDiverged
 from miras.models.model import LanguageModel, build_model
 from miras.spec import Spec, load_spec
+from miras.training_config import TrainConfig
 
-CHECKPOINT = "checkpoint.pt"
-METRICS = "metrics.jsonl"
+__all__ = [
+    "CHECKPOINT",
+    "METRICS",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingInterrupted",
+    "evaluate",
+    "load_checkpoint",
+    "recorded_task",
+    "save_atomic",
+    "train",
+]
 MIN_LR_RATIO = 0.1  # cosine decay ends at 10% of the peak learning rate
 IGNORE = -100  # labels of unscored positions
 
@@ -52,35 +78,6 @@ class Task(Protocol):
     def batch(self, split: str, index: int, batch_size: int) -> Any: ...
 
     def metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]: ...
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The settings that decide the trajectory; a resumed run must use the same ones."""
-
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 3e-3
-    warmup: int = 100
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        problems = []
-        for name in ("steps", "batch_size"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
-        if self.warmup < 0:
-            problems.append(f"warmup: expected an integer >= 0, got {self.warmup}")
-        if not self.lr > 0:
-            problems.append(f"lr: expected a number > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            problems.append(f"weight_decay: expected a number >= 0, got {self.weight_decay}")
-        if not self.grad_clip > 0:
-            problems.append(f"grad_clip: expected a number > 0, got {self.grad_clip}")
-        if problems:
-            raise ValueError("; ".join(problems))
 
 
 @dataclass
@@ -149,84 +146,6 @@ def evaluate_model(
     return {name: value / batches for name, value in totals.items()}
 
 
-def _task_info(task: Task) -> dict[str, Any]:
-    """What a checkpoint records of its task. `options` (the tasks of miras.tasks have them:
-    `make_task(name, **options)` rebuilds the task) is absent for other task objects."""
-    info = {
-        "name": str(getattr(task, "name", type(task).__name__)),
-        "vocab_size": int(task.vocab_size),
-        "seq_len": int(task.seq_len),
-    }
-    options = getattr(task, "options", None)
-    if callable(options):
-        info["options"] = dict(options())
-    return info
-
-
-# Checkpoints and metrics --------------------------------------------------------------------
-
-
-def save_atomic(payload: dict[str, Any], path: Path) -> None:
-    """torch.save to a temporary file beside `path`, flushed to disk, then os.replace: a
-    reader (or a run killed mid-write) sees the old checkpoint or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint (tensors and plain data only: weights_only loading)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / CHECKPOINT
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint: no such file {path}")
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def _rng_state() -> dict[str, Any]:
-    """torch's generators (batches come from the task by index, not from these)."""
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _append_json(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop records written after the checkpoint's step (a run killed after it), and a line
-    cut short by a kill in the middle of an append, atomically."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("step", 0) <= step:
-            kept.append(line)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 # Training -----------------------------------------------------------------------------------
 
 
@@ -249,26 +168,22 @@ class TrainingInterrupted(KeyboardInterrupt):
 def train(
     spec: Spec | str | dict,
     task: Task,
+    config: TrainConfig | Mapping[str, Any] | None = None,
     *,
-    steps: int = 1000,
-    batch_size: int = 32,
-    lr: float = 3e-3,
-    warmup: int = 100,
-    weight_decay: float = 0.1,
-    grad_clip: float = 1.0,
-    seed: int = 0,
-    eval_every: int = 100,
-    eval_batches: int = 4,
     out_dir: str | Path | None = None,
     resume: bool = False,
     extend: bool = False,
     callback: Callable[[int, dict[str, float]], None] | None = None,
     progress: bool = True,
-    log_every: int = 10,
     time_limit: float | None = None,
     device: str | None = None,
+    **settings: Any,
 ) -> TrainResult:
     """Train the spec's model (its `model:` section) on `task`; returns the final evaluation.
+
+    The training settings are `config` (a TrainConfig or a mapping) with `settings` (keywords
+    named like its fields: steps, batch_size, lr, warmup, weight_decay, grad_clip, seed,
+    eval_every, eval_batches, log_every) replacing its values; TrainConfig holds the defaults.
 
     Every `eval_every` steps (and at the end) the model is scored on `eval_batches` validation
     batches; the record is appended to `out_dir/metrics.jsonl`, a checkpoint is written
@@ -285,31 +200,31 @@ def train(
     saves a checkpoint there and raises `TrainingInterrupted`; a second Ctrl-C stops at once.
     """
     spec = load_spec(spec)
-    config = TrainConfig(steps, batch_size, lr, warmup, weight_decay, grad_clip, seed)
-    if eval_every < 1 or eval_batches < 1 or log_every < 1:
-        raise ValueError(
-            f"eval_every, eval_batches, log_every: expected integers >= 1, got "
-            f"{eval_every}, {eval_batches}, {log_every}"
-        )
+    config = TrainConfig.make(config, **settings)
     if extend and not resume:
         raise ValueError("extend: continues a checkpoint; pass it with resume=True (--resume)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_dir) if out_dir is not None else None
-    checkpoint = _previous_checkpoint(out, resume)
+    checkpoint = previous_checkpoint(out, resume)
+    if checkpoint is not None and config.warmup is None:
+        # Warmup left to its default (a tenth of the steps) keeps the run's own when resumed,
+        # so extending `steps` does not move it.
+        config = config.model_copy(update={"warmup": checkpoint["config"]["warmup"]})
+    warmup, eval_every, log_every = config.warmup_steps, config.eval_interval, config.log_every
 
-    torch.manual_seed(seed)
+    torch.manual_seed(config.seed)
     model = build_model(spec, task.vocab_size).to(device)
     optimizer = make_optimizer(model, config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, config.warmup, config.steps)
+        optimizer, lambda s: lr_factor(s, warmup, config.steps)
     )
     start, losses, history, extensions, event = 0, [], [], [], "start"
     if checkpoint is not None:
-        planned = _check_resumable(checkpoint, spec, config, task, extend)
+        planned = check_resumable(checkpoint, spec, config, task, extend)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
-        _set_rng_state(checkpoint["rng"])
+        set_rng_state(checkpoint["rng"])
         start, losses = checkpoint["step"], list(checkpoint["losses"])
         history = [dict(h) for h in checkpoint["history"]]
         extensions = [dict(e) for e in checkpoint.get("extensions", [])]
@@ -317,7 +232,7 @@ def train(
         if planned != config.steps:
             # The loaded rate is the old schedule's at `start`; the next step takes the new
             # one's (the scheduler computes each later rate from base_lrs and the new total).
-            factor = lr_factor(start, config.warmup, config.steps)
+            factor = lr_factor(start, warmup, config.steps)
             for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
                 group["lr"] = base * factor
             extensions.append({"step": start, "from_steps": planned, "to_steps": config.steps})
@@ -325,7 +240,7 @@ def train(
 
     def record(entry: dict[str, Any]) -> None:
         if out is not None:
-            _append_json(out / METRICS, entry)
+            append_json(out / METRICS, entry)
 
     saved_step = start if checkpoint is not None else None  # the checkpoint on disk
 
@@ -342,8 +257,8 @@ def train(
             "losses": losses,
             "history": history,
             "spec": spec.normalized(),
-            "config": asdict(config),
-            "task": _task_info(task),
+            "config": config.trajectory(),
+            "task": task_info(task),
             "extensions": extensions,
         }
         save_atomic(payload, out / CHECKPOINT)
@@ -358,8 +273,8 @@ def train(
         if checkpoint is None:
             (out / METRICS).unlink(missing_ok=True)
         else:
-            _truncate_metrics(out / METRICS, start)
-        run = {"spec": spec.name, "task": _task_info(task), "config": asdict(config)}
+            truncate_metrics(out / METRICS, start)
+        run = {"spec": spec.name, "task": task_info(task), "config": config.trajectory()}
         record({"step": start, "split": "run", "event": event, **run})
 
     parameters = sum(p.numel() for p in model.parameters())
@@ -368,7 +283,7 @@ def train(
     model.train()
     step = start
     clean: int | None = start  # the step whose state the model holds, None mid-update
-    rng = _rng_state()
+    rng = rng_state()
 
     def interrupted() -> TrainingInterrupted:
         """Save the state at `clean` when it is newer than the checkpoint on disk."""
@@ -382,7 +297,7 @@ def train(
     try:
         with bar, _DeferredInterrupt(out is not None) as stop:
             while step < config.steps:
-                clean, rng = step, _rng_state()
+                clean, rng = step, rng_state()
                 if stop.requested:
                     raise interrupted()
                 tick = time.perf_counter()
@@ -424,7 +339,7 @@ def train(
                     metrics = evaluate_model(
                         model,
                         task,
-                        batches=eval_batches,
+                        batches=config.eval_batches,
                         batch_size=config.batch_size,
                         device=device,
                     )
@@ -432,7 +347,7 @@ def train(
                     entry["seconds"] = time.perf_counter() - began
                     history.append(entry)
                     record(entry)
-                    save(step, _rng_state())
+                    save(step, rng_state())
                     bar.evaluated(step, metrics)
                     if callback is not None:
                         callback(step, metrics)
@@ -485,94 +400,6 @@ class _DeferredInterrupt:
     def __exit__(self, *exc: Any) -> None:
         if self.active:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def _previous_checkpoint(out: Path | None, resume: bool) -> dict[str, Any] | None:
-    if out is None:
-        if resume:
-            raise ValueError("resume: needs out_dir, the directory holding checkpoint.pt")
-        return None
-    path = out / CHECKPOINT
-    if resume:
-        return load_checkpoint(path) if path.is_file() else None
-    if path.is_file():
-        raise ValueError(
-            f"out_dir: {out} already holds a checkpoint; pass resume=True (--resume) to "
-            "continue it, or choose another directory"
-        )
-    return None
-
-
-def _check_resumable(
-    checkpoint: dict[str, Any], spec: Spec, config: TrainConfig, task: Task, extend: bool
-) -> int:
-    """A resumed run continues exactly only with the same spec, settings and task; `extend`
-    lets `steps` grow. Returns the steps the checkpoint's schedule was planned for."""
-    problems = []
-    if checkpoint["spec"] != spec.normalized():
-        problems.append("the spec (or its model section) differs from the checkpoint's")
-    planned = checkpoint["config"]["steps"]
-    for name, value in asdict(config).items():
-        used = checkpoint["config"].get(name)
-        if name == "steps" and extend:
-            if value < planned:
-                problems.append(
-                    f"steps: extend trains past the checkpoint's {planned} steps, got {value}"
-                )
-        elif used != value:
-            hint = ""
-            if name == "steps" and value > used:
-                hint = " (to train longer, add extend=True / --extend: not bit-exact)"
-            problems.append(f"{name}: the checkpoint used {used}{hint}")
-    recorded = checkpoint["task"]
-    for name, value in _task_info(task).items():
-        if name == "options" and name not in recorded:
-            continue  # a checkpoint from before the options were recorded
-        if recorded.get(name) != value:
-            problems.append(f"task {name}: the checkpoint used {recorded.get(name)}")
-    if problems:
-        raise ValueError("resume: cannot continue exactly: " + "; ".join(problems))
-    return planned
-
-
-def recorded_task(
-    checkpoint: str | Path | dict[str, Any],
-    name: str | None = None,
-    options: dict[str, Any] | None = None,
-) -> tuple[Task, list[str]]:
-    """The task a checkpoint trained on (a miras.tasks task), rebuilt from its record, with
-    `options` replacing recorded ones. A `name` other than the recorded task's builds that
-    task from its defaults and `options`. Returns the task and notes saying what was assumed
-    (a checkpoint from before task options were recorded falls back to the defaults)."""
-    from miras.tasks import TASKS, make_task
-
-    data = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
-    recorded = data["task"]
-    trained_on = recorded["name"]
-    options = dict(options or {})
-    if name is not None and name != trained_on:
-        note = (
-            f"the run trained on task '{trained_on}'; scoring it on '{name}' with that task's "
-            "defaults" + (" and the given options" if options else "")
-        )
-        return make_task(name, **options), [note]
-    if trained_on not in TASKS:
-        raise ValueError(
-            f"task: the checkpoint's task '{trained_on}' is not a built-in task "
-            f"({', '.join(TASKS)}); name the task to score on (--task)"
-        )
-    if "options" not in recorded:
-        note = (
-            "the checkpoint does not record its task's options (it was written before they "
-            "were); using the task's defaults" + (" and the given options" if options else "")
-        )
-        return make_task(trained_on, **options), [note]
-    notes = [
-        f"option {key}: {value!r} instead of the run's {recorded['options'][key]!r}"
-        for key, value in options.items()
-        if key in recorded["options"] and recorded["options"][key] != value
-    ]
-    return make_task(trained_on, **{**recorded["options"], **options}), notes
 
 
 def evaluate(

@@ -232,7 +232,9 @@ def _problem(
             path = render_path([*parts, field]) if field else path
     elif kind in _BOUNDS:
         op, key = _BOUNDS[kind]
-        message = f"expected a value {op} {item['ctx'][key]}, got {value!r}"
+        bound = item["ctx"][key]
+        bound = int(bound) if isinstance(bound, float) and bound.is_integer() else bound
+        message = f"expected {_noun_of(annotation)} {op} {bound}, got {value!r}"
     else:
         message = f"expected {_TYPES.get(kind, _plain(item['msg']))}, got {value!r}"
     return Problem(path, message + float_text_hint(value))
@@ -261,6 +263,11 @@ _BOUNDS = {
     "less_than": ("<", "lt"),
     "less_than_equal": ("<=", "le"),
 }
+
+
+def _noun_of(annotation: Any) -> str:
+    kinds = set(_unwrap(annotation)) - {type(None)}
+    return "an integer" if kinds == {int} else "a number" if kinds <= {int, float} else "a value"
 
 
 def _plain(msg: str) -> str:

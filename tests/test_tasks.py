@@ -370,7 +370,7 @@ BAD_OPTIONS = [
         {"num_pair": 3},
         r"unknown option 'num_pair'; allowed options: .*\(did you mean 'num_pairs'\?\)",
     ),
-    ("mqar", {"num_pairs": 0}, r"option 'num_pairs': expected a value >= 1, got 0"),
+    ("mqar", {"num_pairs": 0}, r"option 'num_pairs': expected an integer >= 1, got 0"),
     ("mqar", {"num_pairs": 40}, r"num_pairs=40 needs seq_len >= 4 \* num_pairs = 160"),
     ("mqar", {"vocab_size": 16, "num_pairs": 8}, r"num_pairs=8 needs 8 distinct keys"),
     ("mqar", {"power_a": 0}, r"option 'power_a'"),

@@ -251,7 +251,7 @@ def test_a_failure_while_writing_leaves_the_previous_checkpoint(tmp_path, monkey
         ({"steps": 0}, "steps: expected an integer >= 1, got 0"),
         ({"lr": -1.0}, "lr: expected a number > 0, got -1.0"),
         ({"grad_clip": 0.0}, "grad_clip: expected a number > 0"),
-        ({"eval_every": 0}, "eval_every, eval_batches, log_every"),
+        ({"eval_every": 0}, "eval_every: expected an integer >= 1, got 0"),
         ({"resume": True}, "resume: needs out_dir"),
     ],
     ids=["steps", "lr", "grad_clip", "eval_every", "resume-without-dir"],

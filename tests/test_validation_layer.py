@@ -75,9 +75,9 @@ def test_a_wrong_type_says_what_was_expected_and_what_came():
 
 def test_a_bound_reads_the_same_in_a_study_and_a_task():
     (study,) = study_problems({**TINY, "trials": 0})
-    assert study == "trials: expected a value >= 1, got 0"
+    assert study == "trials: expected an integer >= 1, got 0"
     assert task_message("mqar", num_pairs=0) == (
-        "task 'mqar': option 'num_pairs': expected a value >= 1, got 0"
+        "task 'mqar': option 'num_pairs': expected an integer >= 1, got 0"
     )
 
 

@@ -19,11 +19,12 @@ from typing import Any
 
 import optuna
 
-from miras.compiler.pipeline import compile as compile_rule
 from miras.errors import DerivationError, SpecError, TrainingDiverged
+from miras.rule import compile as compile_rule
 from miras.search.space import sample
-from miras.search.study import StudyDef, TrainSettings
+from miras.search.study import StudyDef
 from miras.spec import Spec, load_spec
+from miras.training_config import TrainConfig
 
 
 class TrialInvalid(optuna.TrialPruned):
@@ -36,7 +37,8 @@ def trial_spec(study: StudyDef, trial: optuna.Trial) -> dict[str, Any]:
 
 
 def trial_train(study: StudyDef, trial: optuna.Trial) -> dict[str, Any]:
-    return TrainSettings.model_validate(sample(study.train_space, trial)).arguments()
+    """The trial's training settings, step-dependent defaults resolved (miras.TrainConfig)."""
+    return TrainConfig.model_validate(sample(study.train_space, trial)).resolved()
 
 
 def build(study: StudyDef, trial: optuna.Trial) -> tuple[Spec, dict[str, Any]]:

@@ -32,6 +32,7 @@ from miras.errors import Problem, SpecError
 from miras.formula import did_you_mean
 from miras.search.space import Node, check_template, parse
 from miras.spec import load_spec
+from miras.training_config import TrainConfig
 from miras.validation import SOURCE_DICT, Slug, read_mapping, translate
 
 
@@ -127,29 +128,6 @@ class HeartbeatDef(BaseModel):
                 "would be failed between two heartbeats"
             )
         return self
-
-
-class TrainSettings(BaseModel):
-    """One value of the `train:` template: the arguments of `miras.train`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    steps: int = Field(200, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    warmup: int | None = Field(None, ge=0)  # None: 10% of the steps
-    weight_decay: float = Field(0.1, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    seed: int = Field(0, ge=0)
-    eval_every: int | None = Field(None, ge=1)  # None: 5 evaluations per run
-    eval_batches: int = Field(2, ge=1)
-
-    def arguments(self) -> dict[str, Any]:
-        """Keyword arguments of `miras.train`, defaults resolved."""
-        args = self.model_dump()
-        args["warmup"] = self.steps // 10 if self.warmup is None else self.warmup
-        args["eval_every"] = self.eval_every or max(1, self.steps // 5)
-        return args
 
 
 class StudyDef(BaseModel):
@@ -269,9 +247,9 @@ def _spec_problems(value: dict[str, Any]) -> list[Problem]:
 
 def _train_problems(value: dict[str, Any]) -> list[Problem]:
     try:
-        TrainSettings.model_validate(value)
+        TrainConfig.model_validate(value)
     except ValidationError as err:
-        return translate(err, TrainSettings)
+        return translate(err, TrainConfig, noun="setting")
     return []
 
 
