@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from miras.compiler.pipeline import compile as compile_spec
 from miras.components import CATALOGUE
 from miras.errors import DerivationError, SpecError
+from miras.rule import compile as compile_spec
 from miras.spec import load_spec
 from miras.training_config import DEFAULTS, TrainConfig
 

@@ -6,8 +6,8 @@ print(rule.derivation())
 result = miras.train(spec, task, steps=1000)          # a model from the spec's `model:` section
 """
 
-from miras.compiler.pipeline import Derivation, MemoryRule, compile
 from miras.errors import DerivationError, FormulaError, SpecError, TrainingDiverged
+from miras.rule import Derivation, MemoryRule, compile
 from miras.spec import Spec, load_spec
 from miras.training import TrainResult, evaluate, train
 

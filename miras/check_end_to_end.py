@@ -34,11 +34,11 @@ import torch
 
 from miras.check import CheckResult, max_relative_error
 from miras.compiler.emit import load_module, module_source
-from miras.compiler.retention import _objective_source
+from miras.compiler.retention_emit import objective_source
 from miras.runtime import per_channel_gates
 
 if TYPE_CHECKING:
-    from miras.compiler.pipeline import MemoryRule
+    from miras.rule import MemoryRule
 
 DTYPE = torch.float64
 PIECES = ("bias gradient", "optimizer", "retention step", "read")
@@ -256,7 +256,7 @@ def _retention_objective(rule: MemoryRule) -> ModuleType:
     """The printed objective `retention_objective(w, w0, u, *gates)` of the spec's retention,
     the same one `check_retention` tests the derived step against."""
     retention = rule.spec.retention
-    sources = _objective_source(retention, tuple(retention.gates()))
+    sources = objective_source(retention, tuple(retention.gates()))
     return load_module(module_source(f"retention {retention.kind}: objective", sources))
 
 

@@ -31,8 +31,9 @@ class ChannelSum(sp.Function):
 
     nargs = 1
 
-    def _latex(self, printer):
-        return r"\sum_j \left(" + printer._print(self.args[0]) + r"\right)"
+    def _latex(self, printer, exp=None):  # exp: a power of the sum (sqrt(sum_j ...))
+        body = r"\sum_j \left(" + printer._print(self.args[0]) + r"\right)"
+        return body if exp is None else r"\left(" + body + r"\right)^{" + exp + "}"
 
     def _sympystr(self, printer):
         return "sum_j(" + printer._print(self.args[0]) + ")"

@@ -59,7 +59,7 @@ def test_check_table_and_exit_code():
 
 def test_check_exit_code_one_on_failure(monkeypatch):
     from miras.check import CheckResult
-    from miras.compiler.pipeline import MemoryRule
+    from miras.rule import MemoryRule
 
     monkeypatch.setattr(
         MemoryRule, "check", lambda self, seed=0: [CheckResult("piece", 1.0, 1e-10)]

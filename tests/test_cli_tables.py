@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from miras.check import CheckResult
 from miras.cli import app
-from miras.compiler.pipeline import MemoryRule
+from miras.rule import MemoryRule
 from miras.components import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,6 +11,7 @@ import sympy as sp
 from typer.testing import CliRunner
 
 import miras
+import miras.rule
 from miras.check import CheckResult
 from miras.cli import app
 from miras.compiler import pipeline
@@ -330,7 +331,7 @@ def assert_same_refusal(path: Path) -> None:
 
 def test_derive_refuses_a_rule_whose_check_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "_CACHE", {})
-    monkeypatch.setattr(pipeline, "_RULES", {})
+    monkeypatch.setattr(miras.rule, "_RULES", {})
     failing = [CheckResult("argmin: a stand-in for a failing piece", 1.0, 1e-6)]
     monkeypatch.setattr(pipeline, "check_retention", lambda retention, rule: failing)
     assert_same_refusal(write_spec(tmp_path, "failing", "l2"))

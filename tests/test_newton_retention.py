@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 import miras
 from miras.compiler.emit import load_module, module_source
-from miras.compiler.retention import derive_retention
+from miras.compiler.retention_derive import derive_retention
 from miras.components.retention.bregman import BINARY_ENTROPY, BregmanRetention
 from miras.errors import DerivationError
 

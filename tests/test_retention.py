@@ -15,14 +15,8 @@ import torch
 from pydantic import ValidationError
 
 from miras.compiler.emit import load_module, module_source
-from miras.compiler.retention import (
-    SHAPE,
-    RetentionRule,
-    check_retention,
-    derive_retention,
-    sample_gates,
-    sample_state,
-)
+from miras.compiler.retention_check import SHAPE, check_retention, sample_gates, sample_state
+from miras.compiler.retention_derive import derive_retention
 from miras.components.base import Retention
 from miras.components.retention.bregman import BregmanRetention
 from miras.components.retention.elastic_net import ElasticNetRetention
@@ -31,6 +25,7 @@ from miras.components.retention.l2 import L2Retention
 from miras.components.retention.lq import LqRetention
 from miras.components.retention.none import NoRetention
 from miras.errors import DerivationError
+from miras.ir import RetentionRule
 from miras.symbols import gate_symbol, sigmoid, soft_threshold, u, w0
 
 STATIONARITY_TOL = 1e-8  # |autograd grad of the objective| at the derived W_t, float64

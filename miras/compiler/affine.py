@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import sympy as sp
 
-from miras.compiler.bias import BiasRule, derive_bias
-from miras.compiler.plan import ChunkForm
+from miras.compiler.bias import derive_bias
+from miras.ir import BiasRule, ChunkForm
 from miras.spec import Spec
 from miras.symbols import e, gate_symbol, v, y
 
@@ -96,14 +96,3 @@ def analyze(spec: Spec, bias: BiasRule | None = None) -> ChunkForm:
         pieces.append(f"window c = {spec.window.c}")
     reason = "the step is affine in W: matrix memory, " + ", ".join(pieces)
     return ChunkForm("exact", reason, slope=constant, slope_reads_v=reads_v)
-
-
-_CACHE: dict[str, ChunkForm] = {}
-
-
-def chunk_form(spec: Spec, bias: BiasRule | None = None) -> ChunkForm:
-    """`analyze`, cached by the spec's digest (the runtime asks once per spec)."""
-    key = spec.digest()
-    if key not in _CACHE:
-        _CACHE[key] = analyze(spec, bias)
-    return _CACHE[key]

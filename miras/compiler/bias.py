@@ -13,8 +13,6 @@ rule through M (for a matrix, dL/dW = dL/dy phi(k)^T), assembled by the runtime.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sympy as sp
 import torch
 
@@ -24,40 +22,21 @@ from miras.compiler.emit import load_module, module_source
 from miras.compiler.printer import torch_code
 from miras.components.base import Bias
 from miras.errors import DerivationError
+from miras.ir import BiasRule
 from miras.symbols import ChannelSum, channel_gradient, e, v, y
 
 
-@dataclass(frozen=True)
-class BiasRule:
-    """The derived bias: loss L, gradient dL/dy, and the torch source of both."""
-
-    kind: str
-    loss: sp.Expr  # L with ChannelSum terms
-    sums: tuple[tuple[sp.Symbol, sp.Expr], ...]  # (s_i, f_i): the channel sums the gradient reads
-    gradient: sp.Expr  # dL/dy_j in e, v, the s_i and gate symbols
-    elementwise: bool  # True when the gradient needs no channel sum
-    gates: tuple[str, ...]
-    source: (
-        str  # defines bias_loss(y, v, *gates) -> [..., 1] and bias_grad(y, v, *gates) -> [..., Dv]
-    )
-
-    def lines(self) -> list[Line]:
-        """L, e, the channel sums the gradient reads, and dL/dy_j, as display lines."""
-        lines = [
-            Line(Name("L(y, v)", r"\mathcal{L}(y, v)"), Math(self.loss)),
-            Line(Math(e), Name("y - v")),
-        ]
-        lines += [Line(Math(s), Math(ChannelSum(f))) for s, f in self.sums]
-        form = "elementwise" if self.elementwise else "needs channel sums"
-        gradient = Name("dL/dy_j", r"\frac{\partial \mathcal{L}}{\partial y_j}")
-        lines.append(Line(gradient, Math(self.gradient), f"[{form}]"))
-        return lines
-
-    def text(self) -> str:
-        return "\n".join(plain_lines(self.lines()))
-
-    def latex(self) -> str:
-        return latex_lines(self.lines())
+def bias_lines(loss: sp.Expr, sums, gradient: sp.Expr, elementwise: bool) -> list[Line]:
+    """L, e, the channel sums the gradient reads, and dL/dy_j, as display lines."""
+    lines = [
+        Line(Name("L(y, v)", r"\mathcal{L}(y, v)"), Math(loss)),
+        Line(Math(e), Name("y - v")),
+    ]
+    lines += [Line(Math(s), Math(ChannelSum(f))) for s, f in sums]
+    form = "elementwise" if elementwise else "needs channel sums"
+    name = Name("dL/dy_j", r"\frac{\partial \mathcal{L}}{\partial y_j}")
+    lines.append(Line(name, Math(gradient), f"[{form}]"))
+    return lines
 
 
 def _sign_to_abs(expr: sp.Expr) -> sp.Expr:
@@ -104,6 +83,7 @@ def derive_bias(bias: Bias) -> BiasRule:
     gradient = _tidy(gradient)
     used = tuple((s, f) for s, f in sums if gradient.has(s))
     gates = tuple(bias.gates())
+    lines = bias_lines(loss, used, gradient, not used)
     return BiasRule(
         kind=bias.kind,
         loss=loss,
@@ -112,6 +92,8 @@ def derive_bias(bias: Bias) -> BiasRule:
         elementwise=not used,
         gates=gates,
         source=_source(loss, used, gradient, gates, bias.fixed()),
+        display="\n".join(plain_lines(lines)),
+        display_latex=latex_lines(lines),
     )
 
 

@@ -18,9 +18,7 @@ from sympy.printing.latex import greek_letters_set
 from miras.symbols import gate_symbol, u, w0
 
 if TYPE_CHECKING:
-    from miras.compiler.bias import BiasRule
-    from miras.compiler.plan import Plan
-    from miras.compiler.retention import RetentionRule
+    from miras.ir import BiasRule, Plan, RetentionRule
     from miras.spec import Spec
 
 

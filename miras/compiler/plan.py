@@ -1,61 +1,10 @@
-"""The plan pass: state layout, gates and the chunk schedule a spec implies."""
+"""The plan pass: state layout, gates and the chunk schedule a spec implies (`miras.ir.Plan`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
-from miras.components.base import POSITIVE, Range
+from miras.components.base import POSITIVE
+from miras.ir import GateInfo, Plan
 from miras.spec import Spec
-
-
-@dataclass(frozen=True)
-class GateInfo:
-    name: str
-    component: str  # the spec field it belongs to
-    allowed: Range
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.component}) in {self.allowed}: [B, T, H] or [B, T, H, Dv]"
-
-
-@dataclass(frozen=True)
-class ChunkForm:
-    """How `backend="chunk"` runs a spec at chunk size b > 1 (docs/chunking.md), decided by the
-    affine analysis (`miras.compiler.affine`):
-
-    - "exact": every step is affine in the memory state, so each chunk is solved exactly (a
-      unit-lower-triangular system per chunk); equal to the recurrence at any b;
-    - "start": inside a chunk every gradient is taken at the chunk-start state (Titans 3.2).
-
-    `slope` is d2L/dy2 when the analysis proved it a constant (l2: 1, dot: 0), else None (it
-    reads gates, or v when `slope_reads_v`); the exact form evaluates it from `bias_grad`."""
-
-    form: Literal["exact", "start"]
-    reason: str
-    slope: float | None = None
-    slope_reads_v: bool = False
-
-    def text(self) -> str:
-        if self.form == "exact":
-            return f"chunk: exact ({self.reason})"
-        return f"chunk: chunk-start approximation (Titans section 3.2), because {self.reason}"
-
-
-@dataclass(frozen=True)
-class Plan:
-    state: tuple[str, ...]  # named state tensors and their shapes, symbolically
-    gates: tuple[GateInfo, ...]
-    schedule: str
-    chunk_form: ChunkForm | None = None  # set by the compiler's chunk_form pass
-
-    def text(self) -> str:
-        lines = ["state:", *(f"  {s}" for s in self.state), "gates:"]
-        lines += [f"  {g}" for g in self.gates] or ["  (none)"]
-        lines += ["schedule:", f"  {self.schedule}"]
-        if self.chunk_form is not None:
-            lines.append(f"  {self.chunk_form.text()}")
-        return "\n".join(lines)
 
 
 def _memory_state(spec: Spec) -> list[str]:

@@ -24,11 +24,11 @@ from types import ModuleType
 
 import sympy as sp
 
-from miras.compiler.bias import BiasRule
 from miras.compiler.emit import load_module
 from miras.compiler.printer import UnsupportedExpression
-from miras.compiler.retention import NORM_FLOOR, RetentionRule
+from miras.compiler.retention_emit import NORM_FLOOR
 from miras.compiler.triton_printer import CHANNEL_MASK, triton_code
+from miras.ir import BiasRule, CompiledRule, RetentionRule
 from miras.kernels.templates import general, linear
 from miras.spec import Spec, load_spec
 from miras.symbols import ChannelSum, e, gate_symbol, soft_threshold, u, v, w0, y
@@ -468,9 +468,9 @@ def kernel_source(spec) -> str:
     (cached), so the printed pieces are the checked derivation's.
 
     Raises ValueError naming the reason when the kernels do not cover the spec."""
-    from miras.compiler.pipeline import MemoryRule, compile
+    from miras.compiler.pipeline import compile_ir
 
-    rule = spec if isinstance(spec, MemoryRule) else None
+    rule = spec if isinstance(spec, CompiledRule) else getattr(spec, "ir", None)
     spec = rule.spec if rule is not None else load_spec(spec)
     key = spec.digest()
     if key in _SOURCES:
@@ -479,7 +479,7 @@ def kernel_source(spec) -> str:
     reason = unsupported_reason(spec)
     if reason is not None:
         raise ValueError(f"spec '{spec.name}': the Triton kernels do not cover {reason}; {advice}")
-    rule = rule or compile(spec)
+    rule = rule or compile_ir(spec)
     try:
         _SOURCES[key] = emit_source(spec, rule.bias, rule.retention)
     except UnsupportedExpression as err:

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from miras.compiler.pipeline import MemoryRule
-from miras.compiler.pipeline import compile as compile_rule
-from miras.compiler.plan import GateInfo
 from miras.components.base import Range
+from miras.ir import GateInfo
+from miras.rule import MemoryRule
+from miras.rule import compile as compile_rule
 from miras.runtime.exact_chunk import resolve_mode
 from miras.spec import Spec, load_spec
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from miras.compiler.plan import GateInfo
 from miras.components.base import Range
+from miras.ir import GateInfo
 from miras.runtime import attention, chunk, exact_chunk, recurrent
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import (
@@ -26,7 +26,7 @@ from miras.runtime.inputs import (
 )
 
 if TYPE_CHECKING:
-    from miras.compiler.pipeline import MemoryRule
+    from miras.rule import MemoryRule
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -111,7 +111,7 @@ def run(
                 "backend='chunk' (parallel) or 'recurrent' (the exact reference)"
             )
     # "exact" or "start" (docs/chunking.md); the compiler's chunk_form pass recorded the form.
-    form = rule.plan.chunk_form or exact_chunk.chunk_form(rule.spec)
+    form = rule.plan.chunk_form
     mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name, backend, chunk_size)
     rt = rule.runtime
     gates = check_gates(gates, rule.plan.gates, shapes, per_channel_ok=per_channel_gates(rule))

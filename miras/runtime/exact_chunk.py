@@ -29,15 +29,13 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from miras.compiler.affine import chunk_form
-from miras.compiler.plan import ChunkForm
+from miras.ir import ChunkForm
 from miras.runtime.core import Runtime, State, Tokens, as_param_gate
 
 
-def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm | None = None):
+def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm):
     """Returns o [B, H, T, Dv] and the final memory state, like `chunk.forward`. `form`: the
-    compiled rule's `plan.chunk_form` (analyzed here when not given); it must be "exact"."""
-    form = chunk_form(rt.spec) if form is None else form
+    compiled rule's `plan.chunk_form`; it must be "exact"."""
     if form.form != "exact":
         raise ValueError(f"spec '{rt.spec.name}' has no exact chunk form: {form.reason}")
     spec = rt.spec

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from miras.compiler.plan import GateInfo
+from miras.ir import GateInfo
 
 BACKENDS = ("recurrent", "chunk", "triton")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

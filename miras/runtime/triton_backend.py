@@ -26,7 +26,7 @@ import torch
 from miras.runtime.core import State, Tokens
 
 if TYPE_CHECKING:
-    from miras.compiler.pipeline import MemoryRule
+    from miras.rule import MemoryRule
 
 CHECK_ENV = "MIRAS_TRITON_CHECK"
 

@@ -28,8 +28,8 @@ from typing import Literal
 
 import torch
 
-from miras.compiler.pipeline import MemoryRule
-from miras.compiler.pipeline import compile as compile_rule
+from miras.rule import MemoryRule
+from miras.rule import compile as compile_rule
 from miras.spec import Spec
 
 Keys = Literal["unit", "orthogonal", "gaussian"]

@@ -1,0 +1,150 @@
+"""The compiled rule as plain data: what the compiler produces and the runtime consumes.
+
+    spec --compiler passes--> CompiledRule --> runtime (and the MemoryRule facade, miras.rule)
+
+A leaf module: it imports nothing from `miras.compiler` or `miras.runtime`, so both import it
+(docs/architecture.md, "The IR"). Sympy expressions are held as values; nothing here needs
+sympy or torch to be imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import sympy as sp
+
+    from miras.check import CheckResult
+    from miras.components.base import Range
+    from miras.spec import Spec
+
+# Plan ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateInfo:
+    name: str
+    component: str  # the spec field it belongs to
+    allowed: Range
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.component}) in {self.allowed}: [B, T, H] or [B, T, H, Dv]"
+
+
+@dataclass(frozen=True)
+class ChunkForm:
+    """How `backend="chunk"` runs a spec at chunk size b > 1 (docs/chunking.md), decided by the
+    affine analysis (`miras.compiler.affine`):
+
+    - "exact": every step is affine in the memory state, so each chunk is solved exactly (a
+      unit-lower-triangular system per chunk); equal to the recurrence at any b;
+    - "start": inside a chunk every gradient is taken at the chunk-start state (Titans 3.2).
+
+    `slope` is d2L/dy2 when the analysis proved it a constant (l2: 1, dot: 0), else None (it
+    reads gates, or v when `slope_reads_v`); the exact form evaluates it from `bias_grad`."""
+
+    form: Literal["exact", "start"]
+    reason: str
+    slope: float | None = None
+    slope_reads_v: bool = False
+
+    def text(self) -> str:
+        if self.form == "exact":
+            return f"chunk: exact ({self.reason})"
+        return f"chunk: chunk-start approximation (Titans section 3.2), because {self.reason}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    state: tuple[str, ...]  # named state tensors and their shapes, symbolically
+    gates: tuple[GateInfo, ...]
+    schedule: str
+    chunk_form: ChunkForm | None = None  # set by the compiler's chunk_form pass
+
+    def text(self) -> str:
+        lines = ["state:", *(f"  {s}" for s in self.state), "gates:"]
+        lines += [f"  {g}" for g in self.gates] or ["  (none)"]
+        lines += ["schedule:", f"  {self.schedule}"]
+        if self.chunk_form is not None:
+            lines.append(f"  {self.chunk_form.text()}")
+        return "\n".join(lines)
+
+
+# Derived pieces --------------------------------------------------------------------------------
+# `display` and `display_latex` are the derivation as the compiler renders it (text lines, an
+# `aligned` LaTeX block): rendering needs the compiler's printers, reading them does not.
+
+
+@dataclass(frozen=True)
+class BiasRule:
+    """The derived bias: loss L, gradient dL/dy, and the torch source of both."""
+
+    kind: str
+    loss: sp.Expr  # L with ChannelSum terms
+    sums: tuple[tuple[sp.Symbol, sp.Expr], ...]  # (s_i, f_i): the channel sums the gradient reads
+    gradient: sp.Expr  # dL/dy_j in e, v, the s_i and gate symbols
+    elementwise: bool  # True when the gradient needs no channel sum
+    gates: tuple[str, ...]
+    # Defines bias_loss(y, v, *gates) -> [..., 1] and bias_grad(y, v, *gates) -> [..., Dv].
+    source: str
+    display: str = ""
+    display_latex: str = ""
+
+    def text(self) -> str:
+        return self.display
+
+    def latex(self) -> str:
+        return self.display_latex
+
+
+Step = tuple[str, "sp.Basic | str"]
+
+
+@dataclass(frozen=True)
+class RetentionRule:
+    """A derived retention: the derivation, the step, and its torch source."""
+
+    kind: str
+    steps: tuple[Step, ...]  # the derivation, in order: (label, equation or note)
+    # The new state entry in w0, u and gate symbols (fixed values substituted). kl: the logits
+    # z of W_t = c softmax(z) over the row; lq: the accumulator's step; bregman with newton:
+    # inverse_slope(F'(w0) - u).
+    step: sp.Expr
+    gates: tuple[str, ...]  # the arguments of retention_step after w0, u
+    # Defines retention_step(w0, u, *gates) and retention_read(state); no imports.
+    source: str
+    display: str = ""
+    display_latex: str = ""
+
+    def text(self) -> str:
+        """The objective, then one line per step: `label  value`."""
+        return self.display
+
+    def latex(self) -> str:
+        """The same lines as `text()`, as the rows of an `aligned` environment."""
+        return self.display_latex
+
+
+# The whole compiled rule -----------------------------------------------------------------------
+
+
+@dataclass
+class CompiledRule:
+    """What the compiler's passes produce, in order (`miras.compiler.pipeline.PASSES`): each
+    pass fills its fields; `checks` stays empty when compiled with `checked=False`.
+
+    `functions` is the emitted torch module: bias_loss, bias_grad, retention_step,
+    retention_read, and activation/activation_grad (MLP memory), feature_map (custom)."""
+
+    spec: Spec
+    bias: BiasRule | None = None
+    retention: RetentionRule | None = None
+    plan: Plan | None = None  # with the execution form, `plan.chunk_form`
+    source: str = ""
+    functions: ModuleType | None = None
+    checks: list[CheckResult] = field(default_factory=list)
+
+
+__all__ = ["BiasRule", "ChunkForm", "CompiledRule", "GateInfo", "Plan", "RetentionRule", "Step"]

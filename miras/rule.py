@@ -1,0 +1,121 @@
+"""`MemoryRule`: the facade that joins a compiled rule (miras.ir) and the runtime.
+
+    rule = miras.compile(spec)          # compiler passes -> CompiledRule -> MemoryRule
+    o, state = rule(q, k, v, gates={...}, backend="chunk")
+
+The compiler produces plain data and never imports the runtime; the runtime reads that data.
+This module is the one place that imports both (docs/architecture.md, "The IR").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from types import ModuleType
+
+import torch
+
+from miras.check import CheckResult
+from miras.compiler.bias import check_bias
+from miras.compiler.describe import Derivation, describe
+from miras.compiler.pipeline import compile_ir
+from miras.compiler.retention_check import check_retention
+from miras.ir import BiasRule, CompiledRule, Plan, RetentionRule
+from miras.runtime import run
+from miras.runtime.core import Runtime
+from miras.runtime.memory import MemoryModel
+from miras.spec import Spec, load_spec
+
+
+class MemoryRule:
+    """A compiled spec: derived pieces, their emitted torch functions, checks, and backends.
+
+        o, state = rule(q, k, v, gates={"lr": beta, "decay": a}, backend="chunk",
+                        chunk_size=64, initial_state=None, output_final_state=True)
+
+    q, k [B, T, H, Dk]; v [B, T, H, Dv]; `gates` names the per-token inputs in `rule.gates`,
+    each [B, T, H] (per head) or [B, T, H, Dv] (per channel), in natural space (a decay is a
+    factor in (0, 1]). No scaling is applied to q. The state of a matrix memory with gd is a
+    tensor [B, H, Dv, Dphi]; otherwise a dict of named tensors [B, H, out, in] (momentum
+    under "S.<name>"). `params` holds learnable component parameters (`default_params()`).
+    """
+
+    def __init__(self, compiled: CompiledRule):
+        self.ir: CompiledRule = compiled
+        self.spec: Spec = compiled.spec
+        self.bias: BiasRule = compiled.bias
+        self.retention: RetentionRule = compiled.retention
+        self.plan: Plan = compiled.plan
+        self.source: str = compiled.source
+        self.functions: ModuleType = compiled.functions
+        self.checks: list[CheckResult] = compiled.checks
+        module = self.functions
+        memory = MemoryModel(
+            self.spec.memory,
+            activation=getattr(module, "activation", None),
+            activation_grad=getattr(module, "activation_grad", None),
+        )
+        self.runtime = Runtime(self.spec, memory, module)
+
+    @property
+    def gates(self) -> list[str]:
+        return list(self.spec.gates())
+
+    def default_params(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """Initial values of the learnable component parameters (polynomial coefficients)."""
+        fm = self.spec.feature_map
+        if fm.kind == "polynomial":
+            return {"feature_map": fm.initial_coefficients().to(dtype)}
+        return {}
+
+    def initial_state(self, batch: int, heads: int, d_key: int, d_value: int, dtype=torch.float32):
+        """The default initial state for inputs of these sizes (what `initial_state=None` uses)."""
+        d_phi = self.spec.feature_map.output_dim(d_key)
+        state = self.runtime.initial_state(batch, heads, d_phi, d_value, dtype, "cpu")
+        return state["W"] if list(state) == ["W"] else state
+
+    def __call__(self, q, k, v, gates=None, **options):
+        return run(self, q, k, v, gates, **options)
+
+    def derivation(self) -> Derivation:
+        return describe(self.spec, self.bias, self.retention, self.plan)
+
+    def check(self, seed: int = 0, *, triton: bool = True) -> list[CheckResult]:
+        """Re-run every derived-vs-reference check on fresh random inputs, then the end-to-end
+        stage: the whole rule on every backend (Triton unless `triton=False`) against an
+        autograd oracle (`miras.check_end_to_end`). The compile-time `check` pass runs the
+        piece checks only: the stage takes seconds per spec."""
+        from miras.check_end_to_end import check_end_to_end
+
+        pieces = check_bias(self.spec.bias, self.bias, seed=seed) + check_retention(
+            self.spec.retention, self.retention, seed=seed
+        )
+        return pieces + check_end_to_end(self, seed=seed, triton=triton)
+
+    def __repr__(self) -> str:
+        return f"MemoryRule({self.spec.name!r}, gates={self.gates})"
+
+
+# The whole spec (canonical JSON) -> (the compiled rule it wraps, its MemoryRule). Compiled
+# rules are shared by digest (miras.compiler.pipeline); each spec gets a rule carrying its own
+# spec, model section and description included.
+_RULES: dict[str, tuple[CompiledRule, MemoryRule]] = {}
+
+
+def compile(spec: Spec | str | dict, *, checked: bool = True) -> MemoryRule:
+    """Derive, emit and (by default) check the rule of `spec`; cached by the spec's digest.
+
+    Raises `SpecError` for an invalid spec and `DerivationError` when a rule cannot be derived
+    or a derived piece fails its check.
+    """
+    spec = load_spec(spec)
+    compiled = compile_ir(spec, checked=checked)
+    whole = json.dumps(spec.normalized(), sort_keys=True)
+    wrapped, rule = _RULES.get(whole, (None, None))
+    if wrapped is not compiled:  # new, or the compiled rule was redone (now checked)
+        rule = MemoryRule(replace(compiled, spec=spec))
+        _RULES[whole] = (compiled, rule)
+    return rule
+
+
+__all__ = ["Derivation", "MemoryRule", "compile"]
