@@ -4,14 +4,34 @@ spec = miras.load_spec("specs/gated_deltanet.yaml")   # a path, a dict, or YAML 
 rule = miras.compile(spec)                            # derived, checked, cached
 print(rule.derivation())
 result = miras.train(spec, task, steps=1000)          # a model from the spec's `model:` section
+
+`import miras` loads nothing heavy: each public name is imported from its module on first use
+(the table below), so validating a spec never pays for torch.
 """
 
-from miras.errors import DerivationError, FormulaError, SpecError, TrainingDiverged
-from miras.rule import Derivation, MemoryRule, compile
-from miras.spec import Spec, load_spec
-from miras.training import TrainResult, evaluate, train
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it (PEP 562: imported on first access)
+LAZY: dict[str, str] = {
+    "Derivation": "miras.rule",
+    "MemoryRule": "miras.rule",
+    "compile": "miras.rule",
+    "DerivationError": "miras.errors",
+    "FormulaError": "miras.errors",
+    "SpecError": "miras.errors",
+    "TrainingDiverged": "miras.errors",
+    "Spec": "miras.spec",
+    "load_spec": "miras.spec",
+    "TrainConfig": "miras.training",
+    "TrainResult": "miras.training",
+    "evaluate": "miras.training",
+    "train": "miras.training",
+}
 
 __all__ = [
     "Derivation",
@@ -20,6 +40,7 @@ __all__ = [
     "MemoryRule",
     "Spec",
     "SpecError",
+    "TrainConfig",
     "TrainResult",
     "TrainingDiverged",
     "__version__",
@@ -28,3 +49,22 @@ __all__ = [
     "load_spec",
     "train",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in LAZY:
+        raise AttributeError(f"module 'miras' has no attribute {name!r}")
+    value = getattr(importlib.import_module(LAZY[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *LAZY])
+
+
+if TYPE_CHECKING:
+    from miras.rule import Derivation, MemoryRule, compile
+    from miras.errors import DerivationError, FormulaError, SpecError, TrainingDiverged
+    from miras.spec import Spec, load_spec
+    from miras.training import TrainConfig, TrainResult, evaluate, train
