@@ -419,8 +419,8 @@ def _backends(rule: MemoryRule, triton: bool) -> list[tuple[str, int]]:
 
 def triton_reason(rule: MemoryRule) -> str | None:
     """Why the stage leaves the Triton backend out for `rule` here, or None when it runs it."""
-    from miras.compiler.triton import unsupported_reason
     from miras.runtime.triton_backend import runs_on_cpu
+    from miras.runtime.triton_coverage import unsupported_reason
 
     if rule.spec.memory.kind == "nonparametric":
         return "softmax attention has no Triton kernel"

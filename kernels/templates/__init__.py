@@ -1,6 +1,7 @@
 """Kernel templates: the text of the chunk kernels, with `$name` slots that
 `miras.compiler.triton` fills for one spec (its gates: pointers, loads, arguments and gradient
-stores). The spec's math reaches the kernels only through the printed functions they call
+stores). A slot alone on its line is a block of lines, each indented as the slot is; a slot
+inside a line is text. The spec's math reaches the kernels only through the printed functions they call
 (`bias_grad`, `bias_vjp`, `retention_step`, `retention_vjp`, `retention_map`,
 `retention_read` and their VJPs); its structure through the module's constants (`WINDOW`,
 `PAST`, `MOMENTUM`, `RETAINED`, ...).

@@ -24,7 +24,7 @@ FORWARD = '''
 @triton.jit
 def general_forward(
     q, k, v, valid, w0, s0,
-$gate_params
+    $gate_params
     o, w_out, s_out, w_chunks, s_chunks, g_scratch,
     T, CS, NC, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
@@ -54,9 +54,9 @@ $gate_params
         tok = start + rows
         mt = (rows < CS) & (tok < T)
         # Block phase: every window term's error signal at the chunk-start state.
-$load_lr_block
+        $load_lr_block
         if RETAINED:
-$load_decay_block
+            $load_decay_block
             kept = tl.cumprod(decay_blk, axis=0)  # prod_{s<=t} a_s within the chunk
         for j in range(0, WINDOW):
             wi = tok + PAST - j
@@ -65,7 +65,7 @@ $load_decay_block
             y = tl.dot(x, tl.trans(w_e), input_precision=DOT_PRECISION, out_dtype=ACC)
             if RETAINED:
                 y = kept * y
-$load_window_block
+            $load_window_block
             g = bias_grad(y - vj, vj, cmask$bias_args) * g_gamma
             if PAST > 0:
                 g = g * tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)[:, None]
@@ -81,7 +81,7 @@ $load_window_block
                 gj = tl.load(g_scratch + ((pid * WINDOW + j) * BT + tt) * BV + cv)
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
                 upd += gj[:, None] * xj[None, :]
-$load_step_token
+            $load_step_token
             if MOMENTUM:
                 s = g_momentum * s + upd
                 upd = s
@@ -99,8 +99,8 @@ BACKWARD = '''
 @triton.jit
 def general_backward(
     q, k, v, valid, w_chunks, s_chunks, do, dw_out, ds_out,
-$gate_params
-$gate_grad_params
+    $gate_params
+    $gate_grad_params
     dq, dk, dv, dw0, ds0,
     g_scratch, dg_scratch, w_scratch, s_scratch,
     T, CS, NC, DK, DV,
@@ -127,7 +127,7 @@ $gate_grad_params
     # Window rows collect gradients from up to WINDOW tokens: zero them first.
     zero_block(dk + pid * NR * DK, NR, DK, ck, mk, BT)
     zero_block(dv + pid * NR * DV, NR, DV, cv, mv, BT)
-$zero_window_grads
+    $zero_window_grads
     tl.debug_barrier()
     for r in range(0, NC):
         ic = NC - 1 - r
@@ -139,10 +139,10 @@ $zero_window_grads
         w_e = retention_read(w_s, m2)
         tok = start + rows
         mt = (rows < CS) & (tok < T)
-$load_lr_block
+        $load_lr_block
         kept = tl.zeros([BT, BV], dtype=ACC) + 1.0
         if RETAINED:
-$load_decay_block
+            $load_decay_block
             kept = tl.cumprod(decay_blk, axis=0)
         # Recompute the block phase.
         for j in range(0, WINDOW):
@@ -152,7 +152,7 @@ $load_decay_block
             y = tl.dot(x, tl.trans(w_e), input_precision=DOT_PRECISION, out_dtype=ACC)
             if RETAINED:
                 y = kept * y
-$load_window_block
+            $load_window_block
             g = bias_grad(y - vj, vj, cmask$bias_args) * g_gamma
             if PAST > 0:
                 g = g * tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)[:, None]
@@ -170,7 +170,7 @@ $load_window_block
                 gj = tl.load(g_scratch + ((pid * WINDOW + j) * BT + tt) * BV + cv)
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
                 upd += gj[:, None] * xj[None, :]
-$load_step_token
+            $load_step_token
             if MOMENTUM:
                 s = g_momentum * s + upd
                 upd = s
@@ -195,7 +195,7 @@ $load_step_token
                 gj = tl.load(g_scratch + ((pid * WINDOW + j) * BT + tt) * BV + cv)
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
                 upd += gj[:, None] * xj[None, :]
-$load_step_token
+            $load_step_token
             s_p = s_s
             if MOMENTUM:
                 s_p = tl.load(s_scratch + (pid * BT + tl.maximum(tt - 1, 0)) * BV * BK + sst)
@@ -203,12 +203,12 @@ $load_step_token
                 upd = g_momentum * s_p + upd
             dz = retention_map_vjp(w_t, m2, dw)
             dw_p, du$retention_grads = retention_vjp(w_p, upd$retention_args, dz)
-$store_step_token_grads
+            $store_step_token_grads
             dw = tl.where(m2, dw_p, 0.0)
             du = tl.where(m2, du, 0.0)
             if MOMENTUM:
                 du = ds + du
-$store_momentum_token_grad
+                $store_momentum_token_grad
                 ds = g_momentum * du
             for j in range(0, WINDOW):
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
@@ -230,7 +230,7 @@ $store_momentum_token_grad
             y = y0
             if RETAINED:
                 y = kept * y0
-$load_window_block
+            $load_window_block
             live = tl.zeros([BT], dtype=ACC) + 1.0
             if PAST > 0:
                 live = tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)
@@ -239,21 +239,21 @@ $load_window_block
             dgh = tl.load(dg_scratch + ((pid * WINDOW + j) * BT + rows[:, None]) * BV + cv[None, :], mask=mb, other=0.0)
             d_lr += dgh * g_gamma * bg
             dg = tl.where(mb, g_lr * dgh, 0.0)
-$add_gamma_grad
+            $add_gamma_grad
             dy, dvj$bias_grads = bias_vjp(y - vj, vj, cmask$bias_args, dg * g_gamma * live[:, None])
             dy = tl.where(mb, dy, 0.0)
             add_rows(dv + pid * NR * DV, wi, mt, cv, mv, DV, dvj)
-$add_bias_grads
+            $add_bias_grads
             if RETAINED:
                 d_kept += dy * y0
                 dy = kept * dy
             dw_e += tl.dot(tl.trans(dy), x, input_precision=DOT_PRECISION, out_dtype=ACC)
             add_rows(dk + pid * NR * DK, wi, mt, ck, mk, DK, tl.dot(dy, w_e, input_precision=DOT_PRECISION, out_dtype=ACC))
             tl.debug_barrier()
-$store_lr_grad
+        $store_lr_grad
         if RETAINED:
             # kept_t = prod_{s<=t} a_s: d a_s = sum_{t>=s} d kept_t kept_t / a_s.
-$add_retained_decay_grad
+            $add_retained_decay_grad
         dw = tl.where(m2, dw + retention_read_vjp(w_s, m2, dw_e), 0.0)
         tl.debug_barrier()
     tl.store(dw0 + pid * DV * DK + st, dw.to(dw0.dtype.element_ty), mask=m2)

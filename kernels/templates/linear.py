@@ -18,7 +18,7 @@ FORWARD = '''
 @triton.jit
 def linear_forward(
     q, k, v, valid, w0,
-$gate_params
+    $gate_params
     o, w_out, w_chunks,
     T, CS, NC, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
@@ -44,10 +44,10 @@ $gate_params
         tl.store(w_chunks + (pid * NC + ic) * DV * DK + st, w.to(w_chunks.dtype.element_ty), mask=m2)
         tok = start + rows
         mt = (rows < CS) & (tok < T)
-$load_lr_block
+        $load_lr_block
         log_a = tl.zeros([BT], dtype=ACC)
         if DECAY:
-$load_decay_vector
+            $load_decay_vector
             log_a = tl.log(a)
         cs = tl.cumsum(log_a, axis=0)
         cs_last = tl.sum(log_a, axis=0)
@@ -64,7 +64,7 @@ $load_decay_vector
             y = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION, out_dtype=ACC)
             if RETAINED:
                 y = decay[:, None] * y
-$load_window_block
+            $load_window_block
             g = bias_grad(y - vj, vj, cmask$bias_args) * g_gamma
             if PAST > 0:
                 g = g * tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)[:, None]
@@ -81,8 +81,8 @@ BACKWARD = '''
 @triton.jit
 def linear_backward(
     q, k, v, valid, w_chunks, do, dw_out,
-$gate_params
-$gate_grad_params
+    $gate_params
+    $gate_grad_params
     dq, dk, dv, dw0,
     T, CS, NC, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
@@ -108,7 +108,7 @@ $gate_grad_params
     part = iv * tl.num_programs(0) + pid
     zero_block(dk + part * NR * DK, NR, DK, ck, mk, BT)
     zero_block(dv + pid * NR * DV, NR, DV, cv, mv, BT)
-$zero_window_grads
+    $zero_window_grads
     tl.debug_barrier()
     for r in range(0, NC):
         ic = NC - 1 - r
@@ -116,10 +116,10 @@ $zero_window_grads
         w = tl.load(w_chunks + (pid * NC + ic) * DV * DK + st, mask=m2, other=0.0).to(ACC)
         tok = start + rows
         mt = (rows < CS) & (tok < T)
-$load_lr_block
+        $load_lr_block
         a = tl.zeros([BT], dtype=ACC) + 1.0
         if DECAY:
-$load_decay_vector
+            $load_decay_vector
         log_a = tl.log(a)
         cs = tl.cumsum(log_a, axis=0)
         cs_last = tl.sum(log_a, axis=0)
@@ -146,7 +146,7 @@ $load_decay_vector
             y = y0
             if RETAINED:
                 y = decay[:, None] * y0
-$load_window_block
+            $load_window_block
             live = tl.zeros([BT], dtype=ACC) + 1.0
             if PAST > 0:
                 live = tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)
@@ -165,11 +165,11 @@ $load_window_block
             d_k_last -= tl.sum(gh * xdw, axis=1)
             d_lr += dgh * g_gamma * bg
             dg = tl.where(mb, g_lr * dgh, 0.0)
-$add_gamma_grad
+            $add_gamma_grad
             dy, dvj$bias_grads = bias_vjp(y - vj, vj, cmask$bias_args, dg * g_gamma * live[:, None])
             dy = tl.where(mb, dy, 0.0)
             add_rows(dv + pid * NR * DV, wi, mt, cv, mv, DV, dvj)
-$add_bias_grads
+            $add_bias_grads
             if RETAINED:
                 d_cs += decay * tl.sum(dy * y0, axis=1)
                 dy = decay[:, None] * dy
@@ -178,7 +178,7 @@ $add_bias_grads
             add_rows(dk + part * NR * DK, wi, mt, ck, mk, DK, dx)
             tl.debug_barrier()
         store_rows(dq + part * T * DK, tok, mt, ck, mk, DK, dqb)
-$store_lr_grad
+        $store_lr_grad
         if DECAY:
             # mix[t, s] = exp(cs_t - cs_s), k_last[s] = exp(cs_last - cs_s), D_t = exp(cs_t);
             # cs_t = sum_{j<=t} log a_j and cs_last = sum_j log a_j.
@@ -188,7 +188,7 @@ $store_lr_grad
             d_last += tl.sum(pk, axis=0)
             d_cs -= pk
             d_a = (reverse_cumsum(d_cs) + d_last) / a
-$store_decay_grad
+            $store_decay_grad
         dw = tl.where(m2, dw_s, 0.0)
         tl.debug_barrier()
     tl.store(dw0 + pid * DV * DK + st, dw.to(dw0.dtype.element_ty), mask=m2)

@@ -1,7 +1,10 @@
 """Emission of the Triton chunk kernels of a matrix-memory spec.
 
-    source = kernel_source(spec)     # the module text (what `miras kernel SPEC` prints)
-    module = load_kernels(spec)      # written under the cache by content hash, imported
+    source = emit_source(spec, bias, retention, gates, linear)   # the module text
+
+The Triton backend decides what it covers and where each gate enters the kernels
+(`miras.runtime.triton_coverage`: `kernel_source`, `load_kernels`, `gate_plan`,
+`unsupported_reason`); this module prints what it is given.
 
 The module holds, in order: the spec's structure as compile-time constants (window, momentum,
 grad_at, decay), the spec's elementwise pieces printed by the strict `TritonPrinter` as
@@ -10,27 +13,24 @@ and read around the step; every derivative taken by sympy), then the chunk templ
 `miras.kernels.templates` with the spec's gates filled in: `general_forward/backward` always,
 `linear_forward/backward` when the retention is none or l2 and the optimizer gd.
 
-What the kernels do not cover raises `ValueError` naming the reason and the backend to use
-(`unsupported_reason`): mlp and gated-mlp memories, Muon, a Bregman retention solved by
-Newton steps, and any expression the printer cannot emit. Feature maps are applied before the
-kernels (in torch, differentiable), so every feature map is covered.
+An expression the printer cannot emit raises `UnsupportedExpression`; it never emits half a
+kernel. Feature maps are applied before the kernels (in torch, differentiable), so every
+feature map is covered.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from string import Template
-from types import ModuleType
 
 import sympy as sp
 
-from miras.compiler.emit import load_module
 from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.retention_emit import NORM_FLOOR
 from miras.compiler.triton_printer import CHANNEL_MASK, triton_code
-from miras.ir import BiasRule, CompiledRule, RetentionRule
+from miras.ir import BiasRule, RetentionRule
 from miras.kernels.templates import general, linear
-from miras.spec import Spec, load_spec
+from miras.spec import Spec
 from miras.symbols import ChannelSum, e, gate_symbol, soft_threshold, u, v, w0, y
 
 # Names a printed function uses for itself (its arguments, the modules and helpers it calls);
@@ -63,42 +63,6 @@ class Gates:
     @property
     def order(self) -> tuple[str, ...]:
         return self.window + self.step
-
-
-def gate_plan(spec: Spec) -> Gates:
-    bias = tuple(spec.bias.gates())
-    retention = tuple(spec.retention.gates())
-    fixed: dict[str, float] = {}
-    scalars = {"gamma": spec.window.gamma, "lr": spec.optimizer.lr}
-    if spec.optimizer.kind == "momentum":
-        scalars["momentum"] = spec.optimizer.momentum
-    if hasattr(spec.retention, "decay"):
-        scalars["decay"] = spec.retention.decay
-    for name, value in scalars.items():
-        if value != "gate":
-            fixed[name] = float(value)
-    window = bias + (("gamma",) if spec.window.gamma == "gate" else ())
-    step = tuple(n for n in ("lr", "momentum") if n in scalars and n not in fixed) + retention
-    return Gates(window, step, bias, retention, fixed)
-
-
-def unsupported_reason(spec: Spec) -> str | None:
-    """Why the Triton kernels do not cover `spec`, or None when they do."""
-    if spec.memory.kind != "matrix":
-        return f"{spec.memory.kind} memory (the kernels cover matrix memory only)"
-    if spec.optimizer.kind == "muon":
-        return "the muon optimizer (its Newton-Schulz step is not in the kernels)"
-    if spec.retention.kind == "bregman" and spec.retention.solver == "newton":
-        return "a Bregman retention solved by Newton steps (solver: newton)"
-    clash = sorted(set(gate_plan(spec).order) & RESERVED)
-    if clash:
-        return f"gate names {clash} (reserved inside the kernels)"
-    return None
-
-
-def linear_applies(spec: Spec) -> bool:
-    """The linear template: retention none or l2 (step a w0 - u), gd."""
-    return spec.retention.kind in ("none", "l2") and spec.optimizer.kind == "gd"
 
 
 # Printed pieces ------------------------------------------------------------------------------
@@ -266,10 +230,10 @@ def _retention_pieces(rule: RetentionRule, spec: Spec) -> list[str]:
 # Template slots ------------------------------------------------------------------------------
 
 
-def _lines(lines: list[str], indent: int, empty: str = "") -> str:
-    if not lines:
-        return " " * indent + empty if empty else ""
-    return "\n".join(" " * indent + line for line in lines)
+# A template slot alone on its line is a block: a list of lines, indented by `_fill` as the slot
+# is in the template (an empty block drops the line; a block that must not be empty, the body
+# of an `if`, is ["pass"]). A slot inside a line is text.
+Slots = dict[str, "list[str] | str"]
 
 
 def _rows_load(name: str, rows: str, base_rows: str, other: str) -> str:
@@ -279,7 +243,7 @@ def _rows_load(name: str, rows: str, base_rows: str, other: str) -> str:
     )
 
 
-def _slots(spec: Spec, gates: Gates) -> dict[str, str]:
+def _slots(spec: Spec, gates: Gates) -> Slots:
     fixed = gates.fixed
     retained = getattr(spec.retention, "grad_at", "state") == "retained"
 
@@ -347,64 +311,61 @@ def _slots(spec: Spec, gates: Gates) -> dict[str, str]:
         else []
     )
     return {
-        "gate_params": _lines([f"g_{n}_ptr, g_{n}_rs, g_{n}_sc," for n in gates.order], 4),
-        "gate_grad_params": _lines([f"g_{n}_grad," for n in gates.order], 4),
-        "load_lr_block": _lines(lr, 8),
-        "load_decay_block": _lines(decay_block, 12, "pass"),
-        "load_decay_vector": _lines(decay_vector, 12, "pass"),
-        "load_window_block": _lines(window, 12),
+        "gate_params": [f"g_{n}_ptr, g_{n}_rs, g_{n}_sc," for n in gates.order],
+        "gate_grad_params": [f"g_{n}_grad," for n in gates.order],
+        "load_lr_block": lr,
+        "load_decay_block": decay_block or ["pass"],
+        "load_decay_vector": decay_vector or ["pass"],
+        "load_window_block": window,
         "bias_args": "".join(f", g_{n}" for n in gates.bias),
         "bias_grads": "".join(f", d_{n}" for n in gates.bias),
-        "load_step_token": _lines(token, 12),
+        "load_step_token": token,
         "retention_args": "".join(f", g_{n}" for n in gates.retention),
         "retention_grads": "".join(f", d_{n}" for n in gates.retention),
-        "store_step_token_grads": _lines(store_token, 12),
-        "store_momentum_token_grad": _lines(momentum_grad, 16),
-        "zero_window_grads": _lines(
-            [f"zero_block(g_{n}_grad + pid * NR * DV, NR, DV, cv, mv, BT)" for n in gates.window], 4
-        ),
-        "add_gamma_grad": _lines(
+        "store_step_token_grads": store_token,
+        "store_momentum_token_grad": momentum_grad,
+        "zero_window_grads": [
+            f"zero_block(g_{n}_grad + pid * NR * DV, NR, DV, cv, mv, BT)" for n in gates.window
+        ],
+        "add_gamma_grad": (
             ["add_rows(g_gamma_grad + pid * NR * DV, wi, mt, cv, mv, DV, dg * bg)"]
             if "gamma" in gates.window
-            else [],
-            12,
+            else []
         ),
-        "add_bias_grads": _lines(
-            [
-                f"add_rows(g_{n}_grad + pid * NR * DV, wi, mt, cv, mv, DV, d_{n})"
-                for n in gates.bias
-            ],
-            12,
-        ),
-        "store_lr_grad": _lines(
+        "add_bias_grads": [
+            f"add_rows(g_{n}_grad + pid * NR * DV, wi, mt, cv, mv, DV, d_{n})" for n in gates.bias
+        ],
+        "store_lr_grad": (
             ["store_rows(g_lr_grad + pid * T * DV, tok, mt, cv, mv, DV, d_lr)"]
             if "lr" in gates.step
-            else [],
-            8,
+            else []
         ),
-        "add_retained_decay_grad": _lines(retained_decay, 12, "pass"),
-        "store_decay_grad": _lines(
+        "add_retained_decay_grad": retained_decay or ["pass"],
+        "store_decay_grad": (
             [
                 "store_rows(g_decay_grad + pid * T * DV, tok, mt, cv, mv, DV, "
                 "tl.where(cv[None, :] == iv * BV, d_a[:, None], 0.0))"
             ]
             if "decay" in gates.step
-            else [],
-            12,
+            else []
         ),
     }
 
 
-def _fill(template: str, slots: dict[str, str]) -> str:
-    """The template with its slots filled; a line that is only a slot that emitted nothing
-    is dropped."""
-    lines = []
+def _fill(template: str, slots: Slots) -> str:
+    """The template with its slots filled: a block slot's lines take the slot line's
+    indentation, text slots are substituted within their line."""
+    text = {name: value for name, value in slots.items() if isinstance(value, str)}
+    out = []
     for line in template.strip("\n").splitlines():
-        name = line.strip()[1:]
-        if line.strip().startswith("$") and name in slots and not slots[name]:
-            continue
-        lines.append(line)
-    return Template("\n".join(lines)).substitute(slots)
+        slot = line.strip()[1:] if line.strip().startswith("$") else None
+        block = slots.get(slot)
+        if isinstance(block, list):
+            indent = line[: len(line) - len(line.lstrip())]
+            out += [indent + entry for entry in block]
+        else:
+            out.append(Template(line).substitute(text))
+    return "\n".join(out)
 
 
 # The module ----------------------------------------------------------------------------------
@@ -429,9 +390,12 @@ def _linear_step_ok(rule: RetentionRule, spec: Spec) -> None:
         )
 
 
-def emit_source(spec: Spec, bias: BiasRule, retention: RetentionRule) -> str:
-    """The Triton module of a covered spec (see `kernel_source`)."""
-    gates = gate_plan(spec)
+def emit_source(
+    spec: Spec, bias: BiasRule, retention: RetentionRule, gates: Gates, linear_template: bool
+) -> str:
+    """The Triton module of a spec the backend covers, with its gates entering the kernels as
+    `gates` says; the linear kernels too when `linear_template`. Raises UnsupportedExpression
+    for a piece the printer cannot emit."""
     retained = getattr(spec.retention, "grad_at", "state") == "retained"
     has_decay = "decay" in gates.step or "decay" in gates.fixed
     constants = [
@@ -446,7 +410,7 @@ def emit_source(spec: Spec, bias: BiasRule, retention: RetentionRule) -> str:
     pieces = _bias_pieces(bias, spec) + _retention_pieces(retention, spec)
     slots = _slots(spec, gates)
     kernels = [_fill(general.FORWARD, slots), _fill(general.BACKWARD, slots)]
-    if linear_applies(spec):
+    if linear_template:
         _linear_step_ok(retention, spec)
         kernels += [_fill(linear.FORWARD, slots), _fill(linear.BACKWARD, slots)]
     header = (
@@ -457,39 +421,3 @@ def emit_source(spec: Spec, bias: BiasRule, retention: RetentionRule) -> str:
     )
     sections = [header, IMPORTS, "\n".join(constants), *pieces, *kernels]
     return "\n\n\n".join(sections) + "\n"
-
-
-_SOURCES: dict[str, str] = {}
-
-
-def kernel_source(spec) -> str:
-    """The emitted Triton module of `spec` (a Spec, a path, YAML text, a dict, or a compiled
-    `MemoryRule`), as text: what `miras kernel SPEC` prints. Derives through `miras.compile`
-    (cached), so the printed pieces are the checked derivation's.
-
-    Raises ValueError naming the reason when the kernels do not cover the spec."""
-    from miras.compiler.pipeline import compile_ir
-
-    rule = spec if isinstance(spec, CompiledRule) else getattr(spec, "ir", None)
-    spec = rule.spec if rule is not None else load_spec(spec)
-    key = spec.digest()
-    if key in _SOURCES:
-        return _SOURCES[key]
-    advice = "use backend='chunk' (parallel) or 'recurrent' (the exact reference)"
-    reason = unsupported_reason(spec)
-    if reason is not None:
-        raise ValueError(f"spec '{spec.name}': the Triton kernels do not cover {reason}; {advice}")
-    rule = rule or compile_ir(spec)
-    try:
-        _SOURCES[key] = emit_source(spec, rule.bias, rule.retention)
-    except UnsupportedExpression as err:
-        raise ValueError(
-            f"spec '{spec.name}': the Triton kernels do not cover it: {err}; {advice}"
-        ) from None
-    return _SOURCES[key]
-
-
-def load_kernels(spec) -> ModuleType:
-    """The emitted module of `spec` (as for `kernel_source`), written under the cache
-    ($MIRAS_CACHE_DIR/triton/<content hash>.py) and imported from there."""
-    return load_module(kernel_source(spec), kind="triton")

@@ -102,7 +102,7 @@ def run(
     backend = check_backend(backend)
     chunk_size = check_chunk_size(chunk_size)
     if backend == "triton":
-        from miras.compiler.triton import unsupported_reason
+        from miras.runtime.triton_coverage import unsupported_reason
 
         reason = unsupported_reason(rule.spec)
         if reason is not None:

@@ -247,7 +247,7 @@ def _check_device(x: torch.Tensor) -> None:
 
 def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int):
     """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum)."""
-    from miras.compiler.triton import gate_plan, linear_applies, load_kernels
+    from miras.runtime.triton_coverage import gate_plan, linear_applies, load_kernels
 
     spec = rule.spec
     _check_device(seq.phi_q)
@@ -258,7 +258,7 @@ def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int):
             "backend: 'triton' needs the triton package (Linux x86-64); use backend='chunk' "
             "(parallel) or 'recurrent' (the exact reference)"
         ) from None
-    module = load_kernels(rule)
+    module = load_kernels(rule.ir)
     plan = gate_plan(spec)
     b, h, t, d_k = seq.phi_q.shape
     d_v = seq.v.shape[-1]
