@@ -13,7 +13,6 @@ from rich.table import Table
 
 from miras.components import CATALOGUE
 from miras.errors import DerivationError, SpecError
-from miras.rule import compile as compile_spec
 from miras.spec import load_spec
 from miras.training_config import DEFAULTS, TrainConfig
 
@@ -106,6 +105,8 @@ def derive(
 ) -> None:
     """Derive a spec's update rule and print it; exit 1, with compile's error, on a rule that
     compile refuses (one whose derivation fails, or whose derived pieces fail their checks)."""
+    from miras.rule import compile as compile_spec  # torch and sympy: only where a rule is made
+
     try:
         # Checked, as miras.compile is: derive never prints a rule that compile then refuses.
         rule = compile_spec(load_spec(spec))
@@ -125,7 +126,7 @@ def kernel(
     ] = None,
 ) -> None:
     """Print (or write) the Triton module the compiler emits for a matrix-memory spec."""
-    from miras.runtime.triton_coverage import kernel_source
+    from miras.compiler.triton import kernel_source
 
     try:
         source = kernel_source(load_spec(spec))
@@ -146,6 +147,8 @@ def check(
 ) -> None:
     """Check every derived piece against autograd or a numerical argmin, then the whole rule
     end to end on every backend against an autograd oracle; exit 1 on a failure."""
+    from miras.rule import compile as compile_spec
+
     try:
         rule = compile_spec(load_spec(spec), checked=False)
     except (SpecError, DerivationError) as error:

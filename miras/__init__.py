@@ -27,7 +27,7 @@ LAZY: dict[str, str] = {
     "TrainingDiverged": "miras.errors",
     "Spec": "miras.spec",
     "load_spec": "miras.spec",
-    "TrainConfig": "miras.training",
+    "TrainConfig": "miras.training_config",
     "TrainResult": "miras.training",
     "evaluate": "miras.training",
     "train": "miras.training",
@@ -64,7 +64,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from miras.rule import Derivation, MemoryRule, compile
     from miras.errors import DerivationError, FormulaError, SpecError, TrainingDiverged
+    from miras.rule import Derivation, MemoryRule, compile
     from miras.spec import Spec, load_spec
-    from miras.training import TrainConfig, TrainResult, evaluate, train
+    from miras.training import TrainResult, evaluate, train
+    from miras.training_config import TrainConfig

@@ -1,0 +1,58 @@
+"""Import cost is paid where it is used: loading and validating a spec, `miras validate`, the
+training config the CLI reads its defaults from, and `import miras` itself load no torch.
+Each check runs in a fresh interpreter, since this test process has torch loaded already."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = sorted([*ROOT.glob("specs/*.yaml"), *ROOT.glob("specs/examples/*.yaml")])
+
+
+def loaded_after(code: str) -> set[str]:
+    """The top-level modules a fresh interpreter holds after running `code`."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    return {name.split(".")[0] for name in json.loads(done.stdout.splitlines()[-1])}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        pytest.param("import miras", id="import-miras"),
+        pytest.param("import miras.errors, miras.validation, miras.training_config", id="layers"),
+    ],
+)
+def test_the_package_and_the_validation_layer_load_neither_torch_nor_sympy(code):
+    loaded = loaded_after(code)
+    assert "torch" not in loaded and "sympy" not in loaded
+
+
+def test_loading_every_shipped_spec_loads_no_torch():
+    paths = [str(p) for p in SPECS]
+    loaded = loaded_after(f"from miras.spec import load_spec\nfor p in {paths!r}: load_spec(p)")
+    assert "torch" not in loaded
+
+
+def test_miras_validate_loads_no_torch():
+    paths = [str(p) for p in SPECS]
+    code = (
+        "from typer.testing import CliRunner\nfrom miras.cli import app\n"
+        f"result = CliRunner().invoke(app, ['validate', *{paths!r}])\n"
+        "assert result.exit_code == 0, result.output"
+    )
+    assert "torch" not in loaded_after(code)
+
+
+def test_a_public_name_is_imported_on_first_use():
+    loaded = loaded_after("import miras\nassert miras.load_spec and miras.TrainConfig")
+    assert "torch" not in loaded
+    assert "torch" in loaded_after("import miras\nmiras.train")
