@@ -3,7 +3,7 @@ holds DeltaNet back at large chunk sizes?
 
     .venv/bin/python benchmarks/exact_delta_rule.py --chunk-size 16 --budget 300
 
-miras's chunk backend takes every gradient in a chunk at the chunk-start state (DESIGN.md), so
+miras's chunk backend takes every gradient in a chunk at the chunk-start state (docs/architecture.md), so
 for the delta rule it is Hebbian inside a chunk. fla's kernels instead solve each chunk exactly
 in the WY form (Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule").
 This script swaps that exact solve into the DeltaNet layer and runs benchmarks/quality.py

@@ -19,7 +19,7 @@ from miras.spec import COMPATIBILITY_RULES, Spec, Window, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The spec sketch of DESIGN.md, word for word.
+# The spec sketch of docs/architecture.md, word for word.
 SKETCH = """\
 name: gated-deltanet
 memory: matrix            # or {kind: mlp, depth: 2, expansion: 4, activation: gelu}

@@ -2,7 +2,7 @@
 
 The closed-form minimizer of sum_i exp(q . k_i) ||v - v_i||^2 (Nadaraya-Watson), so attention
 and SWA are points of the same space as the parametric memories. The rule applies no scaling
-to q (DESIGN.md); a layer that wants 1/sqrt(d) scales q itself.
+to q (docs/architecture.md, the public call); a layer that wants 1/sqrt(d) scales q itself.
 """
 
 from __future__ import annotations
