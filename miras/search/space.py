@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from miras.errors import Problem
-from miras.formula import did_you_mean
+from miras.errors import Problem, did_you_mean
+from miras.validation import float_text_hint
 
 DISTRIBUTIONS = ("choices", "int", "float")
 RANGE_OPTIONS = ("log", "step")
@@ -173,13 +173,6 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _float_text(value: Any) -> bool:
-    try:
-        return isinstance(value, str) and math.isfinite(float(value))
-    except ValueError:
-        return False
-
-
 def _parse_range(raw: dict, kind: str, path: str, spec_path: str, name: str):
     problems = []
     allowed = [kind, *RANGE_OPTIONS]
@@ -200,9 +193,8 @@ def _parse_range(raw: dict, kind: str, path: str, spec_path: str, name: str):
         or (kind == "int" and not all(float(b).is_integer() for b in bounds))
     ):
         message = f"expected [low, high], two {what}, got {bounds!r}"
-        if isinstance(bounds, list) and any(_float_text(b) for b in bounds):
-            # YAML 1.1 floats need a dot and a signed exponent: 1e-3 and 1.0e3 are strings.
-            message += "; YAML reads 1e-3 as text: write 1.0e-3"
+        texts = [b for b in bounds if float_text_hint(b)] if isinstance(bounds, list) else []
+        message += float_text_hint(texts[0]) if texts else ""
         return Broken(), [*problems, Problem(f"{path}.{kind}", message)]
     low, high = bounds
     log = raw.get("log", False)

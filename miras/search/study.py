@@ -28,8 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from miras.errors import Problem, SpecError
-from miras.formula import did_you_mean
+from miras.errors import Problem, SpecError, did_you_mean
 from miras.search.space import Node, check_template, parse
 from miras.spec import load_spec
 from miras.training_config import TrainConfig
