@@ -196,3 +196,34 @@ def test_no_import_cycles_in_miras():
     graph = import_graph()
     if import_cycles(graph):
         pytest.fail(f"import cycles in miras:\n{cycle_report(graph)}")
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, stack = set(), [start]
+    while stack:
+        for child in graph[stack.pop()] - seen:
+            seen.add(child)
+            stack.append(child)
+    return seen
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_ir_is_a_leaf_of_the_compiler_and_runtime():
+    """miras.ir is plain data: it reaches neither the compiler, the runtime nor the facade."""
+    graph = import_graph()
+    reached = _reach(graph, "miras.ir")
+    banned = [m for m in reached if _inside(m, "miras.compiler") or _inside(m, "miras.runtime")]
+    assert not banned and "miras.rule" not in reached, sorted(reached)
+
+
+def test_the_compiler_never_reaches_the_runtime():
+    """spec -> compiler -> IR -> runtime: no compiler module imports, even indirectly, the
+    runtime or the MemoryRule facade that joins the two."""
+    graph = import_graph()
+    for module in [m for m in graph if _inside(m, "miras.compiler")]:
+        reached = _reach(graph, module)
+        banned = sorted(m for m in reached if _inside(m, "miras.runtime") or m == "miras.rule")
+        assert not banned, f"{module} reaches {banned}"
