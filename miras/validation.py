@@ -283,7 +283,7 @@ def float_text_hint(value: Any) -> str:
         float(value)
     except ValueError:
         return ""
-    return f"; YAML reads {value} as text: write a dot and a signed exponent, e.g. 1.0e-3"
+    return f"; YAML reads {value} as text: give it a dot and a signed exponent (write 1.0e-3, not 1e-3)"
 
 
 # ---------------------------------------------------------------------------------------------
