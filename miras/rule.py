@@ -16,7 +16,7 @@ from types import ModuleType
 import torch
 
 from miras.check import CheckResult
-from miras.compiler.bias import check_bias
+from miras.compiler.bias_check import check_bias
 from miras.compiler.describe import Derivation, describe
 from miras.compiler.pipeline import compile_ir
 from miras.compiler.retention_check import check_retention

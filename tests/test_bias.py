@@ -10,7 +10,8 @@ import torch
 from helpers import random_inputs
 
 import miras
-from miras.compiler.bias import check_bias, derive_bias
+from miras.compiler.bias_check import check_bias
+from miras.compiler.bias_derive import derive_bias
 from miras.compiler.emit import load_module, module_source
 from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, RobustBias
 from miras.errors import DerivationError

@@ -22,7 +22,7 @@ import sympy as sp
 import torch
 
 import miras
-from miras.compiler.bias import derive_bias
+from miras.compiler.bias_derive import derive_bias
 from miras.compiler.emit import load_module, module_source
 from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, RobustBias
 from miras.symbols import ChannelSum, e, gate_symbol, sigmoid, softplus, v, y

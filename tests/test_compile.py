@@ -84,7 +84,7 @@ def test_emitted_module_is_what_derive_shows():
 
 def test_failing_check_raises(monkeypatch):
     """A derived piece that disagrees with its reference stops the compile."""
-    from miras.compiler import bias as bias_pass
+    from miras.compiler import bias_derive as bias_pass
 
     original = bias_pass.derive_bias
 

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from miras import compile as compile_spec
 from miras.cli import app
-from miras.compiler.bias import _sign_to_abs, check_bias, derive_bias
+from miras.compiler.bias_check import check_bias
+from miras.compiler.bias_derive import _sign_to_abs, derive_bias
 from miras.compiler.retention_derive import _solve_unique, derive_retention
 from miras.components.bias.lp import LpBias
 from miras.components.retention.bregman import BregmanRetention

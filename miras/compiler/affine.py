@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from miras.compiler.bias import derive_bias
+from miras.compiler.bias_derive import derive_bias
 from miras.ir import BiasRule, ChunkForm
 from miras.spec import Spec
 from miras.symbols import e, gate_symbol, v, y

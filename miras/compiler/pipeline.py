@@ -18,7 +18,8 @@ from dataclasses import replace
 import sympy as sp
 
 from miras.compiler.affine import analyze
-from miras.compiler.bias import check_bias, derive_bias
+from miras.compiler.bias_check import check_bias
+from miras.compiler.bias_derive import derive_bias
 from miras.compiler.emit import function_source, load_module, module_source
 from miras.compiler.plan import make_plan
 from miras.compiler.retention_check import check_retention
