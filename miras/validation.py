@@ -200,43 +200,43 @@ def _problem(
 ) -> Problem:
     parts, owner, annotation = _walk(root, tuple(item["loc"]))
     path = render_path(parts)
-    kind, value = item["type"], item.get("input")
+    error_type, value = item["type"], item.get("input")
     name = str(parts[-1]) if parts else ""
 
-    if kind in ("union_tag_invalid", "union_tag_not_found"):
+    if error_type in ("union_tag_invalid", "union_tag_not_found"):
         tag_field, tags = _tags(annotation)
-        tag = item["ctx"].get("tag") if kind == "union_tag_invalid" else None
+        tag = item["ctx"].get("tag") if error_type == "union_tag_invalid" else None
         got = f"unknown {name} {tag_field} {tag!r}" if tag is not None else f"missing {tag_field!r}"
         hint = did_you_mean(tag, tags) if tag is not None else ""
         return Problem(
             f"{path}.{tag_field}", f"{got}; allowed {tag_field}s: {', '.join(tags)}{hint}"
         )
-    if kind == "extra_forbidden":
+    if error_type == "extra_forbidden":
         allowed = list(owner.model_fields) if owner is not None else []
         message = f"unknown {noun} {name!r}; allowed {noun}s: {', '.join(allowed)}"
         return Problem(
             path, message + did_you_mean(name, allowed) + unknown_hint(owner, parts, name)
         )
-    if kind == "missing":
+    if error_type == "missing":
         return Problem(path, f"missing required {noun} {name!r}")
-    if kind == "literal_error":
+    if error_type == "literal_error":
         allowed = literals(annotation)
         hint = did_you_mean(value, allowed) if isinstance(value, str) else ""
         shown = ", ".join(str(a) for a in allowed) or item["ctx"].get("expected", "")
         return Problem(path, f"expected one of {shown}, got {value!r}{hint}")
     raised = (item.get("ctx") or {}).get("error")
-    if kind in ("value_error", "assertion_error"):
+    if error_type in ("value_error", "assertion_error"):
         message = str(raised) if raised is not None else _plain(item["msg"])
         if model_error_field is not None and _is_model(annotation):
             field = model_error_field(annotation, message)
             path = render_path([*parts, field]) if field else path
-    elif kind in _BOUNDS:
-        op, key = _BOUNDS[kind]
+    elif error_type in _BOUNDS:
+        op, key = _BOUNDS[error_type]
         bound = item["ctx"][key]
         bound = int(bound) if isinstance(bound, float) and bound.is_integer() else bound
         message = f"expected {_noun_of(annotation)} {op} {bound}, got {value!r}"
     else:
-        message = f"expected {_TYPES.get(kind, _plain(item['msg']))}, got {value!r}"
+        message = f"expected {_TYPES.get(error_type, _plain(item['msg']))}, got {value!r}"
     return Problem(path, message + float_text_hint(value))
 
 
