@@ -126,7 +126,7 @@ def kernel(
     ] = None,
 ) -> None:
     """Print (or write) the Triton module the compiler emits for a matrix-memory spec."""
-    from miras.compiler.triton import kernel_source
+    from miras.runtime.triton_coverage import kernel_source
 
     try:
         source = kernel_source(load_spec(spec))
