@@ -161,11 +161,77 @@ class Retention(Component):
         """Where the state lives: "real", "positive" (KL) or "unit_interval" (binary entropy)."""
         return "real"
 
+    # How the compiler derives the step: "separable" solves dJ/dw = 0 per entry (any smooth
+    # objective); "lq", "kl", "elastic_net" and "bregman" name their own derivations.
+    derivation: ClassVar[str] = "separable"
+
+    # The step's shape, for the fast chunk forms: True when the derived step is exactly
+    # W_t = a_t W_{t-1} - u_t, with a_t the gate `decay_gate` (or 1 without one).
+    linear_step: ClassVar[bool] = False
+    # The gate a_t that multiplies W_{t-1}, where the retention has one.
+    decay_gate: ClassVar[str | None] = None
+
+    def retained_factor(self) -> str | None:
+        """The gate a_t when the bias gradient is taken at the retained state a_t W_{t-1}
+        (Gated DeltaNet's order); None when it is taken at W_{t-1} (MIRAS, Titans)."""
+        return None
+
+    def row_sum(self) -> float:
+        """The sum of each row of a state in the positive domain (KL's c); 1 otherwise."""
+        return 1.0
+
+    # True when the argmin is taken over each row constrained to sum to `row_sum()` (KL).
+    simplex_rows: ClassVar[bool] = False
+
+    def reference_read(self, state: Any) -> Any:
+        """The read map W = read(state) [..., out, in], hand-written in torch: an oracle for
+        the emitted `retention_read` (identity unless the state is an accumulator)."""
+        return state
+
+    def solved_by_newton(self) -> bool:
+        """True when the step is solved numerically per entry, not in closed form."""
+        return False
+
+    def gradient_point_lines(self) -> list:
+        """The display line of W_e, the state the bias gradient is taken at."""
+        from miras.terms import Line, scalar, sym, times
+
+        factor = self.retained_factor()
+        if factor is None:
+            return [Line(sym("W_e"), sym("W_{t-1}"))]
+        point = times(scalar(getattr(self, factor), factor), sym("W_{t-1}"))
+        return [Line(sym("W_e"), point, f"(grad_at: {getattr(self, 'grad_at', 'retained')})")]
+
+    def update_lines(self, step) -> list:
+        """The display lines of W_t. `step(previous)`: the derived step as a sympy expression
+        in the previous state (a symbol named `previous`) and u_t."""
+        from miras.terms import Line, Math, sym
+
+        return [Line(sym("W_t"), Math(step("W_{t-1}")))]
+
 
 class Optimizer(Component):
-    """Memory optimizer: how the inner gradient becomes the update u_t."""
+    """Memory optimizer: how the inner gradient becomes the update u_t.
+
+    `update` is the step every backend runs (the recurrence and the chunk-start form call it
+    per token); `linear_form` names the recurrences the fast chunk forms unroll as decay
+    matrices instead."""
 
     family: ClassVar[str] = "optimizer"
+    # True when each parameter carries a state s_t (kept as "S.<name>", zeros at t = 0).
+    stateful: ClassVar[bool] = False
+    # "step": u_t = lr_t g_t; "momentum": u_t = s_t = theta_t s_{t-1} + lr_t g_t; None: not one
+    # of these (the linear chunk path and the exact chunk form do not apply).
+    linear_form: ClassVar[Literal["step", "momentum"] | None] = None
+
+    def update(self, grad: Any, state: Any, **gates: Any) -> tuple[Any, Any]:
+        """(u_t, s_t) from g_t and s_{t-1} (None when not `stateful`). `grad`, `state`:
+        [..., *param]; `gates`: every gateable field by name, each broadcasting against grad."""
+        raise NotImplementedError
+
+    def update_lines(self) -> list:
+        """The display lines of u_t (and s_t)."""
+        raise NotImplementedError
 
 
 class FeatureMap(Component):
@@ -177,8 +243,82 @@ class FeatureMap(Component):
         """Dphi for input width d."""
         raise NotImplementedError
 
+    def apply(self, x: Any, coefficients: Any = None) -> Any:
+        """phi(x): `x` [..., D] -> [..., Dphi]."""
+        raise NotImplementedError
+
+    def initial_params(self) -> dict[str, Any]:
+        """Initial values of the map's learnable parameters, by name (none by default)."""
+        return {}
+
+    def features(self, x: Any, params: dict[str, Any], functions: Any) -> Any:
+        """phi(x) at run time: `x` [..., D]; `params` the learnable parameters
+        (`initial_params()` names them); `functions` the compiled rule's emitted module."""
+        return self.apply(x)
+
 
 class Memory(Component):
-    """Memory architecture M_W (MIRAS section 3: associative memory)."""
+    """Memory architecture M_W (MIRAS section 3: associative memory).
+
+    Parameters are a dict name -> tensor [*batch, out, in]; inputs [*batch, in]. Batch axes
+    broadcast, so one state [B, H, 1, out, in] can read many tokens [B, H, N, in], and
+    per-token states [B, H, N, out, in] read one token each. `activation` and
+    `activation_grad` are the compiled rule's emitted functions (the derivative is derived)."""
 
     family: ClassVar[str] = "memory"
+    # False: a closed form (softmax attention) with no weights, so no step to run.
+    parametric: ClassVar[bool] = True
+    # True for M_W(x) = W x: y is linear in W and a per-channel gate scales a row of W.
+    linear: ClassVar[bool] = False
+
+    def parameter_shapes(self, d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
+        """Each weight's [out, in], input side first."""
+        raise NotImplementedError
+
+    def forward(self, params: dict, x: Any, activation=None) -> tuple[Any, Any]:
+        """(M_W(x) [*batch, out], what `backward` reuses)."""
+        raise ValueError(f"memory {self.kind!r} has no parametric forward")
+
+    def backward(self, params: dict, x: Any, grad_y: Any, activation=None, grad=None) -> dict:
+        """dL/dW for every parameter, given dL/dy at y = M_W(x); never autograd. Shapes follow
+        the broadcast of params and x: per token when either is per token."""
+        raise ValueError(f"memory {self.kind!r} has no gradient step (it is a closed form)")
+
+    def initial_weights(self, shape: tuple[int, ...], domain: str, row_sum: float, generator):
+        """W_0 [B, H, out, in] inside the retention's `domain`, float64: a seeded random
+        draw mapped into the domain (the sigmoid for the unit interval, a row softmax
+        times `row_sum` for the positive one, else scaled by 1/sqrt(in))."""
+        import torch
+
+        draw = torch.randn(shape, generator=generator, dtype=torch.float64)
+        if domain == "unit_interval":
+            return torch.sigmoid(draw)
+        if domain == "positive":
+            return row_sum * torch.softmax(draw, -1)
+        return draw / shape[-1] ** 0.5
+
+    def update_lines(self, window) -> list:
+        """The display lines of g_t (the whole step for a closed form), given the spec's
+        Omega `window` (its c and gamma)."""
+        from miras.terms import GRAD_L, MLP_BACKWARD, PHI, Call, Line, Name, sym
+
+        window_sum, index = window_terms(window)
+        features = Call(PHI, (sym(f"k_{index}"),))
+        gradient = Call(GRAD_L, (Call(Name("M_{W_e}"), (features,)), sym(f"v_{index}")))
+        return [Line(sym("g_t"), window_sum(gradient)), Line(None, None, MLP_BACKWARD)]
+
+
+def window_terms(window):
+    """(wrap, i): `wrap(term)` sums a term over the Omega window with its gamma weight, in the
+    token index `i` ("i" inside a window, "t" without one)."""
+    from miras.terms import WindowSum, scalar, times
+
+    c = window.c
+    index = "i" if c > 1 else "t"
+    weight = scalar(window.gamma, "gamma", index)
+
+    def wrap(term):
+        term = times(weight, term)
+        return WindowSum(f"t-{c - 1}", term) if c > 1 else term
+
+    return wrap, index

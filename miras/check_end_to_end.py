@@ -63,7 +63,7 @@ def sizes_for(rule: MemoryRule) -> Sizes:
     """Small sizes that still reach past the window (c, or an attention window) by 3 tokens."""
     spec = rule.spec
     reach = spec.window.c
-    if spec.memory.kind == "nonparametric":
+    if not spec.memory.parametric:  # softmax attention: its window of past tokens
         reach = spec.memory.window or 1
     return Sizes(length=max(9, reach + 3))
 
@@ -131,12 +131,6 @@ def _gate_at(component, name: str, gates, t: int):
 def _param_gate(g):
     """[B, H, 1] -> [B, H, 1, 1]: one value per matrix."""
     return g.unsqueeze(-1) if isinstance(g, torch.Tensor) else g
-
-
-def _lq_read(a: torch.Tensor, q: float) -> torch.Tensor:
-    """Moneta's W = A / ||A||_q^(q-2) per matrix [..., out, in]; A = 0 reads as 0."""
-    norm = a.abs().pow(q).sum(dim=(-2, -1), keepdim=True).pow(1 / q)
-    return torch.where(norm > 0, a / norm.clamp_min(1e-300) ** (q - 2), a)
 
 
 def _heads_first(rule: MemoryRule, q, k, v, gates):
@@ -275,16 +269,15 @@ def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
     retention_gates = retention.gates()
 
     def read(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if retention.kind == "lq":
-            return {n: _lq_read(s[n], float(retention.q)) for n in names}
-        return {n: s[n] for n in names}
+        return {n: retention.reference_read(s[n]) for n in names}
 
     trace = Trace([{} for _ in range(length)], None, {})
     outputs = []
     for t in range(length):
         weights = read(state)
-        if getattr(retention, "grad_at", "state") == "retained":
-            decay = _param_gate(_gate_at(retention, "decay", gates_, t))
+        factor = retention.retained_factor()
+        if factor is not None:
+            decay = _param_gate(_gate_at(retention, factor, gates_, t))
             weights = {n: decay * w for n, w in weights.items()}
         # g_t: autograd of the gamma-weighted printed loss over the tokens of the window.
         point = {n: w.detach().requires_grad_() for n, w in weights.items()}
@@ -302,14 +295,12 @@ def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
         }
         _record(trace, t, "bias gradient", grads)
         # u_t: the optimizer component's own update.
-        lr = _param_gate(_gate_at(opt, "lr", gates_, t))
+        values = {name: _param_gate(_gate_at(opt, name, gates_, t)) for name in opt.gateable}
         updates = {}
         for n, g in grads.items():
-            if opt.kind == "gd":
-                updates[n], _ = opt.update(g, None, lr)
-            else:
-                theta = _param_gate(_gate_at(opt, "momentum", gates_, t))
-                updates[n], state[f"S.{n}"] = opt.update(g, state[f"S.{n}"], lr, theta)
+            updates[n], s = opt.update(g, state.get(f"S.{n}"), **values)
+            if opt.stateful:
+                state[f"S.{n}"] = s
         _record(trace, t, "optimizer", updates)
         # W_t: the numerical argmin of the printed objective.
         args = [_param_gate(gates_[g][:, :, t]) for g in retention_gates]
@@ -319,8 +310,8 @@ def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
             def objective(x, w0=w0, u=u, args=args):
                 return objective_module.retention_objective(x, w0, u, *args)
 
-            if retention.kind == "kl":
-                state[n] = argmin_rows(objective, w0, u, retention.scale)
+            if retention.simplex_rows:
+                state[n] = argmin_rows(objective, w0, u, retention.row_sum())
             else:
                 state[n] = argmin_separable(objective, w0, u, retention.domain())
         _record(trace, t, "retention step", {n: state[n] for n in names})
@@ -374,26 +365,13 @@ def _recorded_steps(rt, seq, state) -> Trace:
     """`miras.runtime.recurrent.forward`, piece by piece: seq (Tokens) and state as it gets
     them; returns the trace with o [B, H, T, Dv] and the final state."""
     from miras.runtime import recurrent
-    from miras.runtime.core import as_param_gate
 
     trace = Trace([{} for _ in range(seq.length)], None, {})
-    outputs = []
-    for t in range(seq.length):
-        weights = rt.weights(state)
-        retention_args = [as_param_gate(seq.step_gates[n][:, :, t]) for n in rt.retention_gates]
-        if rt.retained_gradient:
-            decay = as_param_gate(rt.scalar(rt.spec.retention, "decay", seq.step_gates, t))
-            weights = {n: decay * w for n, w in weights.items()}
-        grads = recurrent.gradient(rt, weights, seq, t)
-        _record(trace, t, "bias gradient", grads)
-        updates = recurrent.optimizer_step(rt, grads, state, seq.step_gates, t)
-        _record(trace, t, "optimizer", updates)
-        for n, u in updates.items():
-            state[n] = rt.functions.retention_step(state[n], u, *retention_args)
-        _record(trace, t, "retention step", {n: state[n] for n in rt.param_names})
-        o = rt.memory.forward(rt.weights(state), seq.phi_q[:, :, t])
-        _record(trace, t, "read", o)
-        outputs.append(o)
+
+    def record(t: int, piece: str, value) -> None:
+        _record(trace, t, piece, value)
+
+    outputs = [recurrent.step(rt, seq, state, t, record) for t in range(seq.length)]
     trace.outputs = torch.stack(outputs, dim=2)
     trace.final = state
     return trace
@@ -422,7 +400,7 @@ def triton_reason(rule: MemoryRule) -> str | None:
     from miras.runtime.triton_backend import runs_on_cpu
     from miras.runtime.triton_coverage import unsupported_reason
 
-    if rule.spec.memory.kind == "nonparametric":
+    if not rule.spec.memory.parametric:
         return "softmax attention has no Triton kernel"
     reason = unsupported_reason(rule.spec)
     if reason is not None:
@@ -478,7 +456,7 @@ def check_end_to_end(
         f"T={sizes.length}, c={rule.spec.window.c}" + (", per-channel gates" if per_channel else "")
     )
     results = []
-    if rule.spec.memory.kind == "nonparametric":
+    if not rule.spec.memory.parametric:
         expected = attention_oracle(rule.spec.memory.window, q, k, v)
         for backend, chunk_size in _backends(rule, triton):
             o, _ = rule(q, k, v, backend=backend, chunk_size=chunk_size)

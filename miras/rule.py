@@ -63,10 +63,8 @@ class MemoryRule:
 
     def default_params(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """Initial values of the learnable component parameters (polynomial coefficients)."""
-        fm = self.spec.feature_map
-        if fm.kind == "polynomial":
-            return {"feature_map": fm.initial_coefficients().to(dtype)}
-        return {}
+        initial = self.spec.feature_map.initial_params()
+        return {name: value.to(dtype) for name, value in initial.items()}
 
     def initial_state(self, batch: int, heads: int, d_key: int, d_value: int, dtype=torch.float32):
         """The default initial state for inputs of these sizes (what `initial_state=None` uses)."""

@@ -44,6 +44,10 @@ class CustomMap(FeatureMap):
         symbols = {"x": x, **{n: sp.Float(val) for n, val in self.params.items()}}
         return parse_formula(self.formula, symbols)
 
+    def features(self, x, params: dict, functions):
+        """The compiled rule emits phi as `feature_map` (torch, elementwise)."""
+        return functions.feature_map(x)
+
 
 def check_map(phi: sp.Expr) -> None:
     """Refuse a constant map (every key the same feature) and one that is not finite and real,

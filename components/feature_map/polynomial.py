@@ -40,3 +40,10 @@ class PolynomialMap(FeatureMap):
         a = self.initial_coefficients() if coefficients is None else coefficients
         a = a.to(x.dtype)
         return sum(a[i - 1] * x**i for i in range(1, self.degree + 1))
+
+    def initial_params(self) -> dict[str, torch.Tensor]:
+        """The coefficients, learned by the layer: `feature_map` [degree]."""
+        return {"feature_map": self.initial_coefficients()}
+
+    def features(self, x: torch.Tensor, params: dict, functions) -> torch.Tensor:
+        return self.apply(x, params["feature_map"])

@@ -22,3 +22,19 @@ class GatedMLPMemory(Memory):
     def parameter_shapes(self, d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
         hidden = max(1, math.ceil(self.expansion * d_in))
         return {"W1": (d_out, hidden), "W2": (hidden, d_in), "W3": (hidden, d_in)}
+
+    def forward(self, params: dict, x, activation=None):
+        from miras.components.memory.linalg import apply
+
+        a, b = apply(params["W2"], x), apply(params["W3"], x)
+        h = activation(a) * b
+        return apply(params["W1"], h), (a, b, h)
+
+    def backward(self, params: dict, x, grad_y, activation=None, grad=None) -> dict:
+        from miras.components.memory.linalg import apply_transposed, outer
+
+        _, (a, b, h) = self.forward(params, x, activation)
+        g_h = apply_transposed(params["W1"], grad_y)
+        g_a = g_h * b * grad(a)
+        g_b = g_h * activation(a)
+        return {"W1": outer(grad_y, h), "W2": outer(g_a, x), "W3": outer(g_b, x)}

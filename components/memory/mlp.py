@@ -40,3 +40,38 @@ class MLPMemory(Memory):
         widths = [d_in] + [hidden] * (self.depth - 1) + [d_out]
         layers = list(zip(widths[1:], widths[:-1], strict=True))
         return {f"W{self.depth - i}": shape for i, shape in enumerate(layers)}
+
+    def forward(self, params: dict, x, activation=None):
+        """Input side first: W_depth, ..., W_1; keeps each layer's input and pre-activation
+        (and the LN's pieces) for `backward`."""
+        from miras.components.memory.linalg import apply, layer_norm
+
+        names = list(params)
+        inputs, pre = [x], []
+        h = x
+        for i, name in enumerate(names):
+            z = apply(params[name], h)
+            pre.append(z)
+            if i < len(names) - 1:
+                h = activation(z)
+                inputs.append(h)
+        out, norm = z, None
+        if self.residual_norm:
+            n, inv_std = layer_norm(z)
+            norm = (n, inv_std)
+            out = x + n
+        return out, (inputs, pre, norm)
+
+    def backward(self, params: dict, x, grad_y, activation=None, grad=None) -> dict:
+        """Back through the layers from dL/dy (and the LN), W_1 first."""
+        from miras.components.memory.linalg import apply_transposed, layer_norm_backward, outer
+
+        _, (inputs, pre, norm) = self.forward(params, x, activation)
+        names = list(params)
+        g = grad_y if norm is None else layer_norm_backward(*norm, grad_y)
+        grads: dict = {}
+        for i in reversed(range(len(names))):
+            grads[names[i]] = outer(g, inputs[i])
+            if i > 0:
+                g = apply_transposed(params[names[i]], g) * grad(pre[i - 1])
+        return {name: grads[name] for name in names}

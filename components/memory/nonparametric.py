@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from miras.components.base import Memory, Range, number
 
@@ -15,7 +15,19 @@ class NonparametricMemory(Memory):
     """
 
     kind: Literal["nonparametric"] = "nonparametric"
+    parametric: ClassVar[bool] = False
     window: number(Range(1, math.inf, lo_closed=True), integer=True) | None = None
 
     def parameter_shapes(self, d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
         return {}
+
+    def update_lines(self, window) -> list:
+        """The whole step: the closed-form read over the window of past tokens."""
+        from miras.terms import SOFTMAX_I, Call, Dot, Juxt, Line, WindowSum, sym
+
+        lo = "1" if not self.window else ("t" if self.window == 1 else f"t-{self.window - 1}")
+        weights = Call(SOFTMAX_I, (Dot(sym("q_t"), sym("k_i")),))
+        return [
+            Line(sym("o_t"), WindowSum(lo, Juxt((weights, sym("v_i"))))),
+            Line(None, None, "(the closed-form minimizer of the l2 bias: no inner optimization)"),
+        ]

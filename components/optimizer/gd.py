@@ -18,9 +18,15 @@ class GD(Optimizer):
     kind: Literal["gd"] = "gd"
     lr: gate_or(POSITIVE) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"lr": POSITIVE}
+    linear_form: ClassVar[str | None] = "step"
 
     def update(
         self, grad: torch.Tensor, state: torch.Tensor | None, lr: torch.Tensor
     ) -> tuple[torch.Tensor, None]:
         """`grad`: [..., *param]; `lr` broadcasts against it. Returns (u_t, no state)."""
         return lr * grad, None
+
+    def update_lines(self) -> list:
+        from miras.terms import Line, scalar, sym, times
+
+        return [Line(sym("u_t"), times(scalar(self.lr, "lr"), sym("g_t")))]

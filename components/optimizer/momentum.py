@@ -19,6 +19,8 @@ class Momentum(Optimizer):
     lr: gate_or(POSITIVE) = "gate"
     momentum: gate_or(HALF_OPEN_UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"lr": POSITIVE, "momentum": HALF_OPEN_UNIT}
+    stateful: ClassVar[bool] = True
+    linear_form: ClassVar[str | None] = "momentum"
 
     def update(
         self,
@@ -30,3 +32,17 @@ class Momentum(Optimizer):
         """`grad`, `state`: [..., *param]. Returns (u_t, s_t)."""
         s = lr * grad if state is None else momentum * state + lr * grad
         return s, s
+
+    def update_lines(self) -> list:
+        from miras.terms import Line, sym
+
+        return [*surprise_lines(self), Line(sym("u_t"), sym("S_t"))]
+
+
+def surprise_lines(opt: Optimizer) -> list:
+    """S_t = theta_t S_{t-1} + lr_t g_t, the momentum that Muon and Nesterov share."""
+    from miras.terms import Line, Plus, scalar, sym, times
+
+    step = times(scalar(opt.lr, "lr"), sym("g_t"))
+    surprise = times(scalar(opt.momentum, "momentum"), sym("S_{t-1}"))
+    return [Line(sym("S_t"), Plus((surprise, step)))]

@@ -37,6 +37,7 @@ class Muon(Optimizer):
     momentum: gate_or(HALF_OPEN_UNIT) = "gate"
     ns_steps: number(Range(1, 10, lo_closed=True, hi_closed=True), integer=True) = 5
     gateable: ClassVar[dict[str, Range]] = {"lr": POSITIVE, "momentum": HALF_OPEN_UNIT}
+    stateful: ClassVar[bool] = True
 
     def update(
         self,
@@ -48,3 +49,11 @@ class Muon(Optimizer):
         """`grad`, `state`: [..., m, n]. Returns (u_t, s_t)."""
         s = lr * grad if state is None else momentum * state + lr * grad
         return newton_schulz(s, self.ns_steps), s
+
+    def update_lines(self) -> list:
+        from miras.components.optimizer.momentum import surprise_lines
+        from miras.terms import Call, Line, Name, sym
+
+        n = self.ns_steps
+        newton_schulz = Name(f"NewtonSchulz{n}", rf"\operatorname{{NewtonSchulz}}_{{{n}}}")
+        return [*surprise_lines(self), Line(sym("u_t"), Call(newton_schulz, (sym("S_t"),)))]

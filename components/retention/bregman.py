@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import sympy as sp
 from pydantic import field_validator
@@ -51,6 +51,7 @@ class BregmanRetention(Retention):
     """
 
     kind: Literal["bregman"] = "bregman"
+    derivation: ClassVar[str] = "bregman"
     potential: str = BINARY_ENTROPY  # F(w), a formula in `w`
     # closed_form: sympy must invert F'; newton: if it cannot, safeguarded Newton on F'(w) = z
     # (bracketed, bisecting where a step leaves the bracket), iterated until it converges.
@@ -86,3 +87,19 @@ class BregmanRetention(Retention):
     def domain(self) -> str:
         """Where the state lives: "real", "positive" or "unit_interval" (from F's terms)."""
         return potential_domain(self.potential_expr())
+
+    def solved_by_newton(self) -> bool:
+        return self.solver == "newton"
+
+    def update_lines(self, step) -> list:
+        """Newton: the step is inverse_slope(z_t) with z_t = F'(W_{t-1}) - u_t; name z_t."""
+        if self.solver != "newton":
+            return super().update_lines(step)
+        from miras.terms import NEWTON_NOTE, Line, Math
+
+        expr = step("W_{t-1}")
+        z_t = sp.Symbol("z_t")
+        return [
+            Line(Math(z_t), Math(expr.args[0]), "(F'(W_{t-1}) - u_t)"),
+            Line(Math(sp.Symbol("W_t")), Math(expr.func(z_t)), NEWTON_NOTE),
+        ]

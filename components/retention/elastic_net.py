@@ -20,6 +20,8 @@ class ElasticNetRetention(Retention):
     decay: gate_or(UNIT) = "gate"
     threshold: gate_or(POSITIVE) = 0.001  # gamma, the l1 weight
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT, "threshold": POSITIVE}
+    decay_gate: ClassVar[str | None] = "decay"
+    derivation: ClassVar[str] = "elastic_net"
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + 1/(2 eta) ||W - W_{t-1}||^2 + 1/(2 alpha) ||W||^2

@@ -20,6 +20,9 @@ class KLRetention(Retention):
     decay: gate_or(UNIT) = "gate"  # a_t = 1 - lambda_t
     scale: number(POSITIVE) = 1.0  # c: the sum of each row
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+    decay_gate: ClassVar[str | None] = "decay"
+    derivation: ClassVar[str] = "kl"
+    simplex_rows: ClassVar[bool] = True
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + (1/eta) KL(W || W_{t-1}) + (1/alpha) sum W log W (negative
@@ -34,3 +37,13 @@ class KLRetention(Retention):
     def domain(self) -> str:
         """Where the state lives: "real", "positive" or "unit_interval"."""
         return "positive"
+
+    def row_sum(self) -> float:
+        return self.scale
+
+    def update_lines(self, step) -> list:
+        """W_t = c softmax_row(logits): the derived step gives the logits."""
+        from miras.terms import SOFTMAX_ROW, Call, Line, Math, scalar, sym, times
+
+        softmax = Call(SOFTMAX_ROW, (Math(step("W_{t-1}")),))
+        return [Line(sym("W_t"), times(scalar(self.scale, "scale"), softmax))]

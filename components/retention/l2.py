@@ -22,6 +22,8 @@ class L2Retention(Retention):
     # a_t W_{t-1} (the Gated DeltaNet order).
     grad_at: Literal["state", "retained"] = "state"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+    linear_step: ClassVar[bool] = True
+    decay_gate: ClassVar[str | None] = "decay"
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + 1/(2 eta) ||W - W_{t-1}||^2 + 1/(2 alpha) ||W||^2."""
@@ -32,3 +34,6 @@ class L2Retention(Retention):
         unscaled and a_t multiplies W_{t-1}. At a = 1 the global term vanishes (1/alpha = 0)."""
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}
+
+    def retained_factor(self) -> str | None:
+        return "decay" if self.grad_at == "retained" else None

@@ -21,6 +21,8 @@ class LqRetention(Retention):
     q: number(Range(1, math.inf)) = 4.0
     decay: gate_or(UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+    decay_gate: ClassVar[str | None] = "decay"
+    derivation: ClassVar[str] = "lq"
 
     def spec_equation(self) -> str:
         """The docstring's equation with this spec's q in place of the paper's."""
@@ -40,3 +42,19 @@ class LqRetention(Retention):
         """As for l2: 1/eta = a, 1/alpha = 1 - a."""
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}
+
+    def update_lines(self, step) -> list:
+        """The accumulator's step, then the read W_t = A_t / ||A_t||_q^(q-2)."""
+        from miras.terms import Frac, Line, Math, Norm, Power, sym
+
+        a_t = sym("A_t")
+        read = Frac(a_t, Power(Norm(a_t, f"{self.q:g}"), f"{self.q - 2:g}"))
+        return [Line(a_t, Math(step("A_{t-1}"))), Line(sym("W_t"), read)]
+
+    def reference_read(self, state):
+        """Moneta's W = A / ||A||_q^(q-2) per matrix [..., out, in]; A = 0 reads as 0."""
+        import torch
+
+        q = float(self.q)
+        norm = state.abs().pow(q).sum(dim=(-2, -1), keepdim=True).pow(1 / q)
+        return torch.where(norm > 0, state / norm.clamp_min(1e-300) ** (q - 2), state)

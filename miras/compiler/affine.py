@@ -25,9 +25,6 @@ from miras.ir import BiasRule, ChunkForm
 from miras.spec import Spec
 from miras.symbols import e, gate_symbol, v, y
 
-LINEAR_RETENTIONS = ("none", "l2")
-LINEAR_OPTIMIZERS = ("gd", "momentum")
-
 
 def _start(reason: str) -> ChunkForm:
     return ChunkForm("start", reason)
@@ -63,18 +60,18 @@ def bias_slope(spec: Spec, rule: BiasRule) -> tuple[sp.Expr | None, str]:
 def analyze(spec: Spec, bias: BiasRule | None = None) -> ChunkForm:
     """Decide the chunk form of `spec` from its components and derived bias gradient."""
     memory = spec.memory
-    if memory.kind == "nonparametric":
+    if not memory.parametric:
         return ChunkForm("exact", "softmax attention is computed in closed form; nothing to chunk")
-    if memory.kind != "matrix":
+    if not memory.linear:
         return _start(f"the {memory.kind} memory's prediction is not linear in its weights")
     retention = spec.retention
-    if retention.kind not in LINEAR_RETENTIONS:
+    if not retention.linear_step:
         return _start(
             f"the {retention.kind} retention's step is not one the exact form solves (none or "
             "l2: W_t = a_t W_(t-1) - u_t)"
         )
     optimizer = spec.optimizer
-    if optimizer.kind not in LINEAR_OPTIMIZERS:
+    if optimizer.linear_form is None:
         return _start(
             f"the {optimizer.kind} optimizer's update is not one the exact form solves (gd or "
             "momentum: linear in the gradient)"

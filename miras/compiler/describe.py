@@ -16,110 +16,28 @@ from sympy.printing.latex import LatexPrinter as SympyLatexPrinter
 from sympy.printing.latex import greek_letters_set
 
 from miras.symbols import gate_symbol, u, w0
+from miras.terms import (
+    PHI,
+    Call,
+    Dot,
+    Frac,
+    Juxt,
+    Line,
+    Math,
+    Name,
+    Norm,
+    Plus,
+    Power,
+    Term,
+    Times,
+    Transpose,
+    WindowSum,
+    sym,
+)
 
 if TYPE_CHECKING:
     from miras.ir import BiasRule, Plan, RetentionRule
     from miras.spec import Spec
-
-
-# Terms -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Math:
-    """A sympy expression: a derived step, a gradient, a symbol such as W_{t-1}."""
-
-    expr: sp.Basic
-
-
-@dataclass(frozen=True)
-class Name:
-    """An atom drawn differently in text and in LaTeX (`dL/dy`, `grad_W L`); `latex`
-    defaults to the text."""
-
-    text: str
-    latex: str | None = None
-
-
-@dataclass(frozen=True)
-class Times:
-    """A product with a scalar: `a * b`."""
-
-    factors: tuple[Term, ...]
-
-
-@dataclass(frozen=True)
-class Juxt:
-    """Matrix and vector products, written side by side: `W_e phi(k_t)`."""
-
-    factors: tuple[Term, ...]
-
-
-@dataclass(frozen=True)
-class Plus:
-    terms: tuple[Term, ...]
-
-
-@dataclass(frozen=True)
-class Call:
-    """A function applied to arguments: `softmax_row(z)`, `M_{W_t}(phi(q_t))`."""
-
-    fn: Name
-    args: tuple[Term, ...]
-
-
-@dataclass(frozen=True)
-class WindowSum:
-    """`sum_{i=lo..t} body`: the Omega window, or the tokens softmax attention reads."""
-
-    lo: str
-    body: Term
-
-
-@dataclass(frozen=True)
-class Frac:
-    num: Term
-    den: Term
-
-
-@dataclass(frozen=True)
-class Norm:
-    """`||arg||_q` over a whole matrix."""
-
-    arg: Term
-    q: str
-
-
-@dataclass(frozen=True)
-class Power:
-    base: Term
-    exp: str
-
-
-@dataclass(frozen=True)
-class Transpose:
-    arg: Term
-
-
-@dataclass(frozen=True)
-class Dot:
-    """The inner product of two vectors."""
-
-    a: Term
-    b: Term
-
-
-Term = Math | Name | Times | Juxt | Plus | Call | WindowSum | Frac | Norm | Power | Transpose | Dot
-
-
-@dataclass(frozen=True)
-class Line:
-    """`lhs = rhs    note`. Without lhs, a continuation `= rhs` of the line above; without
-    either, a note on the line above."""
-
-    lhs: Term | None
-    rhs: Term | None
-    note: str = ""
 
 
 # Printers --------------------------------------------------------------------------------------
@@ -318,34 +236,6 @@ class Derivation:
         return self.text
 
 
-def sym(name: str) -> Math:
-    return Math(sp.Symbol(name))
-
-
-def times(*factors: Term | None) -> Term:
-    """The product of the factors that are not None (None: a fixed factor of 1)."""
-    kept = tuple(f for f in factors if f is not None)
-    if not kept:
-        return Name("1")
-    return kept[0] if len(kept) == 1 else Times(kept)
-
-
-PHI = Name("phi", r"\phi")
-GRAD_L = Name("grad_W L", r"\nabla_W \mathcal{L}")
-DL_DY = Name("dL/dy", r"\frac{\partial \mathcal{L}}{\partial y}")
-SOFTMAX_ROW = Name("softmax_row", r"\operatorname{softmax}_{\mathrm{row}}")
-SOFTMAX_I = Name("softmax_i", r"\operatorname{softmax}_{i}")
-MLP_BACKWARD = "(the explicit backward through the MLP: dL/dy, then the layers)"
-NEWTON_NOTE = "(solved per entry by Newton's method, not in closed form)"
-
-
-def _scalar(value, name: str, index: str = "t") -> Term | None:
-    """`name_t` for a gate, the number for a fixed value, None for a fixed 1."""
-    if value == "gate":
-        return sym(f"{name}_{index}")
-    return None if value == 1 else Name(f"{value:g}")
-
-
 def _step_expr(spec: Spec, rule: RetentionRule, previous: str = "W_{t-1}") -> sp.Expr:
     """The retention step in the previous state and u_t, fixed values substituted."""
     fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in spec.retention.fixed().items()}
@@ -354,93 +244,18 @@ def _step_expr(spec: Spec, rule: RetentionRule, previous: str = "W_{t-1}") -> sp
     return rule.step.subs(fixed).subs({**names, **per_token})
 
 
-def is_newton(spec: Spec) -> bool:
-    return spec.retention.kind == "bregman" and spec.retention.solver == "newton"
-
-
-def _attention_lines(spec: Spec) -> list[Line]:
-    window = spec.memory.window
-    lo = "1" if not window else ("t" if window == 1 else f"t-{window - 1}")
-    weights = Call(SOFTMAX_I, (Dot(sym("q_t"), sym("k_i")),))
-    return [
-        Line(sym("o_t"), WindowSum(lo, Juxt((weights, sym("v_i"))))),
-        Line(None, None, "(the closed-form minimizer of the l2 bias: no inner optimization)"),
-    ]
-
-
-def _gradient_lines(spec: Spec) -> list[Line]:
-    """W_e and g_t, with the Omega window and the matrix form of the gradient."""
-    retention = spec.retention
-    if getattr(retention, "grad_at", "state") == "retained":
-        point = times(_scalar(retention.decay, "decay"), sym("W_{t-1}"))
-        lines = [Line(sym("W_e"), point, "(grad_at: retained)")]
-    else:
-        lines = [Line(sym("W_e"), sym("W_{t-1}"))]
-    c = spec.window.c
-    i = "i" if c > 1 else "t"
-    weight = _scalar(spec.window.gamma, "gamma", i)
-
-    def windowed(term: Term) -> Term:
-        term = times(weight, term)
-        return WindowSum(f"t-{c - 1}", term) if c > 1 else term
-
-    features = Call(PHI, (sym(f"k_{i}"),))
-    memory = Name("M_{W_e}")
-    lines.append(
-        Line(sym("g_t"), windowed(Call(GRAD_L, (Call(memory, (features,)), sym(f"v_{i}")))))
-    )
-    if spec.memory.kind == "matrix":
-        error = Call(DL_DY, (Juxt((sym("W_e"), features)), sym(f"v_{i}")))
-        lines.append(Line(None, windowed(Juxt((error, Transpose(features))))))
-    else:
-        lines.append(Line(None, None, MLP_BACKWARD))
-    return lines
-
-
-def _optimizer_lines(spec: Spec) -> list[Line]:
-    opt = spec.optimizer
-    step = times(_scalar(opt.lr, "lr"), sym("g_t"))
-    if opt.kind == "gd":
-        return [Line(sym("u_t"), step)]
-    surprise = times(_scalar(opt.momentum, "momentum"), sym("S_{t-1}"))
-    lines = [Line(sym("S_t"), Plus((surprise, step)))]
-    if opt.kind == "momentum":
-        return [*lines, Line(sym("u_t"), sym("S_t"))]
-    n = opt.ns_steps
-    newton_schulz = Name(f"NewtonSchulz{n}", rf"\operatorname{{NewtonSchulz}}_{{{n}}}")
-    return [*lines, Line(sym("u_t"), Call(newton_schulz, (sym("S_t"),)))]
-
-
-def _retention_lines(spec: Spec, rule: RetentionRule) -> list[Line]:
-    retention = spec.retention
-    W_t = sym("W_t")
-    if retention.kind == "kl":
-        softmax = Call(SOFTMAX_ROW, (Math(_step_expr(spec, rule)),))
-        return [Line(W_t, times(_scalar(retention.scale, "scale"), softmax))]
-    if retention.kind == "lq":
-        A_t = sym("A_t")
-        q = retention.q
-        read = Frac(A_t, Power(Norm(A_t, f"{q:g}"), f"{q - 2:g}"))
-        return [Line(A_t, Math(_step_expr(spec, rule, "A_{t-1}"))), Line(W_t, read)]
-    step = _step_expr(spec, rule)
-    if is_newton(spec):
-        # step = inverse_slope(F'(W_{t-1}) - u_t): name its argument z_t.
-        z_t = sp.Symbol("z_t")
-        return [
-            Line(Math(z_t), Math(step.args[0]), "(F'(W_{t-1}) - u_t)"),
-            Line(W_t, Math(step.func(z_t)), NEWTON_NOTE),
-        ]
-    return [Line(W_t, Math(step))]
-
-
 def update_lines(spec: Spec, rule: RetentionRule) -> list[Line]:
-    """One step t of the exact recurrence: W_e, g_t, the optimizer, retention, the read."""
-    if spec.memory.kind == "nonparametric":
-        return _attention_lines(spec)
+    """One step t of the exact recurrence, each component contributing its lines: the
+    gradient point (retention), g_t (memory), u_t (optimizer), W_t (retention), the read."""
+    memory = spec.memory
+    if not memory.parametric:
+        return memory.update_lines(spec.window)
+    retention = spec.retention
     return [
-        *_gradient_lines(spec),
-        *_optimizer_lines(spec),
-        *_retention_lines(spec, rule),
+        *retention.gradient_point_lines(),
+        *memory.update_lines(spec.window),
+        *spec.optimizer.update_lines(),
+        *retention.update_lines(lambda previous: _step_expr(spec, rule, previous)),
         Line(sym("o_t"), Call(Name("M_{W_t}"), (Call(PHI, (sym("q_t"),)),))),
     ]
 
@@ -463,7 +278,7 @@ def describe(spec: Spec, bias: BiasRule, retention: RetentionRule, plan: Plan) -
         "retention": (
             "Retention (derived: Newton solve of the Learning-Retaining stationarity condition "
             "F'(W_t) = F'(W_{t-1}) - u_t)"
-            if is_newton(spec)
+            if spec.retention.solved_by_newton()
             else "Retention (derived: closed-form argmin of the Learning-Retaining objective)"
         ),
         "update": "Update rule, one step t (the exact recurrence; chunk size 1)",

@@ -29,11 +29,11 @@ def _width(n: int) -> str:
 
 def make_plan(spec: Spec) -> Plan:
     state = _memory_state(spec)
-    if spec.optimizer.kind in ("momentum", "muon"):
+    if spec.optimizer.stateful:
         state.append("S (momentum): same shapes as the memory")
     gates = []
     # Softmax attention has no inner step for a gate to scale (Spec.gates() is empty too).
-    fields = () if spec.memory.kind == "nonparametric" else ("bias", "retention", "optimizer")
+    fields = ("bias", "retention", "optimizer") if spec.memory.parametric else ()
     for field in fields:
         component = getattr(spec, field)
         for name in component.gates():

@@ -380,9 +380,10 @@ def _invert_slope(slope: sp.Expr, domain: str) -> sp.Expr:
     return sigmoid_rewrite(min(valid, key=sp.count_ops))
 
 
+# By the component's `derivation`: a new retention with a smooth objective is "separable" and
+# needs no entry here.
 DERIVATIONS = {
-    "none": _derive_separable,
-    "l2": _derive_separable,
+    "separable": _derive_separable,
     "lq": _derive_lq,
     "kl": _derive_kl,
     "elastic_net": _derive_elastic_net,
@@ -395,11 +396,12 @@ def derive_retention(retention: Retention) -> RetentionRule:
 
     Raises `DerivationError` when the step cannot be derived (e.g. a Bregman potential whose
     F' sympy cannot invert under `solver: closed_form`)."""
-    if retention.kind not in DERIVATIONS:
+    if retention.derivation not in DERIVATIONS:
         raise DerivationError(
-            f"no derivation for retention {retention.kind!r}; known: {', '.join(DERIVATIONS)}"
+            f"retention {retention.kind!r}: no derivation {retention.derivation!r}; known: "
+            f"{', '.join(DERIVATIONS)}"
         )
-    steps, step = DERIVATIONS[retention.kind](retention)
+    steps, step = DERIVATIONS[retention.derivation](retention)
     fixed = fixed_values(retention)
     if fixed:
         steps.append(("fixed values", _equations(fixed)))

@@ -229,7 +229,7 @@ class MirasLayer(nn.Module):
     ):
         super().__init__()
         spec = load_spec(spec)
-        if spec.memory.kind == "nonparametric":
+        if not spec.memory.parametric:
             raise ValueError(
                 f"spec '{spec.name}': nonparametric memory is softmax attention; build it with "
                 "miras.models.Attention (build_model does this for you)"

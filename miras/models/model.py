@@ -57,7 +57,7 @@ def build_mixer(spec: Spec, config: ModelConfig) -> nn.Module:
         return attention(None)
     if variant == "swa":
         return attention(config.swa_window)
-    if spec.memory.kind == "nonparametric":  # attention / swa specs are the softmax mixers
+    if not spec.memory.parametric:  # attention / swa specs are the softmax mixers
         if variant != "lmm":
             raise ValueError(
                 f"model.variant: {variant!r} mixes a memory layer with attention; spec "

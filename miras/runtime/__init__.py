@@ -15,7 +15,7 @@ import torch
 
 from miras.components.base import Range
 from miras.ir import GateInfo
-from miras.runtime import attention, chunk, exact_chunk, recurrent
+from miras.runtime import attention, chunk, dual, exact_chunk, recurrent
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import (
     check_backend,
@@ -79,7 +79,7 @@ def per_channel_gates(rule: MemoryRule) -> set[str]:
     whole loss term."""
     bias_gates = set(rule.spec.bias.gates())
     gates = set(bias_gates) if rule.bias.elementwise else set()
-    if rule.spec.memory.kind == "matrix":
+    if rule.spec.memory.linear:
         gates |= set(rule.gates) - {"gamma"} - bias_gates
     return gates
 
@@ -110,7 +110,9 @@ def run(
                 f"backend: 'triton' does not cover spec '{rule.spec.name}': {reason}; use "
                 "backend='chunk' (parallel) or 'recurrent' (the exact reference)"
             )
-    # "exact" or "start" (docs/chunking.md); the compiler's chunk_form pass recorded the form.
+    # The execution form, one module each (docs/chunking.md): "exact" (exact_chunk), "start"
+    # (chunk, with its linear fast path), "dual" (reserved); the compiler's chunk_form pass
+    # recorded the form, `chunk_mode` may override it.
     form = rule.plan.chunk_form
     mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name, backend, chunk_size)
     rt = rule.runtime
@@ -124,7 +126,7 @@ def run(
     q_, k_, v_ = heads_first(q), heads_first(k), heads_first(v)
     gates_ = {n: heads_first(g) for n, g in gates.items()}
 
-    if rule.spec.memory.kind == "nonparametric":
+    if not rule.spec.memory.parametric:
         if initial_state is not None:
             raise ValueError("initial_state: softmax attention carries no state here; pass None")
         o = attention.forward(rule.spec.memory.window, q_, k_, v_)
@@ -150,6 +152,8 @@ def run(
         o, final = recurrent.forward(rt, seq, state)
     elif backend == "chunk" and mode == "exact":
         o, final = exact_chunk.forward(rt, seq, state, chunk_size, form)
+    elif backend == "chunk" and mode == "dual":
+        o, final = dual.forward(rt, seq, state, chunk_size)
     elif backend == "chunk":
         o, final = chunk.forward(rt, seq, state, chunk_size)
     else:

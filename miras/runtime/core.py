@@ -59,11 +59,40 @@ class Runtime:
 
     @property
     def has_momentum(self) -> bool:
-        return self.spec.optimizer.kind in ("momentum", "muon")
+        """The optimizer carries a state s_t per parameter, kept as "S.<name>"."""
+        return self.spec.optimizer.stateful
 
     @property
     def retained_gradient(self) -> bool:
-        return getattr(self.spec.retention, "grad_at", "state") == "retained"
+        return self.spec.retention.retained_factor() is not None
+
+    def gradient_point(self, weights: Params, gates: dict[str, torch.Tensor], t, like=None):
+        """W_e: the weights the bias gradient is taken at, W_{t-1} or a_t W_{t-1} (the
+        retention's `retained_factor`). `t`: a token, or a chunk's slice of tokens: then the
+        factor is the product a_s ... a_t from the chunk's start (the chunk-start form),
+        `weights` are [B, H, 1, out, in] and `like` [B, H, n, .] is the chunk's queries."""
+        factor = self.spec.retention.retained_factor()
+        if factor is None:
+            return weights
+        if isinstance(t, slice):
+            value = torch.cumprod(gate_values(self.spec.retention, factor, gates, t, like), dim=2)
+        else:
+            value = self.scalar(self.spec.retention, factor, gates, t)
+        decay = as_param_gate(value)
+        return {n: decay * w for n, w in weights.items()}
+
+    def optimizer_step(self, grads: Params, state: State, gates: dict, t) -> Params:
+        """u_t for every parameter from g_t (the optimizer component's `update`); the
+        optimizer's states "S.<name>" are updated in `state`."""
+        opt = self.spec.optimizer
+        values = {n: as_param_gate(self.scalar(opt, n, gates, t)) for n in opt.gateable}
+        updates = {}
+        for n, g in grads.items():
+            u, s = opt.update(g, state.get(f"S.{n}"), **values)
+            if opt.stateful:
+                state[f"S.{n}"] = s
+            updates[n] = u
+        return updates
 
     @property
     def window_gate_names(self) -> list[str]:
@@ -79,12 +108,7 @@ class Runtime:
 
     # The feature map ------------------------------------------------------------------------
     def feature(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        fm = self.spec.feature_map
-        if fm.kind == "polynomial":
-            return fm.apply(x, params["feature_map"])
-        if fm.kind == "custom":
-            return self.functions.feature_map(x)
-        return fm.apply(x)
+        return self.spec.feature_map.features(x, params, self.functions)
 
     # State ----------------------------------------------------------------------------------
     def shapes(self, d_phi: int, d_v: int) -> dict[str, tuple[int, ...]]:
@@ -93,28 +117,16 @@ class Runtime:
     def initial_state(
         self, batch: int, heads: int, d_phi: int, d_v: int, dtype, device, seed: int = 0
     ) -> State:
-        """The default W_0, inside the retention's domain. A matrix memory starts at zeros, or
-        (`init: uniform`, or a positive domain) at c/Dphi per entry, so KL's rows sum to its
-        c; at 1/2 in the unit interval (binary entropy). An MLP starts at a seeded random
-        draw mapped into the domain. Momentum starts at zero."""
-        domain = self.spec.retention.domain()
-        uniform = domain == "positive" or getattr(self.spec.memory, "init", None) == "uniform"
-        scale = getattr(self.spec.retention, "scale", 1.0)
+        """The default W_0, inside the retention's domain (the memory component's
+        `initial_weights`; a seeded draw for a deep memory). The optimizer's state starts at
+        zero."""
+        retention = self.spec.retention
+        domain, row_sum = retention.domain(), retention.row_sum()
         gen = torch.Generator(device="cpu").manual_seed(seed)
         state: State = {}
         for name, (d_out, d_in) in self.shapes(d_phi, d_v).items():
             shape = (batch, heads, d_out, d_in)
-            if self.spec.memory.kind == "matrix":
-                value = 0.5 if domain == "unit_interval" else scale / d_in if uniform else 0.0
-                w = torch.full(shape, value)
-            else:
-                draw = torch.randn(shape, generator=gen, dtype=torch.float64)
-                if domain == "unit_interval":
-                    w = torch.sigmoid(draw)
-                elif domain == "positive":
-                    w = scale * torch.softmax(draw, -1)
-                else:
-                    w = draw / d_in**0.5
+            w = self.spec.memory.initial_weights(shape, domain, row_sum, gen)
             state[name] = w.to(dtype=dtype, device=device)
         if self.has_momentum:
             state.update({f"S.{n}": torch.zeros_like(w) for n, w in list(state.items())})
@@ -127,6 +139,15 @@ class Runtime:
     def weights(self, state: State) -> Params:
         """The memory's parameters as reads and gradients see them (lq's normalization)."""
         return {name: self.functions.retention_read(state[name]) for name in self.param_names}
+
+
+def gate_values(component, name: str, gates, sl: slice, like: torch.Tensor) -> torch.Tensor:
+    """A gate over tokens `sl` [B, H, n, X], or its fixed value broadcast the same way;
+    `like` [B, H, n, .] (the same tokens) gives the shape."""
+    value = getattr(component, name)
+    if value != "gate":
+        return torch.full_like(like[..., :1], float(value))
+    return gates[name][:, :, sl]
 
 
 def as_param_gate(g: torch.Tensor | float) -> torch.Tensor | float:

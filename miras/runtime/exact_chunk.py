@@ -52,7 +52,7 @@ def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: Chunk
 
     opt, retention = spec.optimizer, spec.retention
     lr = steps(opt, "lr")
-    decay = steps(retention, "decay") if retention.kind == "l2" else None
+    decay = steps(retention, retention.decay_gate) if retention.decay_gate else None
     theta = steps(opt, "momentum") if rt.has_momentum else None
 
     # Window terms [B, H, P+T, .] -> [B, H, N, n*c, .], row t*c + j is token t's offset j.

@@ -1,18 +1,23 @@
-"""The exact reference: one token at a time, DESIGN.md's step, nothing approximated.
+"""The exact reference: one token at a time, the step as the components define it, nothing
+approximated.
 
-W_e = W_{t-1} (or a_t W_{t-1}, grad_at: retained)
-g_t = sum_{i=t-c+1..t} gamma_i grad_W L(M_{W_e}(phi(k_i)), v_i)
-u_t = optimizer(g_t)                  (gd, momentum, Muon)
+W_e = W_{t-1} (or a_t W_{t-1}: the retention's gradient point)
+g_t = sum_{i=t-c+1..t} gamma_i grad_W L(M_{W_e}(phi(k_i)), v_i)    (the memory's backward)
+u_t = optimizer.update(g_t)                                        (gd, momentum, Muon, ...)
 W_t = retention_step(W_{t-1}, u_t)    (the derived closed-form argmin)
-o_t = M_{W_t}(phi(q_t))
+o_t = M_{W_t}(phi(q_t))               (through the retention's read map)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from miras.components.optimizer.muon import newton_schulz
 from miras.runtime.core import Runtime, State, Tokens, as_param_gate
+
+# record(t, piece, value): what `step` produced, piece by piece (miras check replays with it).
+Recorder = Callable[[int, str, object], None]
 
 
 def gradient(rt: Runtime, weights, seq: Tokens, t: int) -> dict[str, torch.Tensor]:
@@ -33,35 +38,31 @@ def gradient(rt: Runtime, weights, seq: Tokens, t: int) -> dict[str, torch.Tenso
 
 
 def optimizer_step(rt: Runtime, grads, state: State, gates, t: int):
-    """u_t for every parameter; momentum states are updated in `state`."""
-    opt = rt.spec.optimizer
-    lr = as_param_gate(rt.scalar(opt, "lr", gates, t))
-    if opt.kind == "gd":
-        return {n: lr * g for n, g in grads.items()}
-    theta = as_param_gate(rt.scalar(opt, "momentum", gates, t))
-    updates = {}
-    for n, g in grads.items():
-        s = theta * state[f"S.{n}"] + lr * g
-        state[f"S.{n}"] = s
-        updates[n] = newton_schulz(s, opt.ns_steps) if opt.kind == "muon" else s
-    return updates
+    """u_t for every parameter (the optimizer component's update); its states are updated in
+    `state`."""
+    return rt.optimizer_step(grads, state, gates, t)
+
+
+def step(rt: Runtime, seq: Tokens, state: State, t: int, record: Recorder | None = None):
+    """Token t: updates `state` in place and returns o_t [B, H, Dv]."""
+    gates = seq.step_gates
+    weights = rt.gradient_point(rt.weights(state), gates, t)
+    grads = gradient(rt, weights, seq, t)
+    updates = optimizer_step(rt, grads, state, gates, t)
+    retention_args = [as_param_gate(gates[n][:, :, t]) for n in rt.retention_gates]
+    for n, u in updates.items():
+        state[n] = rt.functions.retention_step(state[n], u, *retention_args)
+    o = rt.memory.forward(rt.weights(state), seq.phi_q[:, :, t])
+    if record is not None:
+        record(t, "bias gradient", grads)
+        record(t, "optimizer", updates)
+        record(t, "retention step", {n: state[n] for n in rt.param_names})
+        record(t, "read", o)
+    return o
 
 
 def forward(rt: Runtime, seq: Tokens, state: State) -> tuple[torch.Tensor, State]:
     """Returns o [B, H, T, Dv] and the final memory state (the input state is not modified)."""
     state = dict(state)
-    retention = rt.spec.retention
-    gates = seq.step_gates
-    outputs = []
-    for t in range(seq.length):
-        weights = rt.weights(state)
-        retention_args = [as_param_gate(gates[n][:, :, t]) for n in rt.retention_gates]
-        if rt.retained_gradient:
-            decay = as_param_gate(rt.scalar(retention, "decay", gates, t))
-            weights = {n: decay * w for n, w in weights.items()}
-        grads = gradient(rt, weights, seq, t)
-        updates = optimizer_step(rt, grads, state, gates, t)
-        for n, u in updates.items():
-            state[n] = rt.functions.retention_step(state[n], u, *retention_args)
-        outputs.append(rt.memory.forward(rt.weights(state), seq.phi_q[:, :, t]))
+    outputs = [step(rt, seq, state, t) for t in range(seq.length)]
     return torch.stack(outputs, dim=2), state

@@ -21,6 +21,7 @@ from miras.compiler.pipeline import compile_ir
 from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.triton import RESERVED, Gates, emit_source
 from miras.ir import CompiledRule
+from miras.runtime import linear
 from miras.spec import Spec, load_spec
 
 
@@ -31,7 +32,7 @@ def gate_plan(spec: Spec) -> Gates:
     retention = tuple(spec.retention.gates())
     fixed: dict[str, float] = {}
     scalars = {"gamma": spec.window.gamma, "lr": spec.optimizer.lr}
-    if spec.optimizer.kind == "momentum":
+    if spec.optimizer.linear_form == "momentum":
         scalars["momentum"] = spec.optimizer.momentum
     if hasattr(spec.retention, "decay"):
         scalars["decay"] = spec.retention.decay
@@ -47,8 +48,9 @@ def unsupported_reason(spec: Spec) -> str | None:
     """Why the Triton kernels do not cover `spec`, or None when they do."""
     if spec.memory.kind != "matrix":
         return f"{spec.memory.kind} memory (the kernels cover matrix memory only)"
-    if spec.optimizer.kind == "muon":
-        return "the muon optimizer (its Newton-Schulz step is not in the kernels)"
+    if spec.optimizer.linear_form is None:
+        kind = spec.optimizer.kind
+        return f"the {kind} optimizer (the kernels run the gd and momentum updates only)"
     if spec.retention.kind == "bregman" and spec.retention.solver == "newton":
         return "a Bregman retention solved by Newton steps (solver: newton)"
     clash = sorted(set(gate_plan(spec).order) & RESERVED)
@@ -58,8 +60,9 @@ def unsupported_reason(spec: Spec) -> str | None:
 
 
 def linear_applies(spec: Spec) -> bool:
-    """The linear template: retention none or l2 (step a w0 - u), gd."""
-    return spec.retention.kind in ("none", "l2") and spec.optimizer.kind == "gd"
+    """The linear template: where the chunk's linear fast path applies (`linear.applies`:
+    matrix memory, step a w0 - u), with the update u_t = lr_t g_t (no momentum)."""
+    return linear.applies(spec) and spec.optimizer.linear_form == "step"
 
 
 # The kernels of a spec -------------------------------------------------------------------------
