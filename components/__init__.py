@@ -21,8 +21,10 @@ from miras.components.memory.nonparametric import NonparametricMemory
 from miras.components.optimizer.gd import GD
 from miras.components.optimizer.momentum import Momentum
 from miras.components.optimizer.muon import Muon
+from miras.components.optimizer.nesterov import Nesterov
 from miras.components.retention.bregman import BregmanRetention
 from miras.components.retention.elastic_net import ElasticNetRetention
+from miras.components.retention.f_divergence import FDivergenceRetention
 from miras.components.retention.kl import KLRetention
 from miras.components.retention.l2 import L2Retention
 from miras.components.retention.lq import LqRetention
@@ -43,8 +45,14 @@ RETENTIONS: dict[str, type[Retention]] = {
     "kl": KLRetention,
     "elastic_net": ElasticNetRetention,
     "bregman": BregmanRetention,
+    "f_divergence": FDivergenceRetention,
 }
-OPTIMIZERS: dict[str, type[Optimizer]] = {"gd": GD, "momentum": Momentum, "muon": Muon}
+OPTIMIZERS: dict[str, type[Optimizer]] = {
+    "gd": GD,
+    "momentum": Momentum,
+    "muon": Muon,
+    "nesterov": Nesterov,
+}
 FEATURE_MAPS: dict[str, type[FeatureMap]] = {
     "identity": IdentityMap,
     "polynomial": PolynomialMap,

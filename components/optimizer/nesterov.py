@@ -1,0 +1,35 @@
+"""Nesterov momentum: the update looks one step ahead along the momentum."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from miras.components.base import HALF_OPEN_UNIT, POSITIVE, Optimizer, Range, gate_or
+
+
+class Nesterov(Optimizer):
+    """Nesterov momentum over the inner gradient (Sutskever et al. 2013, in the form of
+    PyTorch's SGD with nesterov=True): the step adds the momentum once more, decayed.
+
+    Equation: s_t = theta_t s_{t-1} + b_t g_t,  u_t = theta_t s_t + b_t g_t
+    """
+
+    kind: Literal["nesterov"] = "nesterov"
+    lr: gate_or(POSITIVE) = "gate"
+    momentum: gate_or(HALF_OPEN_UNIT) = "gate"
+    gateable: ClassVar[dict[str, Range]] = {"lr": POSITIVE, "momentum": HALF_OPEN_UNIT}
+    stateful: ClassVar[bool] = True
+
+    def update(self, grad: Any, state: Any, lr: Any, momentum: Any) -> tuple[Any, Any]:
+        """`grad`, `state`: [..., *param]. Returns (u_t, s_t)."""
+        step = lr * grad
+        s = step if state is None else momentum * state + step
+        return momentum * s + step, s
+
+    def update_lines(self) -> list:
+        from miras.components.optimizer.momentum import surprise_lines
+        from miras.terms import Line, Plus, scalar, sym, times
+
+        step = times(scalar(self.lr, "lr"), sym("g_t"))
+        ahead = times(scalar(self.momentum, "momentum"), sym("S_t"))
+        return [*surprise_lines(self), Line(sym("u_t"), Plus((ahead, step)))]

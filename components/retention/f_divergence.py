@@ -1,0 +1,74 @@
+"""f-divergence retention: an f-divergence to the previous state, with an entropic global term."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import sympy as sp
+from pydantic import field_validator
+
+from miras.components.base import UNIT, Range, Retention, gate_or
+from miras.formula import parse_formula
+from miras.symbols import alpha, eta, gate_symbol, u, w, w0
+
+# The generator's variable: the ratio t = W / W_{t-1} of new to previous entry.
+t = sp.Symbol("t", positive=True)
+GENERALIZED_KL = "t*log(t) - t + 1"
+
+
+def generator(text: str) -> sp.Expr:
+    """f(t) from its formula, checked to generate a divergence: f(1) = 0 (no change costs
+    nothing), f'(1) = 0 and f''(1) > 0 (zero at, and curving up around, t = 1)."""
+    f = parse_formula(text, {"t": t})
+    if not f.has(t):
+        raise ValueError(f"the generator f(t) = {text!r} does not depend on t")
+    for what, value, ok in (
+        ("f(1)", f.subs(t, 1), lambda x: x == 0),
+        ("f'(1)", sp.diff(f, t).subs(t, 1), lambda x: x == 0),
+        ("f''(1)", sp.diff(f, t, 2).subs(t, 1), lambda x: x.is_positive),
+    ):
+        value = sp.simplify(value)
+        if not ok(value):
+            need = "> 0" if what == "f''(1)" else "= 0"
+            raise ValueError(
+                f"the generator f(t) = {text!r} has {what} = {value}; a divergence needs "
+                f"{what} {need} (e.g. t*log(t) - t + 1)"
+            )
+    return f
+
+
+class FDivergenceRetention(Retention):
+    """f-divergence retention: each positive entry kept near the previous one, entropy forgets.
+
+    The local term is D_f(W, W_{t-1}) = sum W_{t-1} f(W / W_{t-1}) for a generator f (MIRAS
+    section 5 generalizes KL retention to f-divergences); the global term is negative entropy,
+    and no row constraint is imposed (KL retention's rows sum to c).
+
+    Equation: W_t = argmin_W <u_t, W> + a_t D_f(W, W_{t-1}) + (1 - a_t) sum (W log W - W); f = t log t - t + 1 gives W_t = W_{t-1}^{a_t} exp(-u_t)
+    """
+
+    kind: Literal["f_divergence"] = "f_divergence"
+    f: str = GENERALIZED_KL  # the generator f(t), a formula in t
+    decay: gate_or(UNIT) = "gate"
+    gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+    decay_gate: ClassVar[str | None] = "decay"
+
+    @field_validator("f")
+    @classmethod
+    def _parse(cls, text: str) -> str:
+        generator(text)  # a ValueError (pydantic reports it at `retention.f`)
+        return text
+
+    def objective(self) -> sp.Expr:
+        """One entry of <u, W> + (1/eta) W_{t-1} f(W / W_{t-1}) + (1/alpha) (W log W - W)."""
+        f = generator(self.f)
+        return u * w + w0 * f.subs(t, w / w0) / eta + (w * sp.log(w) - w) / alpha
+
+    def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
+        """As for l2 and KL: 1/eta = a, 1/alpha = 1 - a."""
+        a = gate_symbol("decay")
+        return {eta: 1 / a, alpha: 1 / (1 - a)}
+
+    def domain(self) -> str:
+        """Entries are positive: f reads the ratio W / W_{t-1}, and W log W needs W > 0."""
+        return "positive"
