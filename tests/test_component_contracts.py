@@ -38,6 +38,7 @@ from miras.components.optimizer.muon import Muon, newton_schulz
 from miras.components.optimizer.nesterov import Nesterov
 from miras.components.retention.f_divergence import FDivergenceRetention
 from miras.errors import DerivationError
+from miras.runtime.triton_coverage import unsupported_reason
 
 f64 = torch.float64
 B, H, N = 2, 3, 5
@@ -143,6 +144,13 @@ class OptimizerContract:
         fixed = {name: 0.5 for name in self.optimizer.gateable}
         u, _ = self.optimizer.update(g, s, **fixed)
         assert u.shape == g.shape and bool(torch.isfinite(u).all())
+
+    def test_triton_runs_only_the_linear_forms(self):
+        """The kernels run u_t = lr g_t and momentum only: any other update is refused, never
+        run as one of those."""
+        spec = miras.load_spec({"name": "contract", "optimizer": self.optimizer.model_dump()})
+        refused = unsupported_reason(spec)
+        assert (refused is None) == (self.optimizer.linear_form is not None), refused
 
     def test_update_lines_name_u_t(self):
         text = "\n".join(plain_lines(self.optimizer.update_lines()))
