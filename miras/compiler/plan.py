@@ -9,10 +9,10 @@ from miras.spec import Spec
 
 def _memory_state(spec: Spec) -> list[str]:
     memory = spec.memory
-    if memory.kind == "nonparametric":
+    if not memory.parametric:
         window = f"last {memory.window}" if memory.window else "all"
         return [f"keys and values of the {window} past tokens (a KV cache)"]
-    if memory.kind == "matrix":
+    if memory.linear:
         name = "A (accumulator; W = A/||A||_q^(q-2))" if spec.retention.kind == "lq" else "W"
         return [f"{name}: [B, H, Dv, Dphi] float32 (float64 for float64 inputs)"]
     # Nominal widths Dphi = 100, Dv = 1000, so that hidden widths read as factors of Dphi.
@@ -41,7 +41,7 @@ def make_plan(spec: Spec) -> Plan:
             gates.append(GateInfo(name, field, allowed))
     if spec.window.gamma == "gate" and fields:
         gates.append(GateInfo("gamma", "window", POSITIVE))
-    if spec.memory.kind == "nonparametric":
+    if not spec.memory.parametric:
         schedule = "closed form: causal softmax attention (no inner optimization)"
     else:
         schedule = "chunked: chunks of b tokens (chunk_size); b = 1 is the exact recurrence"

@@ -51,14 +51,14 @@ def check_retention(
 
     where = "accumulator A_t" if rule.kind == "lq" else "W_t"
     results = [_stationarity(retention, module, objective, new, w0_, u_, gates, stationary_tol)]
-    if rule.kind == "kl":
-        numeric = _argmin_rows(objective, w0_, retention.scale)
+    if retention.simplex_rows:
+        numeric = _argmin_rows(objective, w0_, retention.row_sum())
         method = "L-BFGS over each row's logits"
         row_sums = new.sum(-1)
-        error = max_relative_error(row_sums, torch.full_like(row_sums, retention.scale))
+        error = max_relative_error(row_sums, torch.full_like(row_sums, retention.row_sum()))
         results.append(
             CheckResult(
-                f"rows: W_t > 0 and each row sums to c = {retention.scale:g}",
+                f"rows: W_t > 0 and each row sums to c = {retention.row_sum():g}",
                 error if bool((new > 0).all()) else math.inf,
                 stationary_tol,
             )
@@ -118,7 +118,7 @@ def _stationarity(retention, module, objective, new, w0_, u_, gates, tolerance) 
     """|dJ/dW| at the derived W_t, by autograd of the printed objective."""
     point = new.detach().requires_grad_()
     (grad,) = torch.autograd.grad(objective(point).sum(), point)
-    if retention.kind == "kl":
+    if retention.simplex_rows:
         # Lagrangian J + mu (sum_j w_j - c): at the optimum dJ/dw_j = -mu on the whole row, so
         # the gradient minus its row mean (the projection on the constraint) vanishes.
         error = float((grad - grad.mean(-1, keepdim=True)).abs().max())

@@ -134,7 +134,7 @@ def _derive_separable(retention: Retention) -> tuple[list[Step], sp.Expr]:
         ("reparameterization", _equations(reparameterization)),
         ("step", sp.Eq(w, step)),
     ]
-    if getattr(retention, "grad_at", "state") == "retained":
+    if retention.retained_factor() is not None:
         steps.append(
             (
                 "grad_at: retained",

@@ -33,16 +33,17 @@ STEP_DOC = "New state from w0 and u [..., Dv, Dphi] (the last axis a row); gates
 
 def _step_source(retention: Retention, step: sp.Expr, gates: tuple[str, ...]) -> str:
     args = ["w0", "u", *gates]
-    if retention.kind == "bregman" and retention.solver == "newton":
+    if retention.solved_by_newton():
         return _newton_source(retention, step.args[0], args)
     source = function_source(
         "retention_step", args, step, doc=f"retention {retention.kind}. {STEP_DOC}"
     )
-    if retention.kind != "kl":
+    if not retention.simplex_rows:
         return source
     # function_source ends with `    return <logits>`: the row softmax wraps that expression.
     head, _, logits = source.rstrip("\n").rpartition("\n    return ")
-    return f"{head}\n    z = {logits}\n    return {retention.scale!r} * torch.softmax(z, dim=-1)\n"
+    scale = retention.row_sum()
+    return f"{head}\n    z = {logits}\n    return {scale!r} * torch.softmax(z, dim=-1)\n"
 
 
 # Bregman `solver: newton`: a coordinate s(w) that maps the domain onto all reals, (s(w), w(s)),

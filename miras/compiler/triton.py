@@ -150,7 +150,8 @@ def _retention_pieces(rule: RetentionRule, spec: Spec) -> list[str]:
     gates = [gate_symbol(n) for n in rule.gates]
     args = ["w0", "u", *rule.gates]
     lines, (out,) = _cse([rule.step])
-    what = "the logits z of W = c softmax(z) per row" if rule.kind == "kl" else "the new entry"
+    simplex = spec.retention.simplex_rows
+    what = "the logits z of W = c softmax(z) per row" if simplex else "the new entry"
     step = _jit(
         "retention_step",
         args,
@@ -173,8 +174,8 @@ def _retention_pieces(rule: RetentionRule, spec: Spec) -> list[str]:
         result,
     )
     retention = spec.retention
-    if rule.kind == "kl":
-        scale = repr(float(retention.scale))
+    if simplex:
+        scale = repr(float(retention.row_sum()))
         maps = [
             _jit(
                 "retention_map",
@@ -245,7 +246,7 @@ def _rows_load(name: str, rows: str, base_rows: str, other: str) -> str:
 
 def _slots(spec: Spec, gates: Gates) -> Slots:
     fixed = gates.fixed
-    retained = getattr(spec.retention, "grad_at", "state") == "retained"
+    retained = spec.retention.retained_factor() is not None
 
     def literal(name: str) -> str:
         return repr(fixed[name])
@@ -264,7 +265,7 @@ def _slots(spec: Spec, gates: Gates) -> Slots:
         "other=1.0).to(ACC)[:, None]"
         for n in gates.retention
     ]
-    if spec.optimizer.kind == "momentum":
+    if spec.optimizer.linear_form == "momentum":
         if "momentum" in gates.step:
             token.append(
                 "g_momentum = tl.load(g_momentum_ptr + (pid * T + t) * g_momentum_rs + cv * "
@@ -396,12 +397,12 @@ def emit_source(
     """The Triton module of a spec the backend covers, with its gates entering the kernels as
     `gates` says; the linear kernels too when `linear_template`. Raises UnsupportedExpression
     for a piece the printer cannot emit."""
-    retained = getattr(spec.retention, "grad_at", "state") == "retained"
+    retained = spec.retention.retained_factor() is not None
     has_decay = "decay" in gates.step or "decay" in gates.fixed
     constants = [
         f"WINDOW = tl.constexpr({spec.window.c})  # Omega window c",
         f"PAST = tl.constexpr({spec.window.c - 1})  # earlier tokens a window reaches back to",
-        f"MOMENTUM = tl.constexpr({spec.optimizer.kind == 'momentum'})",
+        f"MOMENTUM = tl.constexpr({spec.optimizer.linear_form == 'momentum'})",
         f"RETAINED = tl.constexpr({retained})  # grad_at: retained",
         f"DECAY = tl.constexpr({has_decay})  # an l2 decay (the linear template)",
         'DOT_PRECISION = tl.constexpr("ieee")  # float32 products, no TF32',

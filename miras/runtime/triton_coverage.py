@@ -46,12 +46,12 @@ def gate_plan(spec: Spec) -> Gates:
 
 def unsupported_reason(spec: Spec) -> str | None:
     """Why the Triton kernels do not cover `spec`, or None when they do."""
-    if spec.memory.kind != "matrix":
+    if not spec.memory.linear:
         return f"{spec.memory.kind} memory (the kernels cover matrix memory only)"
     if spec.optimizer.linear_form is None:
         kind = spec.optimizer.kind
         return f"the {kind} optimizer (the kernels run the gd and momentum updates only)"
-    if spec.retention.kind == "bregman" and spec.retention.solver == "newton":
+    if spec.retention.solved_by_newton():
         return "a Bregman retention solved by Newton steps (solver: newton)"
     clash = sorted(set(gate_plan(spec).order) & RESERVED)
     if clash:
