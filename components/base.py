@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import sympy as sp
-import torch
 from pydantic import BaseModel, ConfigDict, PlainValidator, WithJsonSchema
 
 from miras.formula import did_you_mean
 from miras.symbols import gate_symbol
+
+if TYPE_CHECKING:
+    import torch  # annotations only; imported where used (loading a spec needs no torch)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from miras.check import CheckResult
 from miras.cli import app
-from miras.rule import MemoryRule
 from miras.components import CATALOGUE
+from miras.rule import MemoryRule
 
 ROOT = Path(__file__).resolve().parents[1]
 DELTANET = ROOT / "specs" / "deltanet.yaml"

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import sympy as sp
-import torch
 
 from miras.components.base import POSITIVE, Bias, Range, gate_or
 from miras.symbols import ChannelSum, e, gate_symbol
+
+if TYPE_CHECKING:
+    import torch  # annotations only; imported where used (loading a spec needs no torch)
 
 
 class HuberBias(Bias):
@@ -26,6 +28,8 @@ class HuberBias(Bias):
         return ChannelSum(sp.Piecewise((e**2 / 2, sp.Abs(e) <= d), (d * (sp.Abs(e) - d / 2), True)))
 
     def reference_loss(self, y, v, delta=None, **scalars) -> torch.Tensor:
+        import torch
+
         d = self.delta if delta is None else delta
         err = (y - v).abs()
         return torch.where(err <= d, 0.5 * err**2, d * (err - 0.5 * d)).sum(-1)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import sympy as sp
-import torch
 
 from miras.components.base import Bias, Range, number
 from miras.symbols import ChannelSum, e
+
+if TYPE_CHECKING:
+    import torch  # annotations only; imported where used (loading a spec needs no torch)
 
 
 class LpBias(Bias):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import sympy as sp
-import torch
 
 from miras.components.base import POSITIVE, Bias, Range, gate_or
 from miras.formula import NORM_EPS
 from miras.symbols import ChannelSum, e, gate_symbol
+
+if TYPE_CHECKING:
+    import torch  # annotations only; imported where used (loading a spec needs no torch)
 
 
 class RobustBias(Bias):
@@ -28,6 +30,8 @@ class RobustBias(Bias):
         return sq / 2 + r * sp.sqrt(sq + NORM_EPS) + r**2 / 2
 
     def reference_loss(self, y, v, radius=None, **scalars) -> torch.Tensor:
+        import torch
+
         r = self.radius if radius is None else radius
         if torch.is_tensor(r) and r.dim() > 0:
             r = r.squeeze(-1)  # a scalar per vector: [..., 1] -> [...]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import sympy as sp
-import torch
 
 from miras.components.base import FeatureMap, Range, number
 from miras.symbols import x
+
+if TYPE_CHECKING:
+    import torch  # annotations only; imported where used (loading a spec needs no torch)
 
 
 class PolynomialMap(FeatureMap):
@@ -33,6 +35,8 @@ class PolynomialMap(FeatureMap):
 
     def initial_coefficients(self) -> torch.Tensor:
         """[degree]: a_i = 1/i!, the Taylor coefficients of exp(x) - 1."""
+        import torch
+
         return torch.tensor([1 / math.factorial(i) for i in range(1, self.degree + 1)])
 
     def apply(self, x: torch.Tensor, coefficients: torch.Tensor | None = None) -> torch.Tensor:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from miras.components.base import FeatureMap
+
+if TYPE_CHECKING:
+    import torch  # annotations only; imported where used (loading a spec needs no torch)
 
 
 class TaylorMap(FeatureMap):
@@ -24,6 +25,8 @@ class TaylorMap(FeatureMap):
     def apply(self, x: torch.Tensor, coefficients: torch.Tensor | None = None) -> torch.Tensor:
         """`x`: [..., D] -> [..., 1 + D + D(D+1)/2]. Off-diagonal products appear once, so
         they carry weight 1 and the diagonal 1/sqrt 2, which keeps the inner product above."""
+        import torch
+
         d = x.shape[-1]
         rows, cols = torch.triu_indices(d, d, device=x.device)
         ones = torch.ones(rows.shape, dtype=x.dtype, device=x.device)

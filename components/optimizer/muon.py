@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
-
-import torch
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from miras.components.base import HALF_OPEN_UNIT, POSITIVE, Optimizer, Range, gate_or, number
+
+if TYPE_CHECKING:
+    import torch  # annotations only; imported where used (loading a spec needs no torch)
 
 # Coefficients of the quintic Newton-Schulz iteration used by Muon: they push every singular
 # value of a normalized matrix towards 1 in a few steps.
@@ -15,6 +16,8 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 def newton_schulz(s: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
     """Approximate U V^T of s = U S V^T. `s`: [..., m, n] (batched matrices)."""
+    import torch
+
     a, b, c = NS_COEFFICIENTS
     x = s / (torch.linalg.matrix_norm(s, keepdim=True) + eps)
     tall = x.shape[-2] > x.shape[-1]
