@@ -590,5 +590,83 @@ def export(
     )
 
 
+@app.command()
+def probe(
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="capacity, interference, outliers, recency, nonlinear or repetition.",
+            show_default=False,
+        ),
+    ],
+    specs: Annotated[list[Path], typer.Argument(help="Spec YAML files.", show_default=False)],
+    seeds: Annotated[int, typer.Option(help="Scoring seeds (the interval is over them).")] = 5,
+    seed: Annotated[int, typer.Option(help="Tuning seed; scoring seeds follow it.")] = 0,
+    option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--option",
+            help="A probe option as key=value (YAML value), e.g. keys=orthogonal, d_k=8, "
+            "pair_counts=[4,8,16]. Repeatable.",
+            show_default=False,
+        ),
+    ] = None,
+    gate: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--gate",
+            help="Fix a gate as name=value instead of tuning it (give every gate). Repeatable.",
+            show_default=False,
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            help="Figure (HTML). Default: runs/probe-<name>.html.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Run a probe of the bare rule (no training) on each spec: a table of the mean recall
+    error with its 95% interval over the seeds, and a plotly figure (docs/probes.md)."""
+    from miras.probes import PROBES
+    from miras.probes.plots import draw
+
+    if name not in PROBES:
+        raise _fail(ValueError(f"unknown probe {name!r}; allowed: {', '.join(PROBES)}"), 2)
+    results = []
+    try:
+        options = _key_values(option, "--option")
+        fixed = _key_values(gate, "--gate") or None
+        for path in specs:
+            spec = load_spec(path)
+            try:
+                results.append(PROBES[name](spec, seeds=seeds, seed=seed, gates=fixed, **options))
+            except TypeError as error:  # an option the probe does not take
+                raise ValueError(f"--option: probe {name!r}: {error}") from None
+    except (SpecError, DerivationError, ValueError) as error:
+        raise _fail(error) from None
+    first = results[0]
+    table = Table(
+        title=f"probe {name}: recall error, mean and 95% interval over {seeds} seeds",
+        title_justify="left",
+    )
+    for column in ("spec", "gates", first.x_name, "mean", "95% interval"):
+        table.add_column(column, overflow="fold")
+    for result in results:
+        gates = ", ".join(f"{k}={v:g}" for k, v in result.gates.items())
+        for row in result.rows():
+            interval = f"[{row['low']:.4g}, {row['high']:.4g}]"
+            x = f"{row[first.x_name]:g}"
+            table.add_row(result.spec, gates, x, f"{row['mean']:.4g}", interval)
+    out.print(table)
+    path = output or Path("runs") / f"probe-{name}.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draw(results).write_html(path, include_plotlyjs=True)
+    out.print(f"wrote {path}", highlight=False)
+
+
 if __name__ == "__main__":
     app()

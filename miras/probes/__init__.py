@@ -1,0 +1,41 @@
+"""Probes of the bare rule: in-context memorization on synthetic streams, no outer training.
+
+docs/probes.md says how to run them; docs/claims.md what they measured."""
+
+from miras.probes.base import (
+    GATE_GRID,
+    Episode,
+    Point,
+    ProbeResult,
+    confidence_interval,
+    gate_grid,
+    recall_errors,
+    run_probe,
+)
+from miras.probes.suite import (
+    PROBES,
+    capacity,
+    interference,
+    nonlinear,
+    outliers,
+    recency,
+    repetition,
+)
+
+__all__ = [
+    "GATE_GRID",
+    "PROBES",
+    "Episode",
+    "Point",
+    "ProbeResult",
+    "capacity",
+    "confidence_interval",
+    "gate_grid",
+    "interference",
+    "nonlinear",
+    "outliers",
+    "recall_errors",
+    "recency",
+    "repetition",
+    "run_probe",
+]

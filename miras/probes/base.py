@@ -1,0 +1,212 @@
+"""The probe engine: write a synthetic stream with a compiled rule, read keys back, score.
+
+No outer training and no model. An `Episode` is one synthetic stream and the keys to read back
+after it; the engine writes it with the rule's own recurrence (backend `recurrent`, float64),
+reads M(phi(k)) from the final state and scores the mean relative recall error
+||M(phi(k)) - v|| / ||v|| over the read pairs.
+
+Gates: every gate the rule takes is held constant over the stream. The learning rate is
+normalized by the feature norm, lr_t = lr / ||phi(k_t)||^2 (so lr = 1 on an l2 matrix memory is
+the exact delta rule / Kaczmarz step). Each probe picks the gate values per rule by a small grid
+search (`GATE_GRID`) on a tuning seed that no scoring seed shares; every configuration of the
+grid runs at once, one per head of the rule's [B, T, H, D] inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from miras.rule import MemoryRule
+from miras.tasks.capacity import as_rule, features
+
+# Candidate values per gate name. lr multiplies 1 / ||phi(k)||^2; decay = 1 is no forgetting.
+GATE_GRID: dict[str, tuple[float, ...]] = {
+    "lr": (0.03, 0.1, 0.3, 1.0),
+    "decay": (1.0, 0.97, 0.9),
+    "momentum": (0.0, 0.6),
+    "delta": (0.03, 0.3, 3.0),
+    "radius": (0.03, 0.3),
+    "threshold": (0.001, 0.01),
+    "gamma": (1.0,),
+}
+# Two-sided 95% Student t quantiles t_{0.975, df} for df = 1..30 (df > 30 uses df = 30's,
+# which is conservative there).
+T_975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+@dataclass
+class Episode:
+    """One synthetic stream and what to read after it.
+
+    write_k [B, T, d_k], write_v [B, T, d_v]: the stream, in order; read_k [B, M, d_k] and
+    read_v [B, M, d_v]: the keys read from the final state and the values they should give."""
+
+    write_k: torch.Tensor
+    write_v: torch.Tensor
+    read_k: torch.Tensor
+    read_v: torch.Tensor
+
+
+# (x, seed) -> the episode at that sweep point; trials are the batch dimension B.
+EpisodeMaker = Callable[[int | float, int], Episode]
+
+
+@dataclass
+class Point:
+    """One sweep point: the per-seed errors and their mean with a 95% t interval."""
+
+    x: int | float
+    errors: list[float]
+    mean: float
+    low: float
+    high: float
+
+
+@dataclass
+class ProbeResult:
+    """A probe's curve for one rule: `points` over the sweep `x_name`, the tuned gates and the
+    tuning score (mean error over the sweep on the tuning seed) of every configuration tried."""
+
+    probe: str
+    spec: str
+    x_name: str
+    points: list[Point]
+    gates: dict[str, float]
+    tuning: list[tuple[dict[str, float], float]] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+
+    def rows(self) -> list[dict]:
+        """One plain dict per point (what the table and the figure read)."""
+        return [
+            {
+                "probe": self.probe,
+                "spec": self.spec,
+                self.x_name: p.x,
+                "mean": p.mean,
+                "low": p.low,
+                "high": p.high,
+                "seeds": len(p.errors),
+            }
+            for p in self.points
+        ]
+
+
+def confidence_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean and its two-sided 95% Student t interval over `values`
+    (one per seed); a single value gives a zero-width interval. Non-finite values give NaN."""
+    if not values:
+        raise ValueError("confidence_interval: expected at least one value, got none")
+    n = len(values)
+    mean = sum(values) / n
+    if not all(math.isfinite(v) for v in values):
+        return float("nan"), float("nan"), float("nan")
+    if n == 1:
+        return mean, mean, mean
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = T_975[min(n - 1, len(T_975)) - 1] * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def gate_grid(
+    rule: MemoryRule, *, grid: dict[str, Sequence[float]] | None = None, max_configs: int = 48
+) -> list[dict[str, float]]:
+    """Every combination of `GATE_GRID` values (or `grid`'s, per gate) for the rule's gates;
+    a seeded subset of `max_configs` when there are more. [{}] for a rule without gates."""
+    table = {**GATE_GRID, **(grid or {})}
+    missing = [name for name in rule.gates if name not in table]
+    if missing:
+        raise ValueError(
+            f"gates: no candidate values for {', '.join(missing)} (the rule takes "
+            f"{', '.join(rule.gates)}); pass grid={{'{missing[0]}': [values]}} or fixed gates"
+        )
+    combos = [
+        dict(zip(rule.gates, values, strict=True))
+        for values in itertools.product(*(table[name] for name in rule.gates))
+    ]
+    if len(combos) > max_configs:
+        combos = random.Random(0).sample(combos, max_configs)
+    return combos
+
+
+def recall_errors(
+    rule: MemoryRule, episode: Episode, configs: Sequence[dict[str, float]]
+) -> torch.Tensor:
+    """Write the episode once per gate configuration (one head each) and read it back.
+    Returns [H, B]: the mean relative recall error over the read pairs, per configuration
+    (H = len(configs)) and trial."""
+    k, v = episode.write_k, episode.write_v
+    b, t, _ = k.shape
+    h = len(configs)
+    seq_k = k[:, :, None].expand(b, t, h, k.shape[-1])  # [B, T, H, d_k]
+    seq_v = v[:, :, None].expand(b, t, h, v.shape[-1])
+    params = rule.default_params(k.dtype)
+    norm2 = rule.runtime.feature(k, params).pow(2).sum(-1, keepdim=True)  # [B, T, 1]
+    gates = {}
+    for name in rule.gates:
+        values = torch.tensor([c[name] for c in configs], dtype=k.dtype)  # [H]
+        gates[name] = values / norm2 if name == "lr" else values.expand(b, t, h)
+    _, state = rule(seq_k, seq_k, seq_v, gates, backend="recurrent", output_final_state=True)
+    state = {"W": state} if isinstance(state, torch.Tensor) else state
+    rt = rule.runtime
+    weights = {name: w.unsqueeze(2) for name, w in rt.weights(state).items()}  # [B, H, 1, o, i]
+    phi = features(rule, episode.read_k)[:, None]  # [B, 1, M, d_phi]
+    phi = phi.expand(b, h, *phi.shape[2:])
+    read = rt.memory.forward(weights, phi)  # [B, H, M, d_v]
+    target = episode.read_v[:, None]
+    error = ((read - target).norm(dim=-1) / target.norm(dim=-1)).mean(-1)  # [B, H]
+    return torch.nan_to_num(error, nan=float("inf")).transpose(0, 1)
+
+
+def run_probe(
+    name: str,
+    rule_or_spec,
+    make: EpisodeMaker,
+    xs: Sequence[int | float],
+    *,
+    x_name: str,
+    seeds: int = 5,
+    seed: int = 0,
+    gates: dict[str, float] | None = None,
+    grid: dict[str, Sequence[float]] | None = None,
+    settings: dict | None = None,
+) -> ProbeResult:
+    """Tune the gates on seed `seed` (unless `gates` fixes them), then score every x on seeds
+    seed + 1 .. seed + seeds: each seed's error is the mean over its trials."""
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds: expected a positive integer, got {seeds!r}")
+    if not xs:
+        raise ValueError(f"{x_name}: expected at least one sweep value, got none")
+    rule = as_rule(rule_or_spec)
+    tuning: list[tuple[dict[str, float], float]] = []
+    if gates is None:
+        configs = gate_grid(rule, grid=grid)
+        scores = torch.stack([recall_errors(rule, make(x, seed), configs).mean(-1) for x in xs])
+        per_config = scores.mean(0)  # [H]: mean over the sweep
+        tuning = [(c, float(s)) for c, s in zip(configs, per_config.tolist(), strict=True)]
+        chosen = configs[int(torch.argmin(per_config))]
+    else:
+        unknown = sorted(set(gates) ^ set(rule.gates))
+        if unknown:
+            raise ValueError(
+                f"gates: expected values for exactly {sorted(rule.gates)}, got {sorted(gates)}"
+            )
+        chosen = dict(gates)
+    points = []
+    for x in xs:
+        errors = [
+            float(recall_errors(rule, make(x, s), [chosen])[0].mean())
+            for s in range(seed + 1, seed + 1 + seeds)
+        ]
+        mean, low, high = confidence_interval(errors)
+        points.append(Point(x, errors, mean, low, high))
+    return ProbeResult(name, rule.spec.name, x_name, points, chosen, tuning, settings or {})
