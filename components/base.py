@@ -3,6 +3,10 @@
 A component is a frozen pydantic model: its fields are the spec's parameters (validated before
 anything runs), its methods state the math in sympy. A field that may be a data-dependent gate
 takes either the word "gate" (the layer supplies it per token) or a fixed number.
+
+The typed fields need neither sympy nor torch, so loading and validating a spec imports
+neither (docs/spec.md): in every component module, sympy and its vocabulary (`miras.symbols`,
+`miras.formula`) are imported inside the methods that do math, torch inside those that run.
 """
 
 from __future__ import annotations
@@ -11,14 +15,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-import sympy as sp
 from pydantic import BaseModel, ConfigDict, PlainValidator, WithJsonSchema
 
-from miras.formula import did_you_mean
-from miras.symbols import gate_symbol
+from miras.errors import did_you_mean
 
-if TYPE_CHECKING:
-    import torch  # annotations only; imported where used (loading a spec needs no torch)
+if TYPE_CHECKING:  # annotations only (see the module docstring)
+    import sympy as sp
+    import torch
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ class Component(BaseModel):
 
     def scalars(self) -> dict[str, sp.Symbol]:
         """The sympy symbol of every gateable field (gate or fixed)."""
+        from miras.symbols import gate_symbol
+
         return {name: gate_symbol(name) for name in self.gateable}
 
     def fixed(self) -> dict[str, float]:
@@ -127,6 +132,12 @@ class Component(BaseModel):
     def parameters(self) -> dict[str, Any]:
         """The spec's parameters of this component, without `kind`."""
         return {k: v for k, v in self.model_dump().items() if k != "kind"}
+
+    def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
+        """Elementwise functions of x the compiler emits into the rule's module for this
+        component: (name, a formula in `miras.symbols` x, docstring). None by default; an
+        MLP memory's activation and its derivative, a custom feature map's phi."""
+        return []
 
 
 class Bias(Component):

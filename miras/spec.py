@@ -243,7 +243,7 @@ def parameter_names_are_unique(spec: Spec) -> list[Problem]:
     owners: dict[str, list[str]] = {}
     for field, comp in spec.components().items():
         params = getattr(comp, "params", {})  # custom components: user-named parameters
-        for name in dict.fromkeys([*comp.scalars(), *params]):
+        for name in dict.fromkeys([*comp.gateable, *params]):
             path = f"{field}.params.{name}" if name in params else f"{field}.{name}"
             owners.setdefault(name, []).append(path)
     owners.setdefault("gamma", []).append("window.gamma")

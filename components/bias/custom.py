@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import sympy as sp
 from pydantic import model_validator
 
 from miras.components.base import POSITIVE, Bias, gate_or
-from miras.formula import (
-    CONSTANTS,
-    FUNCTIONS,
-    SPECIAL_FUNCTIONS,
-    not_finite,
-    parse_formula,
-    value_at,
-)
-from miras.symbols import ChannelSum, channel_gradient, e, gate_symbol, v, y
+
+if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
+    import sympy as sp
 
 RESERVED = frozenset({"e", "y", "v", "x", "w", "w0", "u", "pi", "True"})
 
-# Where a loss and its gradient must be finite and real. e = 0 exactly is common (a zero memory
-# read against zero values, the window's padding); errors of either sign and size follow. v is
-# a generic target (y = v + e) and every parameter that is a gate is 1.
-PROBE_ERRORS = (0, sp.Rational(-1, 2), sp.Rational(1, 2), -2, 2)
-PROBE_TARGET = sp.Rational(1, 3)
-
 
 def check_param_names(params: dict[str, Any]) -> None:
+    from miras.formula import CONSTANTS, FUNCTIONS, SPECIAL_FUNCTIONS
+
     for name in params:
         if not name.isidentifier() or name.startswith("_"):
             raise ValueError(
@@ -67,6 +56,11 @@ def check_loss(loss: sp.Expr, fixed: dict[str, float]) -> None:
 
 @functools.lru_cache(maxsize=256)  # a spec is validated again on every load and copy
 def _check_loss(loss: sp.Expr, fixed_items: tuple[tuple[str, float], ...]) -> None:
+    import sympy as sp
+
+    from miras.formula import not_finite, value_at
+    from miras.symbols import ChannelSum, channel_gradient, e, v, y
+
     fixed = dict(fixed_items)
     if not loss.free_symbols & {e, y, v}:
         raise ValueError(
@@ -81,8 +75,12 @@ def _check_loss(loss: sp.Expr, fixed_items: tuple[tuple[str, float], ...]) -> No
             "the memory never learns; write it in the error e = y - v, e.g. e**2/2"
         )
     scalars = {s: sp.nsimplify(fixed.get(s.name, 1)) for s in loss.free_symbols - {e, y, v}}
-    for err in PROBE_ERRORS:
-        point = {e: err, y: err + PROBE_TARGET, v: PROBE_TARGET, **scalars}
+    # Where a loss and its gradient must be finite and real. e = 0 exactly is common (a zero
+    # memory read against zero values, the window's padding); errors of either sign and size
+    # follow. v is a generic target (y = v + e) and every parameter that is a gate is 1.
+    target = sp.Rational(1, 3)
+    for err in (0, sp.Rational(-1, 2), sp.Rational(1, 2), -2, 2):
+        point = {e: err, y: err + target, v: target, **scalars}
         channel = {s: value_at(term, point) for s, term in terms.items()}  # one channel
         where = "e = 0 (y = v, as for a zero memory and zero values)" if err == 0 else f"e = {err}"
         why = not_finite(value_at(loss.replace(ChannelSum, lambda f: f), point))
@@ -135,12 +133,19 @@ class CustomBias(Bias):
         return [name for name, value in self.params.items() if value == "gate"]
 
     def scalars(self) -> dict[str, sp.Symbol]:
+        from miras.symbols import gate_symbol
+
         return {name: gate_symbol(name) for name in self.params}
 
     def fixed(self) -> dict[str, float]:
         return {n: value for n, value in self.params.items() if value != "gate"}
 
     def expression(self) -> sp.Expr:
+        import sympy as sp
+
+        from miras.formula import parse_formula
+        from miras.symbols import ChannelSum, e, v, y
+
         symbols = {"e": e, "y": y, "v": v, **self.scalars()}
         expr = parse_formula(self.loss, symbols, channel_sums=True)
         if not expr.has(ChannelSum):

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-import sympy as sp
-
 from miras.components.base import POSITIVE, Bias, Range, gate_or
-from miras.symbols import ChannelSum, e, gate_symbol
 
-if TYPE_CHECKING:
-    import torch  # annotations only; imported where used (loading a spec needs no torch)
+if TYPE_CHECKING:  # annotations only: sympy and torch are imported where used (components/base.py)
+    import sympy as sp
+    import torch
 
 
 class HuberBias(Bias):
@@ -24,6 +22,10 @@ class HuberBias(Bias):
     gateable: ClassVar[dict[str, Range]] = {"delta": POSITIVE}
 
     def expression(self) -> sp.Expr:
+        import sympy as sp
+
+        from miras.symbols import ChannelSum, e, gate_symbol
+
         d = gate_symbol("delta")
         return ChannelSum(sp.Piecewise((e**2 / 2, sp.Abs(e) <= d), (d * (sp.Abs(e) - d / 2), True)))
 

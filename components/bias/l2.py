@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-import sympy as sp
-
 from miras.components.base import Bias
-from miras.symbols import ChannelSum, e
 
-if TYPE_CHECKING:
-    import torch  # annotations only; imported where used (loading a spec needs no torch)
+if TYPE_CHECKING:  # annotations only: sympy and torch are imported where used (components/base.py)
+    import sympy as sp
+    import torch
 
 
 class L2Bias(Bias):
@@ -22,6 +20,8 @@ class L2Bias(Bias):
     kind: Literal["l2"] = "l2"
 
     def expression(self) -> sp.Expr:
+        from miras.symbols import ChannelSum, e
+
         return ChannelSum(e**2 / 2)
 
     def reference_loss(self, y, v, **scalars) -> torch.Tensor:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Literal
 
-import sympy as sp
-
 from miras.components.base import Bias, Range, number
-from miras.symbols import ChannelSum, e
 
-if TYPE_CHECKING:
-    import torch  # annotations only; imported where used (loading a spec needs no torch)
+if TYPE_CHECKING:  # annotations only: sympy and torch are imported where used (components/base.py)
+    import sympy as sp
+    import torch
 
 
 class LpBias(Bias):
@@ -32,6 +30,10 @@ class LpBias(Bias):
         return 0.0 if self.p >= 2 else 1e-6
 
     def expression(self) -> sp.Expr:
+        import sympy as sp
+
+        from miras.symbols import ChannelSum, e
+
         p = sp.nsimplify(self.p)
         eps = self.smoothing()
         if eps == 0:

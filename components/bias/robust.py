@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-import sympy as sp
-
 from miras.components.base import POSITIVE, Bias, Range, gate_or
-from miras.formula import NORM_EPS
-from miras.symbols import ChannelSum, e, gate_symbol
 
-if TYPE_CHECKING:
-    import torch  # annotations only; imported where used (loading a spec needs no torch)
+if TYPE_CHECKING:  # annotations only: sympy and torch are imported where used (components/base.py)
+    import sympy as sp
+    import torch
 
 
 class RobustBias(Bias):
@@ -25,12 +22,19 @@ class RobustBias(Bias):
     gateable: ClassVar[dict[str, Range]] = {"radius": POSITIVE}
 
     def expression(self) -> sp.Expr:
+        import sympy as sp
+
+        from miras.formula import NORM_EPS
+        from miras.symbols import ChannelSum, e, gate_symbol
+
         r = gate_symbol("radius")
         sq = ChannelSum(e**2)
         return sq / 2 + r * sp.sqrt(sq + NORM_EPS) + r**2 / 2
 
     def reference_loss(self, y, v, radius=None, **scalars) -> torch.Tensor:
         import torch
+
+        from miras.formula import NORM_EPS
 
         r = self.radius if radius is None else radius
         if torch.is_tensor(r) and r.dim() > 0:

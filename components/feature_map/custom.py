@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import sympy as sp
 from pydantic import model_validator
 
 from miras.components.base import FeatureMap, Range, number
 from miras.components.bias.custom import check_param_names, check_params_used
-from miras.formula import not_finite, parse_formula, value_at
-from miras.symbols import x
 
-# Key and query channels are any real numbers, 0 included (the window's padding): phi and its
-# derivative (training differentiates phi) must be finite and real at each of these.
-PROBE_INPUTS = (0, sp.Rational(-1, 2), sp.Rational(1, 2), -2, 2)
+if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
+    import sympy as sp
 
 
 class CustomMap(FeatureMap):
@@ -30,6 +26,11 @@ class CustomMap(FeatureMap):
 
     @model_validator(mode="after")
     def _parse(self) -> CustomMap:
+        import sympy as sp
+
+        from miras.formula import parse_formula
+        from miras.symbols import x
+
         check_param_names(self.params)
         phi = self.expression()  # raises FormulaError (a ValueError) naming what is wrong
         symbolic = {"x": x, **{n: sp.Symbol(n) for n in self.params}}
@@ -41,6 +42,11 @@ class CustomMap(FeatureMap):
         return d
 
     def expression(self) -> sp.Expr:
+        import sympy as sp
+
+        from miras.formula import parse_formula
+        from miras.symbols import x
+
         symbols = {"x": x, **{n: sp.Float(val) for n, val in self.params.items()}}
         return parse_formula(self.formula, symbols)
 
@@ -48,17 +54,27 @@ class CustomMap(FeatureMap):
         """The compiled rule emits phi as `feature_map` (torch, elementwise)."""
         return functions.feature_map(x)
 
+    def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
+        return [("feature_map", self.expression(), "")]
+
 
 def check_map(phi: sp.Expr) -> None:
     """Refuse a constant map (every key the same feature) and one that is not finite and real,
     or not differentiable, at some input."""
+    import sympy as sp
+
+    from miras.formula import not_finite, value_at
+    from miras.symbols import x
+
     if not phi.has(x):
         raise ValueError(
             "the feature map does not use x, so every key and query maps to the same vector; "
             "write it in x, e.g. x or exp(x)"
         )
     slope = sp.diff(phi, x)
-    for point in PROBE_INPUTS:
+    # Key and query channels are any real numbers, 0 included (the window's padding): phi and
+    # its derivative (training differentiates phi) must be finite and real at each of these.
+    for point in (0, sp.Rational(-1, 2), sp.Rational(1, 2), -2, 2):
         for what, expr in (("phi(x)", phi), ("the derivative phi'(x)", slope)):
             why = not_finite(value_at(expr, {x: point}))
             if why is not None:

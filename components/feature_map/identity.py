@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-import sympy as sp
-
 from miras.components.base import FeatureMap
-from miras.symbols import x
 
-if TYPE_CHECKING:
-    import torch  # annotations only; imported where used (loading a spec needs no torch)
+if TYPE_CHECKING:  # annotations only: sympy and torch are imported where used (components/base.py)
+    import sympy as sp
+    import torch
 
 
 class IdentityMap(FeatureMap):
@@ -25,6 +23,8 @@ class IdentityMap(FeatureMap):
         return d
 
     def expression(self) -> sp.Expr:
+        from miras.symbols import x
+
         return x
 
     def apply(self, x: torch.Tensor, coefficients: torch.Tensor | None = None) -> torch.Tensor:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Literal
 
-import sympy as sp
-
 from miras.components.base import FeatureMap, Range, number
-from miras.symbols import x
 
-if TYPE_CHECKING:
-    import torch  # annotations only; imported where used (loading a spec needs no torch)
+if TYPE_CHECKING:  # annotations only: sympy and torch are imported where used (components/base.py)
+    import sympy as sp
+    import torch
 
 
 class PolynomialMap(FeatureMap):
@@ -28,9 +26,13 @@ class PolynomialMap(FeatureMap):
         return d
 
     def coefficient_symbols(self) -> list[sp.Symbol]:
+        import sympy as sp
+
         return [sp.Symbol(f"a{i}", real=True) for i in range(1, self.degree + 1)]
 
     def expression(self) -> sp.Expr:
+        from miras.symbols import x
+
         return sum(a * x**i for i, a in enumerate(self.coefficient_symbols(), start=1))
 
     def initial_coefficients(self) -> torch.Tensor:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from miras.components.base import POSITIVE, Memory, number
-from miras.components.memory.mlp import Activation
+from miras.components.memory.mlp import Activation, activation_functions
+
+if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
+    import sympy as sp
 
 
 class GatedMLPMemory(Memory):
@@ -22,6 +25,9 @@ class GatedMLPMemory(Memory):
     def parameter_shapes(self, d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
         hidden = max(1, math.ceil(self.expansion * d_in))
         return {"W1": (d_out, hidden), "W2": (hidden, d_in), "W3": (hidden, d_in)}
+
+    def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
+        return activation_functions(self.activation)
 
     def forward(self, params: dict, x, activation=None):
         from miras.components.memory.linalg import apply

@@ -3,23 +3,31 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
-
-import sympy as sp
+from typing import TYPE_CHECKING, Literal
 
 from miras.components.base import POSITIVE, Memory, Range, number
-from miras.symbols import sigmoid, x
+
+if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
+    import sympy as sp
 
 Activation = Literal["gelu", "silu", "relu", "tanh"]
 
-# Each activation as a formula in x; the compiler derives and emits its derivative, which the
-# explicit backward of the memory uses.
-ACTIVATIONS: dict[str, sp.Expr] = {
-    "gelu": x * (1 + sp.erf(x / sp.sqrt(2))) / 2,
-    "silu": x * sigmoid(x),
-    "relu": sp.Max(x, 0),
-    "tanh": sp.tanh(x),
-}
+
+def activation_functions(name: Activation) -> list[tuple[str, sp.Expr, str]]:
+    """`activation` as a formula in x and its derivative `activation_grad`, derived: the
+    compiler emits both, and the memory's explicit backward uses the derivative."""
+    import sympy as sp
+
+    from miras.symbols import sigmoid, x
+
+    formulas = {
+        "gelu": x * (1 + sp.erf(x / sp.sqrt(2))) / 2,
+        "silu": x * sigmoid(x),
+        "relu": sp.Max(x, 0),
+        "tanh": sp.tanh(x),
+    }
+    f = formulas[name]
+    return [("activation", f, f"{name}(x)"), ("activation_grad", sp.diff(f, x), f"d {name}/dx")]
 
 
 class MLPMemory(Memory):
@@ -40,6 +48,9 @@ class MLPMemory(Memory):
         widths = [d_in] + [hidden] * (self.depth - 1) + [d_out]
         layers = list(zip(widths[1:], widths[:-1], strict=True))
         return {f"W{self.depth - i}": shape for i, shape in enumerate(layers)}
+
+    def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
+        return activation_functions(self.activation)
 
     def forward(self, params: dict, x, activation=None):
         """Input side first: W_depth, ..., W_1; keeps each layer's input and pre-activation

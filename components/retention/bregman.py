@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import sympy as sp
 from pydantic import field_validator
-from sympy.solvers.inequalities import solve_univariate_inequality
 
 from miras.components.base import Range, Retention, number
-from miras.formula import parse_formula
-from miras.symbols import eta, u, w, w0
+
+if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
+    import sympy as sp
 
 BINARY_ENTROPY = "w*log(w) + (1 - w)*log(1 - w)"
-
-# The state domains a potential may have, as intervals of w.
-DOMAINS: dict[str, sp.Set] = {
-    "real": sp.S.Reals,
-    "positive": sp.Interval.open(0, sp.oo),
-    "unit_interval": sp.Interval.open(0, 1),
-}
 
 
 def potential_domain(potential: sp.Expr) -> str:
     """The domain of F inferred from its terms: every log(g) and non-integer power g**p needs
-    g(w) > 0, and the domain is where all of them hold. It must be one of `DOMAINS`; e.g.
-    log(w) and log(1 - w) (binary entropy) give "unit_interval"."""
+    g(w) > 0, and the domain is where all of them hold. It must be one of the intervals below;
+    e.g. log(w) and log(1 - w) (binary entropy) give "unit_interval"."""
+    import sympy as sp
+    from sympy.solvers.inequalities import solve_univariate_inequality
+
+    from miras.symbols import w
+
+    domains = {  # the state domains a potential may have, as intervals of w
+        "real": sp.S.Reals,
+        "positive": sp.Interval.open(0, sp.oo),
+        "unit_interval": sp.Interval.open(0, 1),
+    }
     arguments = [f.args[0] for f in potential.atoms(sp.log)]
     arguments += [p.base for p in potential.atoms(sp.Pow) if not p.exp.is_integer]
     domain = sp.S.Reals
@@ -35,7 +37,7 @@ def potential_domain(potential: sp.Expr) -> str:
                 domain &= solve_univariate_inequality(g > 0, w, relational=False)
             except NotImplementedError:
                 raise ValueError(f"cannot tell where {g} > 0 (the domain of F)") from None
-    for name, interval in DOMAINS.items():
+    for name, interval in domains.items():
         if domain == interval:
             return name
     raise ValueError(
@@ -62,6 +64,9 @@ class BregmanRetention(Retention):
     @field_validator("potential")
     @classmethod
     def _parse(cls, text: str) -> str:
+        from miras.formula import parse_formula
+        from miras.symbols import w
+
         # A FormulaError is a ValueError: pydantic reports it at `retention.potential`.
         potential = parse_formula(text, {"w": w})
         if not potential.has(w):
@@ -71,17 +76,28 @@ class BregmanRetention(Retention):
 
     def potential_expr(self) -> sp.Expr:
         """F(w) as a sympy expression."""
+        from miras.formula import parse_formula
+        from miras.symbols import w
+
         return parse_formula(self.potential, {"w": w})
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + (1/eta) D_F(W, W_{t-1}), with the Bregman divergence
         D_F(w, w0) = F(w) - F(w0) - F'(w0) (w - w0); no G."""
+        import sympy as sp
+
+        from miras.symbols import eta, u, w, w0
+
         F = self.potential_expr()
         slope = sp.diff(F, w).subs(w, w0)
         return u * w + (F - F.subs(w, w0) - slope * (w - w0)) / eta
 
     def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
         """eta = 1: the step size already lives in u_t (the optimizer's lr gate)."""
+        import sympy as sp
+
+        from miras.symbols import eta
+
         return {eta: sp.Integer(1)}
 
     def domain(self) -> str:
@@ -95,6 +111,8 @@ class BregmanRetention(Retention):
         """Newton: the step is inverse_slope(z_t) with z_t = F'(W_{t-1}) - u_t; name z_t."""
         if self.solver != "newton":
             return super().update_lines(step)
+        import sympy as sp
+
         from miras.terms import NEWTON_NOTE, Line, Math
 
         expr = step("W_{t-1}")

@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import sympy as sp
 from pydantic import field_validator
 
 from miras.components.base import UNIT, Range, Retention, gate_or
-from miras.formula import parse_formula
-from miras.symbols import alpha, eta, gate_symbol, u, w, w0
 
-# The generator's variable: the ratio t = W / W_{t-1} of new to previous entry.
-t = sp.Symbol("t", positive=True)
+if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
+    import sympy as sp
+
 GENERALIZED_KL = "t*log(t) - t + 1"
+
+
+def ratio():
+    """The generator's variable: the ratio t = W / W_{t-1} of new to previous entry."""
+    import sympy as sp
+
+    return sp.Symbol("t", positive=True)
 
 
 def generator(text: str) -> sp.Expr:
     """f(t) from its formula, checked to generate a divergence: f(1) = 0 (no change costs
     nothing), f'(1) = 0 and f''(1) > 0 (zero at, and curving up around, t = 1)."""
+    import sympy as sp
+
+    from miras.formula import parse_formula
+
+    t = ratio()
     f = parse_formula(text, {"t": t})
     if not f.has(t):
         raise ValueError(f"the generator f(t) = {text!r} does not depend on t")
@@ -61,11 +71,17 @@ class FDivergenceRetention(Retention):
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + (1/eta) W_{t-1} f(W / W_{t-1}) + (1/alpha) (W log W - W)."""
+        import sympy as sp
+
+        from miras.symbols import alpha, eta, u, w, w0
+
         f = generator(self.f)
-        return u * w + w0 * f.subs(t, w / w0) / eta + (w * sp.log(w) - w) / alpha
+        return u * w + w0 * f.subs(ratio(), w / w0) / eta + (w * sp.log(w) - w) / alpha
 
     def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
         """As for l2 and KL: 1/eta = a, 1/alpha = 1 - a."""
+        from miras.symbols import alpha, eta, gate_symbol
+
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
-
-import sympy as sp
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from miras.components.base import POSITIVE, UNIT, Range, Retention, gate_or, number
-from miras.symbols import alpha, eta, gate_symbol, u, w, w0
+
+if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
+    import sympy as sp
 
 
 class KLRetention(Retention):
@@ -27,10 +27,16 @@ class KLRetention(Retention):
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + (1/eta) KL(W || W_{t-1}) + (1/alpha) sum W log W (negative
         entropy), minimized subject to each row of W summing to c (`scale`)."""
+        import sympy as sp
+
+        from miras.symbols import alpha, eta, u, w, w0
+
         return u * w + w * sp.log(w / w0) / eta + w * sp.log(w) / alpha
 
     def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
         """1/eta = a = 1 - lambda and 1/alpha = 1 - a = lambda (as for l2)."""
+        from miras.symbols import alpha, eta, gate_symbol
+
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
-
-import sympy as sp
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from miras.components.base import UNIT, Range, Retention, gate_or, number
-from miras.symbols import alpha, eta, gate_symbol, u, w, w0
+
+if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
+    import sympy as sp
 
 
 class LqRetention(Retention):
@@ -36,10 +36,14 @@ class LqRetention(Retention):
     def objective(self) -> sp.Expr:
         """One entry of the accumulator's objective: the l2 retention's, with w an entry of A.
         The read W = A / ||A||_q^(q-2) (per matrix) is Moneta's declared map, not an argmin."""
+        from miras.symbols import alpha, eta, u, w, w0
+
         return u * w + (w - w0) ** 2 / (2 * eta) + w**2 / (2 * alpha)
 
     def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
         """As for l2: 1/eta = a, 1/alpha = 1 - a."""
+        from miras.symbols import alpha, eta, gate_symbol
+
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
-
-import sympy as sp
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from miras.components.base import Retention
-from miras.symbols import eta, u, w, w0
+
+if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
+    import sympy as sp
 
 
 class NoRetention(Retention):
@@ -21,8 +21,14 @@ class NoRetention(Retention):
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + (1/eta) D(W, W_{t-1}) with D = 1/2 ||W - W_{t-1}||^2, no G."""
+        from miras.symbols import eta, u, w, w0
+
         return u * w + (w - w0) ** 2 / (2 * eta)
 
     def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
         """eta = 1: the step size already lives in u_t (the optimizer's lr gate)."""
+        import sympy as sp
+
+        from miras.symbols import eta
+
         return {eta: sp.Integer(1)}

@@ -15,8 +15,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 
-import sympy as sp
-
 from miras.compiler.affine import analyze
 from miras.compiler.bias_check import check_bias
 from miras.compiler.bias_derive import derive_bias
@@ -24,11 +22,10 @@ from miras.compiler.emit import function_source, load_module, module_source
 from miras.compiler.plan import make_plan
 from miras.compiler.retention_check import check_retention
 from miras.compiler.retention_derive import derive_retention
-from miras.components.memory.mlp import ACTIVATIONS
 from miras.errors import DerivationError
 from miras.ir import CompiledRule
 from miras.spec import Spec
-from miras.symbols import e, gate_symbol, u, v, w0, x
+from miras.symbols import e, gate_symbol, u, v, w0
 
 # Passes ------------------------------------------------------------------------------------
 
@@ -74,19 +71,13 @@ def chunk_form(c: CompiledRule) -> str:
 
 
 def _extra_functions(spec: Spec) -> list[str]:
-    """Activation and its derived derivative (MLP memories), a custom feature map."""
-    functions = []
-    activation = getattr(spec.memory, "activation", None)
-    if activation is not None:
-        f = ACTIVATIONS[activation]
-        functions.append(function_source("activation", ["x"], f, doc=f"{activation}(x)"))
-        derivative = sp.diff(f, x)
-        functions.append(
-            function_source("activation_grad", ["x"], derivative, doc=f"d {activation}/dx")
-        )
-    if spec.feature_map.kind == "custom":
-        functions.append(function_source("feature_map", ["x"], spec.feature_map.expression()))
-    return functions
+    """The functions of x the memory and the feature map ask for (`emitted_functions`): an
+    activation and its derivative (MLP memories), a custom feature map's phi."""
+    return [
+        function_source(name, ["x"], formula, doc=doc)
+        for component in (spec.memory, spec.feature_map)
+        for name, formula, doc in component.emitted_functions()
+    ]
 
 
 def emit(c: CompiledRule) -> str:
