@@ -11,6 +11,7 @@ from miras.components.bias.l2 import L2Bias
 from miras.components.bias.lp import LpBias
 from miras.components.bias.robust import RobustBias
 from miras.components.feature_map.custom import CustomMap
+from miras.components.feature_map.exp_kernel import ExpKernelMap
 from miras.components.feature_map.identity import IdentityMap
 from miras.components.feature_map.polynomial import PolynomialMap
 from miras.components.feature_map.taylor import TaylorMap
@@ -57,6 +58,7 @@ FEATURE_MAPS: dict[str, type[FeatureMap]] = {
     "identity": IdentityMap,
     "polynomial": PolynomialMap,
     "taylor": TaylorMap,
+    "exp_kernel": ExpKernelMap,
     "custom": CustomMap,
 }
 MEMORIES: dict[str, type[Memory]] = {

@@ -260,6 +260,10 @@ class FeatureMap(Component):
         """phi(x): `x` [..., D] -> [..., Dphi]."""
         raise NotImplementedError
 
+    def width_problem(self, d: int) -> str | None:
+        """Why Dphi for input width d is over the map's feature budget, or None (no budget)."""
+        return None
+
     def initial_params(self) -> dict[str, Any]:
         """Initial values of the map's learnable parameters, by name (none by default)."""
         return {}

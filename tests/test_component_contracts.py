@@ -10,6 +10,7 @@ display lines `miras derive` prints from them.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -25,6 +26,7 @@ from miras.compiler.retention_derive import derive_retention
 from miras.components import FEATURE_MAPS, MEMORIES, OPTIMIZERS
 from miras.components.base import FeatureMap, Memory, Optimizer
 from miras.components.feature_map.custom import CustomMap
+from miras.components.feature_map.exp_kernel import ExpKernelMap
 from miras.components.feature_map.identity import IdentityMap
 from miras.components.feature_map.polynomial import PolynomialMap
 from miras.components.feature_map.taylor import TaylorMap
@@ -440,6 +442,22 @@ class TestCustomMap(FeatureMapContract):
 
     def expected(self, x):
         return x + 0.5 * torch.tanh(x)
+
+
+class TestExpKernelMap(FeatureMapContract):
+    """The gated exp-kernel map at order 3 (tests/test_exp_kernel.py holds the kernel itself)."""
+
+    feature_map = ExpKernelMap(order=3, gating=True, max_features=10_000)  # the spec: d = 32
+
+    def expected(self, x):
+        d = x.shape[-1]
+        blocks = [torch.ones_like(x[..., :1])]
+        for p in range(1, 4):
+            for m in itertools.combinations_with_replacement(range(d), p):
+                counts = [m.count(i) for i in range(d)]
+                weight = 1 / math.sqrt(math.prod(math.factorial(n) for n in counts))
+                blocks.append(weight * math.prod(x[..., i] for i in m).unsqueeze(-1))
+        return torch.cat(blocks, -1)
 
 
 def test_every_catalogue_member_has_a_contract_class():
