@@ -331,11 +331,13 @@ def window_terms(window):
     from miras.terms import WindowSum, scalar, times
 
     c = window.c
-    index = "i" if c > 1 else "t"
+    index = "i" if c != 1 else "t"
     weight = scalar(window.gamma, "gamma", index)
 
     def wrap(term):
         term = times(weight, term)
+        if c == "global":  # the whole prefix, i = 1..t
+            return WindowSum("1", term)
         return WindowSum(f"t-{c - 1}", term) if c > 1 else term
 
     return wrap, index

@@ -62,7 +62,7 @@ class Sizes:
 def sizes_for(rule: MemoryRule) -> Sizes:
     """Small sizes that still reach past the window (c, or an attention window) by 3 tokens."""
     spec = rule.spec
-    reach = spec.window.c
+    reach = 1 if spec.window.is_global else spec.window.c
     if not spec.memory.parametric:  # softmax attention: its window of past tokens
         reach = spec.memory.window or 1
     return Sizes(length=max(9, reach + 3))
@@ -283,7 +283,8 @@ def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
         point = {n: w.detach().requires_grad_() for n, w in weights.items()}
         with torch.enable_grad():
             loss = 0.0
-            for i in range(max(0, t - spec.window.c + 1), t + 1):
+            first = 0 if spec.window.is_global else max(0, t - spec.window.c + 1)
+            for i in range(first, t + 1):
                 y = rt.memory.forward(point, phi_k[:, :, i])  # [B, H, Dv]
                 bias_args = [gates_[n][:, :, i] for n in spec.bias.gates()]
                 term = rule.functions.bias_loss(y, v_[:, :, i], *bias_args)  # [B, H, 1]

@@ -23,7 +23,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     ValidationError,
+    WithJsonSchema,
     model_validator,
 )
 
@@ -72,26 +74,54 @@ def one_of(field: str) -> Any:
     return Annotated[union, BeforeValidator(_component_short_form(field))]
 
 
+def _window_size(value: Any) -> int | str:
+    """c: an integer >= 1, or "global" (the whole prefix)."""
+    if value == "global":
+        return "global"
+    number_ = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number_ or not math.isfinite(value) or value != int(value) or value < 1:
+        raise ValueError(
+            f"expected an integer in [1, inf) or 'global' (the whole prefix), got {value!r}"
+        )
+    return int(value)
+
+
+WindowSize = Annotated[
+    Union[int, Literal["global"]],  # noqa: UP007 (as `one_of`)
+    PlainValidator(_window_size),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": "global"}]}),
+]
+
+
 class Window(BaseModel):
     """ATLAS's Omega rule: the objective at step t is sum_{i=t-c+1..t} gamma_i l(W; k_i, v_i).
 
     `c = 1` is the online case, where `gamma` only rescales the single term (the learning rate
-    does the same), so it is allowed but changes nothing worth a gate.
+    does the same), so it is allowed but changes nothing worth a gate. `c: global` (`window:
+    global`) sums over the whole prefix i = 1..t (ATLAS section 3.2, the DeepTransformers of
+    section 4): quadratic in the sequence length, like attention (docs/chunking.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    c: number(Range(1, math.inf, lo_closed=True), integer=True) = 1
+    c: WindowSize = 1
     gamma: gate_or(POSITIVE) = 1.0
 
     @model_validator(mode="before")
     @classmethod
     def _short_form(cls, value: Any) -> Any:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return {"c": value}  # `window: 4` means {c: 4}
+        number_ = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number_ or value == "global":
+            return {"c": value}  # `window: 4` means {c: 4}; `window: global` {c: global}
         if isinstance(value, (Mapping, Window)):
             return value
-        raise ValueError(f"expected an integer c >= 1 or a mapping {{c, gamma}}, got {value!r}")
+        raise ValueError(
+            f"expected an integer c >= 1, 'global' or a mapping {{c, gamma}}, got {value!r}"
+        )
+
+    @property
+    def is_global(self) -> bool:
+        return self.c == "global"
 
     def gates(self) -> list[str]:
         return ["gamma"] if self.gamma == "gate" else []
@@ -262,10 +292,17 @@ def parameter_names_are_unique(spec: Spec) -> list[Problem]:
     return problems
 
 
+def feature_map_within_budget(spec: Spec) -> list[Problem]:
+    """A feature map with a width budget (exp_kernel's max_features) at the model's head width."""
+    why = spec.feature_map.width_problem(spec.model.head_dim)
+    return [Problem("feature_map.max_features", why)] if why else []
+
+
 COMPATIBILITY_RULES: list[Callable[[Spec], list[Problem]]] = [
     nonparametric_is_attention,
     positive_state_needs_positive_init,
     parameter_names_are_unique,
+    feature_map_within_budget,
 ]
 
 

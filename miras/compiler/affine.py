@@ -89,7 +89,7 @@ def analyze(spec: Spec, bias: BiasRule | None = None) -> ChunkForm:
         pieces = [f"dL/dy is affine in y with slope {slope}"]
     pieces.append(f"retention {retention.kind}")
     pieces.append(f"optimizer {optimizer.kind}")
-    if spec.window.c > 1:
+    if spec.window.c != 1:
         pieces.append(f"window c = {spec.window.c}")
     reason = "the step is affine in W: matrix memory, " + ", ".join(pieces)
     return ChunkForm("exact", reason, slope=constant, slope_reads_v=reads_v)

@@ -8,6 +8,7 @@ The state is float32 (float64 when the inputs are); the output has the inputs' d
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -132,6 +133,8 @@ def run(
         o = attention.forward(rule.spec.memory.window, q_, k_, v_)
         return o.transpose(1, 2).to(q.dtype), None
 
+    if rule.spec.window.is_global:
+        rt, initial_state = global_window(rt, initial_state, shapes.length)
     params = rule.default_params(dtype) if params is None else params
     phi_q, phi_k = rt.feature(q_, params), rt.feature(k_, params)
     d_phi = phi_k.shape[-1]
@@ -168,6 +171,27 @@ def run(
             final[f"window.{n}"] = g[:, :, -seq.past :]
     o = o.transpose(1, 2).to(q.dtype)
     return o, (_state_out(final) if output_final_state else None)
+
+
+def global_window(rt: Runtime, initial_state, length: int):
+    """`window: global` for one call of `length` tokens: the sliding window with c = P + T + 1,
+    P the tokens the state carries (0 without one), so every token's window reaches back past
+    the first token of the sequence and the carried window (the last c - 1 = P + T tokens) is
+    the whole prefix: the state grows by T tokens per call, the cost is O(T (P + T)), like
+    attention with its KV cache (docs/chunking.md). The caller's carried tokens are padded in
+    front with T empty slots (valid = 0), which `_tokens` selects away."""
+    carried = 0
+    if isinstance(initial_state, dict) and "window.k" in initial_state:
+        carried = initial_state["window.k"].shape[2]
+    window = rt.spec.window.model_copy(update={"c": carried + length + 1})
+    rt = dataclasses.replace(rt, spec=rt.spec.model_copy(update={"window": window}))
+    if carried:
+        initial_state = dict(initial_state)
+        for name, value in initial_state.items():
+            if name.startswith("window."):
+                front = value.new_zeros(*value.shape[:2], length, value.shape[-1])
+                initial_state[name] = torch.cat([front, value], dim=2)
+    return rt, initial_state
 
 
 def inside_value(allowed: Range) -> float:

@@ -130,7 +130,9 @@ def state_size(spec: Spec, seq_len: int) -> int:
     elif spec.memory.kind == "nonparametric":
         per_layer = attention(spec.memory.window)
     else:
-        per_layer = _memory_state(spec, d_head) * heads + kv * (spec.window.c - 1)
+        # The window's carried tokens: c - 1, or the whole prefix for `window: global`.
+        past = seq_len if spec.window.is_global else spec.window.c - 1
+        per_layer = _memory_state(spec, d_head) * heads + kv * past
         if variant in ("mal", "mag"):
             per_layer += attention(model.swa_window)
         elif variant == "mac":
