@@ -43,12 +43,18 @@ class ChunkForm:
     - "start": inside a chunk every gradient is taken at the chunk-start state (Titans 3.2).
 
     `slope` is d2L/dy2 when the analysis proved it a constant (l2: 1, dot: 0), else None (it
-    reads gates, or v when `slope_reads_v`); the exact form evaluates it from `bias_grad`."""
+    reads gates, or v when `slope_reads_v`); the exact form evaluates it from `bias_grad`.
+
+    `start_path` is how the chunk-start form runs, whether chosen here or asked for with
+    `chunk_mode="start"`: "linear" where the memory, the retention step and the optimizer
+    update are all linear (`miras.runtime.linear`: masked matmuls), else "general"
+    (`miras.runtime.chunk`: per-token maps over batched gradients)."""
 
     form: Literal["exact", "start"]
     reason: str
     slope: float | None = None
     slope_reads_v: bool = False
+    start_path: Literal["linear", "general"] = "general"
 
     def text(self) -> str:
         if self.form == "exact":

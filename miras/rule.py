@@ -55,7 +55,7 @@ class MemoryRule:
             activation=getattr(module, "activation", None),
             activation_grad=getattr(module, "activation_grad", None),
         )
-        self.runtime = Runtime(self.spec, memory, module)
+        self.runtime = Runtime(self.spec, memory, module, self.plan.chunk_form.start_path)
 
     @property
     def gates(self) -> list[str]:

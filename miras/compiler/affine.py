@@ -18,6 +18,8 @@ recurrence and the exact form solves one system per channel.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sympy as sp
 
 from miras.compiler.bias_derive import derive_bias
@@ -57,8 +59,23 @@ def bias_slope(spec: Spec, rule: BiasRule) -> tuple[sp.Expr | None, str]:
     return slope, ""
 
 
+def start_path(spec: Spec) -> str:
+    """How the chunk-start form runs `spec`: "linear" (masked matmuls, no per-token state)
+    when the memory is linear in its weights, the retention step is W_t = a_t W_{t-1} - u_t
+    and the optimizer update is linear in g_t; "general" otherwise."""
+    linear = (
+        spec.memory.linear and spec.retention.linear_step and spec.optimizer.linear_form is not None
+    )
+    return "linear" if linear else "general"
+
+
 def analyze(spec: Spec, bias: BiasRule | None = None) -> ChunkForm:
-    """Decide the chunk form of `spec` from its components and derived bias gradient."""
+    """Decide the chunk form of `spec` from its components and derived bias gradient, with
+    the path its chunk-start form takes (also run when `chunk_mode="start"` asks for it)."""
+    return replace(_form(spec, bias), start_path=start_path(spec))
+
+
+def _form(spec: Spec, bias: BiasRule | None) -> ChunkForm:
     memory = spec.memory
     if not memory.parametric:
         return ChunkForm("exact", "softmax attention is computed in closed form; nothing to chunk")

@@ -2,9 +2,10 @@
 state (the parallelization of Titans, MIRAS and ATLAS); b = 1 is the exact recurrence.
 
 Two paths, the same semantics:
-- `miras.runtime.linear`, the linear fast path, where it applies (`linear.applies`: the
-  memory, retention step and optimizer update are all linear). The chunk collapses into
-  matmuls with decay masks (no per-token state).
+- `miras.runtime.linear`, the linear fast path, where the compiler's chunk_form pass found
+  the memory, retention step and optimizer update all linear (`ChunkForm.start_path`, read
+  here as `rt.start_path`). The chunk collapses into matmuls with decay masks (no per-token
+  state).
 - `forward_general` (here): any other spec. Gradients, memory backward and reads are batched
   over the chunk; the optimizer's update (the component's) and the (possibly nonlinear)
   retention map run token by token on per-token updates, so each map is applied at every
@@ -27,7 +28,7 @@ from miras.runtime.core import Runtime, State, Tokens, as_param_gate
 
 def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
     """Returns o [B, H, T, Dv] and the final memory state."""
-    if linear.applies(rt.spec):
+    if rt.start_path == "linear":
         return linear.forward(rt, seq, state, chunk_size)
     return forward_general(rt, seq, state, chunk_size)
 

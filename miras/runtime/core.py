@@ -47,6 +47,9 @@ class Runtime:
     spec: Spec
     memory: MemoryModel
     functions: ModuleType  # the emitted module: bias_grad, retention_step, retention_read, ...
+    # How the chunk-start form runs, as the compiler recorded it (`ChunkForm.start_path`):
+    # "linear" (`miras.runtime.linear`) or "general" (`miras.runtime.chunk`).
+    start_path: str
 
     # Gate names by where they act, in the order the emitted functions take them.
     @property

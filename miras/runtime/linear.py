@@ -1,7 +1,8 @@
 """The linear fast path of the chunk-start form: the chunk collapses into matmuls with decay
 masks, no per-token state.
 
-It applies where every piece of the step is linear (`applies`):
+It applies where every piece of the step is linear, as the compiler's chunk_form pass records
+(`miras.compiler.affine.start_path`, `ChunkForm.start_path`):
 - the memory is linear in its weights (M_W(x) = W x: the matrix memory);
 - the retention's step is W_t = a_t W_{t-1} - u_t (`Retention.linear_step`; a_t its
   `decay_gate`, or 1);
@@ -18,14 +19,6 @@ import torch
 
 from miras.runtime.chunk_common import chunk_views, window_gradients
 from miras.runtime.core import Runtime, State, Tokens, gate_values
-from miras.spec import Spec
-
-
-def applies(spec: Spec) -> bool:
-    """True when the memory, the retention step and the optimizer update are all linear."""
-    return (
-        spec.memory.linear and spec.retention.linear_step and spec.optimizer.linear_form is not None
-    )
 
 
 def _decay_matrix(factors: torch.Tensor) -> torch.Tensor:

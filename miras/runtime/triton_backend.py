@@ -278,7 +278,7 @@ def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int):
     # Dv = Dphi = 128, past the 227 KB of an H100), so the general kernels take it.
     whole_rows = not rule.bias.elementwise
     linear = (
-        linear_applies(spec)
+        linear_applies(rule.ir)
         and not per_channel_decay
         and not (whole_rows and _pow2(d_v) > LINEAR_BLOCK_V)
     )

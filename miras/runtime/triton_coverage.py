@@ -21,7 +21,6 @@ from miras.compiler.pipeline import compile_ir
 from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.triton import RESERVED, Gates, emit_source
 from miras.ir import CompiledRule
-from miras.runtime import linear
 from miras.spec import Spec, load_spec
 
 
@@ -61,10 +60,12 @@ def unsupported_reason(spec: Spec) -> str | None:
     return None
 
 
-def linear_applies(spec: Spec) -> bool:
-    """The linear template: where the chunk's linear fast path applies (`linear.applies`:
-    matrix memory, step a w0 - u), with the update u_t = lr_t g_t (no momentum)."""
-    return linear.applies(spec) and spec.optimizer.linear_form == "step"
+def linear_applies(compiled: CompiledRule) -> bool:
+    """The linear template: where the compiler recorded the linear chunk-start path
+    (`ChunkForm.start_path`: matrix memory, step a w0 - u), with the update u_t = lr_t g_t
+    (no momentum)."""
+    linear = compiled.plan.chunk_form.start_path == "linear"
+    return linear and compiled.spec.optimizer.linear_form == "step"
 
 
 # The kernels of a spec -------------------------------------------------------------------------
@@ -90,7 +91,7 @@ def kernel_source(spec) -> str:
     compiled = compiled or compile_ir(spec)
     try:
         _SOURCES[key] = emit_source(
-            spec, compiled.bias, compiled.retention, gate_plan(spec), linear_applies(spec)
+            spec, compiled.bias, compiled.retention, gate_plan(spec), linear_applies(compiled)
         )
     except UnsupportedExpression as err:
         raise ValueError(

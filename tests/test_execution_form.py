@@ -1,0 +1,57 @@
+"""The execution form is recorded in the IR whole: the compiler's chunk_form pass records the
+chunk-start path (`ChunkForm.start_path`), and the runtime dispatches on that record alone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import miras
+from miras.runtime import linear
+
+
+@pytest.mark.parametrize(
+    ("spec", "form", "path"),
+    [
+        ({"name": "gdn", "retention": {"kind": "l2", "grad_at": "retained"}}, "exact", "linear"),
+        ({"name": "yaad_matrix", "bias": "huber", "retention": "l2"}, "start", "linear"),
+        ({"name": "mom", "optimizer": "momentum", "retention": "l2"}, "exact", "linear"),
+        ({"name": "moneta_matrix", "bias": "l2", "retention": "lq"}, "start", "general"),
+        ({"name": "muon_matrix", "optimizer": "muon"}, "start", "general"),
+        ({"name": "mlp", "memory": {"kind": "mlp", "depth": 2}}, "start", "general"),
+    ],
+)
+def test_the_chunk_form_pass_records_the_start_path(spec, form, path):
+    chunk_form = miras.compile(spec).plan.chunk_form
+    assert (chunk_form.form, chunk_form.start_path) == (form, path)
+
+
+def inputs(rule, length=10):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, length, 2, 4, generator=gen, dtype=torch.float64) for _ in "qkv")
+    gates = {n: 0.2 + 0.6 * torch.rand(1, length, 2, generator=gen) for n in rule.gates}
+    return q, k, v, {n: g.double() for n, g in gates.items()}
+
+
+def test_the_runtime_takes_the_path_the_ir_records(monkeypatch):
+    """Same spec, two records: the linear module runs only where the IR says "linear", and
+    both paths compute the same chunk-start form."""
+    rule = miras.compile({"name": "yaad_matrix", "bias": "huber", "retention": "l2"})
+    calls = []
+    original = linear.forward
+
+    def spy(rt, seq, state, chunk_size):
+        calls.append(rt.start_path)
+        return original(rt, seq, state, chunk_size)
+
+    monkeypatch.setattr(linear, "forward", spy)
+    q, k, v, gates = inputs(rule)
+    fast, _ = rule(q, k, v, gates=gates, backend="chunk", chunk_size=4)
+    assert calls == ["linear"]
+
+    rule.runtime = dataclasses.replace(rule.runtime, start_path="general")
+    general, _ = rule(q, k, v, gates=gates, backend="chunk", chunk_size=4)
+    assert calls == ["linear"]  # the general path ran, though the spec's pieces are linear
+    torch.testing.assert_close(general, fast, rtol=1e-10, atol=1e-12)
