@@ -659,6 +659,8 @@ def probe(
         gates = ", ".join(f"{k}={v:g}" for k, v in result.gates.items())
         for row in result.rows():
             interval = f"[{row['low']:.4g}, {row['high']:.4g}]"
+            if row["diverged"]:
+                interval = f"diverged on {row['diverged']} of {row['seeds']} seeds"
             x = f"{row[first.x_name]:g}"
             table.add_row(result.spec, gates, x, f"{row['mean']:.4g}", interval)
     out.print(table)

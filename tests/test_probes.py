@@ -106,6 +106,22 @@ def test_nonlinear_values_are_a_fixed_function_of_the_keys():
     # The same key gives the same value: a function, not noise.
     again = teacher_values(torch.cat([k, k[:, :1]], dim=1), seed=1)
     assert torch.allclose(again[:, -1] / again[:, 0], torch.ones(3, 8, dtype=torch.float64))
+    # Even and centred: on many keys the best linear map explains almost nothing, while the
+    # degree-2 tensor features [1, k, k(x)k] fit it exactly.
+    keys = torch.nn.functional.normalize(torch.randn(1, 2000, 8, dtype=torch.float64), dim=-1)
+    values = teacher_values(keys, seed=2)
+    linear = keys @ torch.linalg.lstsq(keys, values).solution
+    assert ((linear - values).norm() / values.norm()).item() > 0.95
+    quad = torch.cat(
+        [
+            torch.ones_like(keys[..., :1]),
+            keys,
+            (keys[..., :, None] * keys[..., None, :]).flatten(-2),
+        ],
+        -1,
+    )
+    fit = quad @ torch.linalg.lstsq(quad, values).solution
+    assert ((fit - values).norm() / values.norm()).item() < 1e-8
     # A Hebbian memory recalls one pair exactly (unit keys), whatever the values are.
     result = nonlinear(HEBBIAN, pair_counts=[1], **SMALL)
     assert means(result)[0] < 1e-12
@@ -122,6 +138,8 @@ def test_confidence_interval_matches_a_hand_computation():
     assert got[2] - got[0] == pytest.approx(half, rel=1e-6)
     assert got[0] - got[1] == pytest.approx(half, rel=1e-6)
     assert confidence_interval([0.4]) == (0.4, 0.4, 0.4)
+    # A diverged seed (inf) makes the whole interval NaN rather than a finite lie.
+    assert all(math.isnan(x) for x in confidence_interval([0.4, math.inf]))
 
 
 def test_points_carry_the_interval_of_their_seeds_and_the_tuning_seed_is_apart():
@@ -179,3 +197,13 @@ def test_cli_names_a_bad_probe_and_a_bad_option():
     assert bad.exit_code == 2 and "capacity, interference" in bad.output
     option = runner.invoke(app, ["probe", "capacity", DELTANET, "--option", "pairs=3"])
     assert option.exit_code == 1 and "--option" in option.output and "pairs" in option.output
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "specs/probes").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_probe_ablation_specs_compile(path):
+    # The ablations docs/claims.md runs; the shipped-spec suites glob specs/ and specs/examples.
+    rule = compile_rule(str(path))
+    assert "Run: miras probe" in path.read_text()
+    assert rule.gates and "lr" in rule.gates

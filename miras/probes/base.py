@@ -98,6 +98,7 @@ class ProbeResult:
                 "low": p.low,
                 "high": p.high,
                 "seeds": len(p.errors),
+                "diverged": sum(not math.isfinite(e) for e in p.errors),
             }
             for p in self.points
         ]
@@ -105,7 +106,8 @@ class ProbeResult:
 
 def confidence_interval(values: Sequence[float]) -> tuple[float, float, float]:
     """(mean, low, high): the mean and its two-sided 95% Student t interval over `values`
-    (one per seed); a single value gives a zero-width interval. Non-finite values give NaN."""
+    (one per seed); a single value gives a zero-width interval. Any non-finite value (a seed
+    on which the rule diverged) gives NaN for all three: `Point.errors` keeps the seeds."""
     if not values:
         raise ValueError("confidence_interval: expected at least one value, got none")
     n = len(values)

@@ -30,11 +30,21 @@ def _stream_order(n: int, presentations: int, seed: int) -> torch.Tensor:
     return torch.cat(orders)
 
 
+def presented(k: torch.Tensor, v: torch.Tensor, passes: int, seed: int) -> Episode:
+    """The episode that writes pairs k [B, N, d_k], v [B, N, d_v] `passes` times (in order,
+    then fresh random orders: `_stream_order`) and reads every pair back."""
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"passes: expected a positive integer, got {passes!r}")
+    order = _stream_order(k.shape[1], passes, seed)
+    return Episode(k[:, order], v[:, order], k, v)
+
+
 def capacity(
     rule,
     *,
     pair_counts: Sequence[int] | None = None,
     keys: str = "unit",
+    passes: int = 1,
     d_k: int = 16,
     trials: int = 16,
     seeds: int = 5,
@@ -42,17 +52,18 @@ def capacity(
     gates: dict[str, float] | None = None,
     grid: dict | None = None,
 ) -> ProbeResult:
-    """Recall error of all N pairs after one pass over them, against N.
+    """Recall error of all N pairs after `passes` passes over them (one: in-context), against N.
 
     keys: `unit` (random on the sphere) or `orthogonal` (exactly orthogonal up to N = d_k).
-    An exact delta rule (lr 1) recalls d_k orthogonal pairs with error 0."""
+    An exact delta rule (lr 1) recalls d_k orthogonal pairs with error 0. Many passes approach
+    the storage capacity (what miras.tasks.capacity measures with a decaying step)."""
     xs = list(pair_counts or (d_k // 4, d_k // 2, d_k, 2 * d_k, 4 * d_k))
 
     def make(n, s):
         k, v = draw_pairs(d_k, d_k, n, trials=trials, seed=s, keys=keys)
-        return Episode(k, v, k, v)
+        return presented(k, v, passes, s)
 
-    settings = {"keys": keys, "d_k": d_k, "trials": trials}
+    settings = {"keys": keys, "passes": passes, "d_k": d_k, "trials": trials}
     return run_probe(
         "capacity", rule, make, xs, x_name="pairs", seeds=seeds, seed=seed, gates=gates,
         grid=grid, settings=settings,
@@ -107,7 +118,7 @@ def interference(
 def outliers(
     rule,
     *,
-    fractions: Sequence[float] = (0.0, 0.1, 0.2, 0.3),
+    fractions: Sequence[float] = (0.0, 0.125, 0.25, 0.375),
     n_pairs: int | None = None,
     scale: float = 10.0,
     keys: str = "unit",
@@ -118,10 +129,11 @@ def outliers(
     gates: dict[str, float] | None = None,
     grid: dict | None = None,
 ) -> ProbeResult:
-    """Recall error of the clean pairs when a fraction of the N written values is corrupted
-    (v + scale * z, z ~ N(0, I)), against the fraction. The clean targets are the drawn
+    """Recall error of the clean pairs when a fraction of the N (default d_k / 2) written values
+    is corrupted (v + scale * z, z ~ N(0, I)), against the fraction; round(fraction * N) pairs
+    are corrupted, so the defaults corrupt 0, 1, 2 and 3 of 8. The clean targets are the drawn
     values; at fraction 0 this is capacity's error at the same N."""
-    n = n_pairs or d_k
+    n = n_pairs or d_k // 2
     for f in fractions:
         if not 0 <= f < 1:
             raise ValueError(f"fractions: expected values in [0, 1), got {list(fractions)}")
@@ -176,15 +188,17 @@ def recency(
     )  # fmt: skip
 
 
-def teacher_values(k: torch.Tensor, *, seed: int, hidden: int = 32, gain: float = 2.0):
-    """v = B tanh(gain A k) / rms: a random one-hidden-layer network of the keys [T, N, d_k]
-    -> [T, N, d_k], one teacher per trial, scaled to unit mean square. Past d_k pairs no linear
-    map fits it; a deep memory (or a richer feature map) can."""
+def teacher_values(k: torch.Tensor, *, seed: int, hidden: int = 32):
+    """v = B ((A k)^2 - 1) / rms: a random one-hidden-layer network with a square activation,
+    keys [trials, N, d_k] -> values [trials, N, d_k], one teacher per trial, scaled to unit mean
+    square. The map is even (v(-k) = v(k)) and centred, so on keys uniform on the sphere it has
+    no linear part: past d_k pairs a matrix memory has nothing to fit, a degree-2 feature map
+    fits it exactly and a deep memory can approximate it."""
     trials, _, d = k.shape
     gen = torch.Generator().manual_seed(seed * 15_485_863 + 1)
-    a = torch.randn(trials, hidden, d, generator=gen, dtype=k.dtype)
+    a = torch.randn(trials, hidden, d, generator=gen, dtype=k.dtype)  # (A k)_j ~ N(0, 1)
     b = torch.randn(trials, d, hidden, generator=gen, dtype=k.dtype) / math.sqrt(hidden)
-    v = torch.tanh(gain * k @ a.transpose(-1, -2)) @ b.transpose(-1, -2)
+    v = ((k @ a.transpose(-1, -2)).pow(2) - 1) @ b.transpose(-1, -2)
     return v / v.pow(2).mean().sqrt()
 
 
@@ -192,6 +206,7 @@ def nonlinear(
     rule,
     *,
     pair_counts: Sequence[int] | None = None,
+    passes: int = 1,
     d_k: int = 8,
     trials: int = 16,
     seeds: int = 5,
@@ -200,15 +215,15 @@ def nonlinear(
     grid: dict | None = None,
 ) -> ProbeResult:
     """Recall error of N stored pairs whose values are a nonlinear function of the keys
-    (`teacher_values`), after one pass, against N (past d_k a matrix memory cannot fit it)."""
+    (`teacher_values`), after `passes` passes, against N (past d_k a matrix memory cannot fit
+    it)."""
     xs = list(pair_counts or (d_k // 2, d_k, 2 * d_k, 4 * d_k, 8 * d_k))
 
     def make(n, s):
         k, _ = draw_pairs(d_k, 1, n, trials=trials, seed=s)
-        v = teacher_values(k, seed=s)
-        return Episode(k, v, k, v)
+        return presented(k, teacher_values(k, seed=s), passes, s)
 
-    settings = {"d_k": d_k, "trials": trials, "teacher": "B tanh(2 A k), 32 hidden"}
+    settings = {"passes": passes, "d_k": d_k, "trials": trials, "teacher": "B((Ak)^2-1)"}
     return run_probe(
         "nonlinear", rule, make, xs, x_name="pairs", seeds=seeds, seed=seed, gates=gates,
         grid=grid, settings=settings,
@@ -236,8 +251,7 @@ def repetition(
 
     def make(r, s):
         k, v = draw_pairs(d_k, d_k, n, trials=trials, seed=s)
-        order = _stream_order(n, r, s)
-        return Episode(k[:, order], v[:, order], k, v)
+        return presented(k, v, r, s)
 
     settings = {"pairs": n, "d_k": d_k, "trials": trials}
     return run_probe(
