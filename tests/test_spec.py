@@ -379,6 +379,18 @@ BAD = [
         ["window.gamma"],
         id="param-named-like-window-gamma",
     ),
+    pytest.param(
+        {"feature_map": {"kind": "exp_kernel", "order": 4}},  # d = 64 / 2 heads = 32
+        "feature_map.max_features",
+        ["order 4", "d = 32", "C(d + P, P) = 58905", "max_features = 4096", "lower order"],
+        id="exp-kernel-over-budget",
+    ),
+    pytest.param(
+        {"window": "all"},
+        "window",
+        ["'global'", "got 'all'"],
+        id="window-not-global",
+    ),
 ]
 
 
@@ -398,6 +410,7 @@ def test_every_compatibility_rule_has_a_case():
         "nonparametric_is_attention": "nonparametric-bias",
         "positive_state_needs_positive_init": "kl-with-zero-init",
         "parameter_names_are_unique": "param-named-like-a-gate",
+        "feature_map_within_budget": "exp-kernel-over-budget",
     }
     assert [rule.__name__ for rule in COMPATIBILITY_RULES] == list(covered)
     assert set(covered.values()) <= ids

@@ -333,6 +333,8 @@ MATRIX_SPECS = [
     "specs/swla.yaml",
     "specs/examples/cauchy_memory.yaml",
     "specs/examples/exponentiated_memory.yaml",
+    "specs/examples/linear_deep_omega_transformer.yaml",
+    "specs/examples/linear_deep_transformer.yaml",
     "specs/examples/logcosh_deltanet.yaml",
 ]
 
