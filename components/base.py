@@ -150,6 +150,10 @@ class Bias(Component):
         (e.g. a norm). Uses `miras.symbols` `e`, `y`, `v` and the component's scalars."""
         raise NotImplementedError
 
+    def label(self) -> str:
+        """How messages name this bias: "the huber bias" (a custom one quotes its loss)."""
+        return f"the {self.kind} bias"
+
     def reference_loss(self, y: torch.Tensor, v: torch.Tensor, **scalars: Any) -> torch.Tensor:
         """A hand-written torch L, summed over the last (value) axis: `[..., Dv] -> [...]`.
         An independent oracle for the derived gradient."""
@@ -195,6 +199,12 @@ class Retention(Component):
 
     # True when the argmin is taken over each row constrained to sum to `row_sum()` (KL).
     simplex_rows: ClassVar[bool] = False
+
+    def read_norm(self) -> float | None:
+        """q when reads see the state through Moneta's normalization W = A / ||A||_q^(q-2),
+        one q-norm per matrix (the state is then an accumulator A, and `reference_read` is
+        that map); None when reads see the state itself. The emitters print the read from it."""
+        return None
 
     def reference_read(self, state: Any) -> Any:
         """The read map W = read(state) [..., out, in], hand-written in torch: an oracle for

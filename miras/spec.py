@@ -203,7 +203,7 @@ class Spec(BaseModel):
     def gates(self) -> list[str]:
         """Names of the data-dependent gates the rule takes, in field order. Softmax attention
         (nonparametric memory) takes none: it has no inner step for a gate to scale."""
-        if self.memory.kind == "nonparametric":
+        if not self.memory.parametric:
             return []
         names = [gate for comp in self.components().values() for gate in comp.gates()]
         return list(dict.fromkeys([*names, *self.window.gates()]))
@@ -231,7 +231,7 @@ class Spec(BaseModel):
 def nonparametric_is_attention(spec: Spec) -> list[Problem]:
     """Nonparametric memory is softmax attention, the closed-form minimizer of the l2 objective:
     no gradient step, nothing to retain, no feature map and no Omega window to apply."""
-    if spec.memory.kind != "nonparametric":
+    if spec.memory.parametric:
         return []
     why = "nonparametric memory is softmax attention, the closed-form solution"
     only = {"bias": "l2", "retention": "none", "optimizer": "gd", "feature_map": "identity"}

@@ -132,6 +132,9 @@ class CustomBias(Bias):
     def gates(self) -> list[str]:
         return [name for name, value in self.params.items() if value == "gate"]
 
+    def label(self) -> str:
+        return f"the custom bias {self.loss!r}"
+
     def scalars(self) -> dict[str, sp.Symbol]:
         from miras.symbols import gate_symbol
 

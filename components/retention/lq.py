@@ -55,6 +55,9 @@ class LqRetention(Retention):
         read = Frac(a_t, Power(Norm(a_t, f"{self.q:g}"), f"{self.q - 2:g}"))
         return [Line(a_t, Math(step("A_{t-1}"))), Line(sym("W_t"), read)]
 
+    def read_norm(self) -> float | None:
+        return float(self.q)
+
     def reference_read(self, state):
         """Moneta's W = A / ||A||_q^(q-2) per matrix [..., out, in]; A = 0 reads as 0."""
         import torch

@@ -32,15 +32,10 @@ def _start(reason: str) -> ChunkForm:
     return ChunkForm("start", reason)
 
 
-def _bias_name(spec: Spec) -> str:
-    bias = spec.bias
-    return f"the custom bias {bias.loss!r}" if bias.kind == "custom" else f"the {bias.kind} bias"
-
-
 def bias_slope(spec: Spec, rule: BiasRule) -> tuple[sp.Expr | None, str]:
     """(slope, "") with slope = d(dL/dy_j)/dy_j free of y, fixed parameters substituted; or
     (None, why not) when dL/dy is not affine in y or couples the value channels."""
-    name = _bias_name(spec)
+    name = spec.bias.label()
     fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in spec.bias.fixed().items()}
     gradient = rule.gradient.subs(fixed).subs(e, y - v)
     for _, term in rule.sums:  # a sum of v alone is a per-vector constant: allowed

@@ -13,7 +13,8 @@ def _memory_state(spec: Spec) -> list[str]:
         window = f"last {memory.window}" if memory.window else "all"
         return [f"keys and values of the {window} past tokens (a KV cache)"]
     if memory.linear:
-        name = "A (accumulator; W = A/||A||_q^(q-2))" if spec.retention.kind == "lq" else "W"
+        accumulator = spec.retention.read_norm() is not None
+        name = "A (accumulator; W = A/||A||_q^(q-2))" if accumulator else "W"
         return [f"{name}: [B, H, Dv, Dphi] float32 (float64 for float64 inputs)"]
     # Nominal widths Dphi = 100, Dv = 1000, so that hidden widths read as factors of Dphi.
     shapes = memory.parameter_shapes(d_in=100, d_out=1000)

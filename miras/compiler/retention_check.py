@@ -49,7 +49,8 @@ def check_retention(
     def objective(x: torch.Tensor) -> torch.Tensor:
         return module.retention_objective(x, w0_, u_, *gates)
 
-    where = "accumulator A_t" if rule.kind == "lq" else "W_t"
+    accumulator = retention.read_norm() is not None
+    where = "accumulator A_t" if accumulator else "W_t"
     results = [_stationarity(retention, module, objective, new, w0_, u_, gates, stationary_tol)]
     if retention.simplex_rows:
         numeric = _argmin_rows(objective, w0_, retention.row_sum())
@@ -73,14 +74,12 @@ def check_retention(
             argmin_tol,
         )
     )
-    if rule.kind == "lq":
-        # Moneta's read, written independently of the emitted source.
-        q = float(retention.q)
-        norm = new.abs().pow(q).sum(dim=(-2, -1), keepdim=True).pow(1 / q)
+    if accumulator:
+        # The component's hand-written read, independent of the emitted source.
         results.append(
             CheckResult(
                 "read: retention_read(A) vs A / ||A||_q^(q-2) per matrix",
-                max_relative_error(module.retention_read(new), new / norm ** (q - 2)),
+                max_relative_error(module.retention_read(new), retention.reference_read(new)),
                 stationary_tol,
             )
         )
@@ -125,7 +124,7 @@ def _stationarity(retention, module, objective, new, w0_, u_, gates, tolerance) 
         piece = "stationarity: autograd grad of the objective at W_t, projected on each row sum"
         return CheckResult(piece, error, tolerance)
     if not hasattr(module, "retention_l1_weight"):
-        what = "A_t" if retention.kind == "lq" else "W_t"
+        what = "A_t" if retention.read_norm() is not None else "W_t"
         piece = f"stationarity: autograd grad of the objective at the derived {what}"
         return CheckResult(piece, float(grad.abs().max()), tolerance)
     # At exact zeros |w| has the subdifferential gamma [-1, 1], and torch's d|w|/dw there is 0:

@@ -156,9 +156,9 @@ NORM_FLOOR = 1e-12
 
 def _read_source(retention: Retention) -> str:
     doc = "The memory W seen by reads and gradients, from the state [..., Dv, Dphi]."
-    if retention.kind != "lq":
+    q = retention.read_norm()
+    if q is None:
         return f'def retention_read(state):\n    """{doc}"""\n    return state\n'
-    q = float(retention.q)
     return (
         "def retention_read(state):\n"
         f'    """{doc} W = A / ||A||_q^(q-2), q = {q:g}, per matrix."""\n'

@@ -199,8 +199,9 @@ def _retention_pieces(rule: RetentionRule, spec: Spec) -> list[str]:
             ),
             _jit("retention_map_vjp", ["w", "mask", "dw"], "The identity.", [], "dw"),
         ]
-    if rule.kind == "lq":
-        q = sp.nsimplify(retention.q)
+    read_norm = retention.read_norm()
+    if read_norm is not None:  # Moneta's read W = A / ||A||_q^(q-2), over the matrix
+        q = sp.nsimplify(read_norm)
         power = triton_code(sp.Abs(ENTRY) ** q)
         slope = triton_code(ENTRY * sp.Abs(ENTRY) ** (q - 2))
         consts = f"{float(q)!r}, {NORM_FLOOR!r}"

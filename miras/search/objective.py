@@ -127,7 +127,7 @@ def state_size(spec: Spec, seq_len: int) -> int:
         per_layer = attention(None)
     elif variant == "swa":
         per_layer = attention(model.swa_window)
-    elif spec.memory.kind == "nonparametric":
+    elif not spec.memory.parametric:  # softmax attention: its KV cache
         per_layer = attention(spec.memory.window)
     else:
         # The window's carried tokens: c - 1, or the whole prefix for `window: global`.
