@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 class ExpKernelMap(FeatureMap):
     """Taylor map of exp(x . y) to order P: <phi(q), phi(k)> = sum_{p<=P} a_p^2 (q . k)^p / p!.
 
-    Equation: phi(x) = [a_p x^(p) / sqrt(p!)]_{p=0..P}, each tensor power packed as its monomials x^alpha sqrt(p! / alpha!) / sqrt(p!) (dim C(d+P, P))
+    Equation: phi(x) = concat_{p=0..P} a_p x^(p) / sqrt(p!), x^(p) packed as monomials x^alpha / sqrt(alpha!) (dim C(d+P, P))
     """
 
     kind: Literal["exp_kernel"] = "exp_kernel"
