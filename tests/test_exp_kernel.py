@@ -136,13 +136,17 @@ def _rule(case: str, window):
     return miras.compile({**spec, "window": window}, checked=False)
 
 
+FORMS = [("recurrent", "auto"), ("chunk", "auto"), ("chunk", "start")]
+
+
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("backend", ["recurrent", "chunk"])
+@pytest.mark.parametrize(("backend", "mode"), FORMS, ids=["recurrent", "chunk", "chunk-start"])
 @pytest.mark.parametrize("c", [T, T + 3])
-def test_global_equals_a_window_at_least_the_sequence(case, backend, c):
+def test_global_equals_a_window_at_least_the_sequence(case, backend, mode, c):
     q, k, v = _qkv()
-    whole, _ = _rule(case, "global")(q, k, v, _lr(), backend=backend, chunk_size=3)
-    window, _ = _rule(case, c)(q, k, v, _lr(), backend=backend, chunk_size=3)
+    options = {"backend": backend, "chunk_size": 3, "chunk_mode": mode}
+    whole, _ = _rule(case, "global")(q, k, v, _lr(), **options)
+    window, _ = _rule(case, c)(q, k, v, _lr(), **options)
     torch.testing.assert_close(whole, window, rtol=1e-12, atol=1e-12)
 
 
