@@ -46,9 +46,9 @@ def gate_plan(spec: Spec) -> Gates:
 def unsupported_reason(spec: Spec) -> str | None:
     """Why the Triton kernels do not cover `spec`, or None when they do."""
     if not spec.memory.linear:
+        return f"{spec.memory.kind} memory (the kernels cover matrix memory only)"
     if spec.window.is_global:
         return "window: global (the kernels take a fixed window c; the whole prefix grows per call)"
-        return f"{spec.memory.kind} memory (the kernels cover matrix memory only)"
     if spec.optimizer.linear_form is None:
         kind = spec.optimizer.kind
         return f"the {kind} optimizer (the kernels run the gd and momentum updates only)"
