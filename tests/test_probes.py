@@ -195,6 +195,8 @@ def test_cli_names_a_bad_probe_and_a_bad_option():
     runner = CliRunner()
     bad = runner.invoke(app, ["probe", "capacityy", DELTANET])
     assert bad.exit_code == 2 and "capacity, interference" in bad.output
+    attention = runner.invoke(app, ["probe", "capacity", str(ROOT / "specs/attention.yaml")])
+    assert attention.exit_code == 1 and "parametric memory" in attention.output
     option = runner.invoke(app, ["probe", "capacity", DELTANET, "--option", "pairs=3"])
     assert option.exit_code == 1 and "--option" in option.output and "pairs" in option.output
 

@@ -191,6 +191,11 @@ def run_probe(
     if not xs:
         raise ValueError(f"{x_name}: expected at least one sweep value, got none")
     rule = as_rule(rule_or_spec)
+    if not rule.spec.memory.parametric:
+        raise ValueError(
+            f"spec {rule.spec.name!r}: memory {rule.spec.memory.kind!r} keeps every pair (no "
+            "weights to read back); the probes take a parametric memory (matrix, mlp, gated_mlp)"
+        )
     tuning: list[tuple[dict[str, float], float]] = []
     if gates is None:
         configs = gate_grid(rule, grid=grid)
