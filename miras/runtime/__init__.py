@@ -2,8 +2,10 @@
 
     o, state = run(rule, q, k, v, gates, backend="chunk", chunk_size=64)
 
-q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates name -> [B, T, H] or [B, T, H, Dv], natural space.
-The state is float32 (float64 when the inputs are); the output has the inputs' dtype.
+q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates name -> [B, T, H] or [B, T, H, Dv], natural space,
+or a Python float (a constant gate). The state is float32 (float64 when the inputs are); the
+output has the inputs' dtype. `cu_seqlens` [N + 1] packs N sequences along T (B = 1): the state
+restarts at each boundary, the initial and final states are per sequence, [N, ...].
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import (
     check_backend,
     check_chunk_size,
+    check_cu_seqlens,
     check_gates,
     check_qkv,
     inside_range,
@@ -98,10 +101,16 @@ def run(
     initial_state: torch.Tensor | State | None = None,
     output_final_state: bool = False,
     params: dict[str, torch.Tensor] | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ):
     shapes = check_qkv(q, k, v)
     backend = check_backend(backend)
     chunk_size = check_chunk_size(chunk_size)
+    if cu_seqlens is not None:
+        options = dict(backend=backend, chunk_size=chunk_size, chunk_mode=chunk_mode, params=params)
+        return _run_packed(
+            rule, q, k, v, gates, cu_seqlens, shapes, initial_state, output_final_state, options
+        )
     if backend == "triton":
         from miras.runtime.triton_coverage import unsupported_reason
 
@@ -171,6 +180,63 @@ def run(
             final[f"window.{n}"] = g[:, :, -seq.past :]
     o = o.transpose(1, 2).to(q.dtype)
     return o, (_state_out(final) if output_final_state else None)
+
+
+def _run_packed(
+    rule: MemoryRule, q, k, v, gates, cu_seqlens, shapes, initial_state, output_final_state, options
+):
+    """Packed sequences (fla's `cu_seqlens`): each sequence runs alone, one `run` call after
+    another on the chosen backend, and the outputs are joined along T; the final states are
+    stacked on the batch axis, [N, ...]. Exact on every backend by construction (a state never
+    crosses a boundary), at the cost of N sequential calls: no parallelism across sequences."""
+    bounds = check_cu_seqlens(cu_seqlens, shapes)
+    n = len(bounds) - 1
+    # The gates are checked whole (names, shapes, ranges) before they are cut.
+    check_gates(gates, rule.plan.gates, shapes, per_channel_ok=per_channel_gates(rule))
+    gates = dict(gates or {})
+    if rule.spec.memory.parametric and rule.spec.window.is_global and output_final_state:
+        raise ValueError(
+            "cu_seqlens: with `window: global` the carried window grows by each sequence's "
+            "length, so the final states of sequences of different lengths cannot be stacked; "
+            "pass output_final_state=False or run the sequences one by one"
+        )
+    states = None
+    if initial_state is not None:
+        states = initial_state if isinstance(initial_state, dict) else {None: initial_state}
+        for name, value in states.items():
+            where = "initial_state" if name is None else f"initial_state[{name!r}]"
+            if not isinstance(value, torch.Tensor) or value.dim() < 1 or value.shape[0] != n:
+                shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value)
+                raise ValueError(
+                    f"{where}: with cu_seqlens, one state per sequence: expected N = {n} on "
+                    f"the first axis, got {shape}"
+                )
+    outs, finals = [], []
+    for i in range(n):
+        span = slice(bounds[i], bounds[i + 1])
+        part = {name: g[:, span] if isinstance(g, torch.Tensor) else g for name, g in gates.items()}
+        init = None
+        if states is not None:
+            init = {name: value[i : i + 1] for name, value in states.items()}
+            init = init.get(None, init)
+        o, final = run(
+            rule,
+            q[:, span],
+            k[:, span],
+            v[:, span],
+            part,
+            initial_state=init,
+            output_final_state=output_final_state,
+            **options,
+        )
+        outs.append(o)
+        finals.append(final)
+    o = torch.cat(outs, dim=1)
+    if not output_final_state or finals[0] is None:
+        return o, None
+    if isinstance(finals[0], dict):
+        return o, {name: torch.cat([f[name] for f in finals]) for name in finals[0]}
+    return o, torch.cat(finals)
 
 
 def global_window(rt: Runtime, initial_state, length: int):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -20,6 +21,7 @@ class Shapes:
     d_key: int
     d_value: int
     dtype: torch.dtype  # of q, k, v; the gates must have it too
+    device: torch.device | None = None  # of q, k, v; a scalar gate is made there
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Shapes:
@@ -43,7 +45,7 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Shapes:
     if k.shape[1] < 1:
         raise ValueError("q, k, v: expected at least one token (T >= 1)")
     b, t, h, dk = k.shape
-    return Shapes(b, t, h, dk, v.shape[-1], q.dtype)
+    return Shapes(b, t, h, dk, v.shape[-1], q.dtype, q.device)
 
 
 def check_gates(
@@ -54,8 +56,9 @@ def check_gates(
     per_channel_ok: set[str],
 ) -> dict[str, torch.Tensor]:
     """Gates in natural space, each [B, T, H] (per head) or [B, T, H, Dv] (per channel), in
-    the dtype of q, k, v (another would be converted silently, losing or faking precision).
-    Returns each as [B, T, H, 1] or [B, T, H, Dv]."""
+    the dtype of q, k, v (another would be converted silently, losing or faking precision),
+    or a Python float/int: one constant for every token and head (checked against the range
+    like a tensor). Returns each as [B, T, H, 1] or [B, T, H, Dv]."""
     if gates is None:
         gates = {}
     if not isinstance(gates, dict):
@@ -76,8 +79,12 @@ def check_gates(
     out = {}
     for info in expected:
         g = gates[info.name]
+        if isinstance(g, (int, float)) and not isinstance(g, bool):
+            g = torch.full(head, float(g), dtype=shapes.dtype, device=shapes.device)
         if not isinstance(g, torch.Tensor):
-            raise ValueError(f"gates[{info.name!r}]: expected a tensor, got {type(g).__name__}")
+            raise ValueError(
+                f"gates[{info.name!r}]: expected a tensor or a Python float, got {type(g).__name__}"
+            )
         if g.dtype != shapes.dtype:
             raise ValueError(
                 f"gates[{info.name!r}]: the gate is {_name(g.dtype)} but q, k, v are "
@@ -130,3 +137,35 @@ def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     return backend
+
+
+def check_cu_seqlens(cu_seqlens, shapes: Shapes) -> list[int]:
+    """fla's packed layout: `cu_seqlens` [N + 1], integer, 0 = c_0 < c_1 < ... < c_N = T, with
+    B = 1; sequence i is tokens c_i .. c_{i+1} - 1. Returns the boundaries as ints."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(
+            f"cu_seqlens: expected an integer tensor [N + 1], got {type(cu_seqlens).__name__}"
+        )
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens: expected one axis of N + 1 >= 2 boundaries, got shape "
+            f"{list(cu_seqlens.shape)}"
+        )
+    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex:
+        raise ValueError(f"cu_seqlens: expected an integer dtype, got {_name(cu_seqlens.dtype)}")
+    if shapes.batch != 1:
+        raise ValueError(
+            f"cu_seqlens: packed sequences need B = 1 (the sequences concatenated along T), "
+            f"got B = {shapes.batch}"
+        )
+    bounds = [int(c) for c in cu_seqlens.tolist()]
+    if bounds[0] != 0 or bounds[-1] != shapes.length:
+        raise ValueError(
+            f"cu_seqlens: expected to start at 0 and end at T = {shapes.length}, got "
+            f"{bounds[0]} .. {bounds[-1]}"
+        )
+    if any(b <= a for a, b in pairwise(bounds)):
+        raise ValueError(
+            f"cu_seqlens: expected strictly increasing boundaries (no empty sequence), got {bounds}"
+        )
+    return bounds
