@@ -1,0 +1,141 @@
+"""Bounded memory for deep memories on the chunk-start general path (miras/runtime/chunk.py).
+
+- The recomputing backward (`_BoundedChunk`: only chunk-start states kept, one chunk recomputed
+  at a time) equals the storing one (`recomputes` patched off: autograd keeps every token's
+  weights) to 1e-10 in float64: outputs, final state, and the gradients with respect to q, k,
+  v, every gate, the initial state and the feature map's parameters.
+- The bytes autograd keeps between the forward and the backward grow like T / b copies of the
+  state, not T: counted with `torch.autograd.graph.saved_tensors_hooks` and held to a bound
+  computed from the shapes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import random_inputs
+
+import miras
+from miras.runtime import chunk
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+TOL = 1e-10
+GATED_MOMENTUM = {
+    "name": "gated_momentum",
+    "memory": {"kind": "gated_mlp", "expansion": 2},
+    "bias": {"kind": "huber", "delta": "gate"},
+    "retention": "l2",
+    "optimizer": "momentum",
+    "window": {"c": 2, "gamma": "gate"},
+}
+
+
+def compiled(name):
+    return miras.compile(GATED_MOMENTUM if name == "gated_momentum" else SPECS / f"{name}.yaml")
+
+
+def storing(monkeypatch):
+    monkeypatch.setattr(chunk, "recomputes", lambda rt: False)
+
+
+def run_with_grads(rule, t_len, chunk_size):
+    q, k, v, gates = random_inputs(rule, b=2, t=t_len, h=2, dk=4, dv=4, seed=3)
+    params = {
+        n: p.clone().requires_grad_(True) for n, p in rule.default_params(torch.float64).items()
+    }
+    init = {
+        n: s.clone().requires_grad_(True)
+        for n, s in rule.initial_state(2, 2, 4, 4, torch.float64).items()
+    }
+    # A non-zero momentum, so its gradient path is exercised too.
+    init = {
+        n: (s + 0.01 if n.startswith("S.") else s).detach().requires_grad_(True)
+        for n, s in init.items()
+    }
+    leaves = [q, k, v, *gates.values(), *init.values(), *params.values()]
+    for x in leaves:
+        x.requires_grad_(True)
+    o, final = rule(
+        q,
+        k,
+        v,
+        gates,
+        backend="chunk",
+        chunk_mode="start",
+        chunk_size=chunk_size,
+        initial_state=init,
+        output_final_state=True,
+        params=params,
+    )
+    gen = torch.Generator().manual_seed(9)
+    loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
+    for s in final.values():
+        loss = loss + (s * torch.randn(s.shape, generator=gen, dtype=s.dtype)).sum()
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return o, final, grads
+
+
+@pytest.mark.parametrize("name", ["titans", "memora", "moneta", "atlas", "gated_momentum"])
+@pytest.mark.parametrize("t_len,chunk_size", [(63, 7), (100, 16)])
+def test_recomputing_backward_equals_storing(name, t_len, chunk_size, monkeypatch):
+    rule = compiled(name)
+    assert chunk.recomputes(rule.runtime)
+    o, final, grads = run_with_grads(rule, t_len, chunk_size)
+    with monkeypatch.context() as m:
+        storing(m)
+        o_s, final_s, grads_s = run_with_grads(rule, t_len, chunk_size)
+    torch.testing.assert_close(o, o_s, rtol=TOL, atol=TOL)
+    assert list(final) == list(final_s)
+    for n in final:
+        torch.testing.assert_close(final[n], final_s[n], rtol=TOL, atol=TOL)
+    for a, b in zip(grads, grads_s, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=TOL, atol=TOL)
+    # q, k, v, the gates and the initial weights all get gradients.
+    assert all(g is not None for g in grads[: 3 + len(rule.plan.gates)])
+
+
+def test_matrix_memory_keeps_the_storing_path():
+    rule = miras.compile({"name": "kl_matrix", "memory": "matrix", "retention": "kl"})
+    assert not chunk.recomputes(rule.runtime)
+
+
+def saved_bytes(rule, t_len, chunk_size, d):
+    """Bytes autograd keeps for the backward of one forward (B = H = 1, Dk = Dv = d)."""
+    q, k, v, gates = random_inputs(rule, b=1, t=t_len, h=1, dk=d, dv=d, seed=1)
+    for x in [q, k, v, *gates.values()]:
+        x.requires_grad_(True)
+    total = 0
+
+    def pack(x):
+        nonlocal total
+        total += x.numel() * x.element_size()
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        rule(q, k, v, gates, backend="chunk", chunk_mode="start", chunk_size=chunk_size)
+    return total
+
+
+@pytest.mark.parametrize("name", ["titans", "moneta"])
+def test_saved_bytes_grow_like_chunks_not_tokens(name, monkeypatch):
+    rule = compiled(name)
+    d, b = 16, 16
+    state = rule.initial_state(1, 1, d, d, torch.float64)
+    state_bytes = sum(s.numel() * s.element_size() for s in state.values())
+    weight_bytes = sum(state[n].numel() * 8 for n in rule.runtime.param_names)
+    # Per token, q, k, v, valid and the gates: a few copies of these may be kept by the ops
+    # around the chunk loop (the feature map, the transposes).
+    token_bytes = (3 * d + 1 + len(rule.plan.gates)) * 8
+    for t_len in (256, 512):
+        bound = (t_len // b + 1) * state_bytes + 8 * t_len * token_bytes
+        kept = saved_bytes(rule, t_len, b, d)
+        assert kept <= bound, (t_len, kept, bound)
+        with monkeypatch.context() as m:
+            storing(m)
+            kept_storing = saved_bytes(rule, t_len, b, d)
+        # The storing path keeps every token's weights: the bound above would fail for it.
+        assert kept_storing > t_len * weight_bytes > bound, (t_len, kept_storing, bound)
