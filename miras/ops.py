@@ -1,0 +1,452 @@
+"""fla-compatible functional ops: a compiled rule called with flash-linear-attention's
+convention (docs/ops.md).
+
+    from miras import ops
+    o, state = ops.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                          output_final_state=True)
+    delta = ops.functional("specs/deltanet.yaml")        # any spec or compiled rule
+    o, state = delta(q, k, v, beta=beta, scale=1.0)
+
+fla's convention, against the rule's own (`MemoryRule.__call__`):
+- q, k [B, T, H, K], v [B, T, H, V], as in miras;
+- `g` is the log of the decay gate (miras takes the decay itself: exp(g)); `beta` is the
+  learning-rate gate `lr`; any other gate goes by name in `gates`, natural space;
+- `scale` multiplies q (default K^-0.5, like fla; miras applies none);
+- a matrix state is [B, H, K, V] (miras: [B, H, V, K], the transpose; `state_v_first=True`
+  takes and returns miras's layout); a dict state (momentum, deep memories) has no fla
+  counterpart and passes in miras's layout unchanged;
+- `cu_seqlens` [N + 1] packs N sequences along T with B = 1; the states are [N, ...].
+Gates are cast to q's dtype (fla takes float32 gates with bfloat16 inputs); a Python float is a
+constant gate. The aliases run the chunk backend; its "auto" mode is the exact chunk form for
+these models, so they equal fla's recurrences at every chunk size.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import miras
+from miras.rule import MemoryRule
+from miras.runtime import run
+from miras.spec import Spec
+
+Gate = torch.Tensor | float | None
+
+# The known models' specs (the same as specs/*.yaml, inlined so the package needs no files).
+KNOWN_SPECS: dict[str, dict[str, Any]] = {
+    "linear_attention": {
+        "name": "linear_attention",
+        "memory": "matrix",
+        "bias": "dot",
+        "retention": "none",
+        "optimizer": {"kind": "gd", "lr": 1},
+    },
+    "retnet": {
+        "name": "retnet",
+        "memory": "matrix",
+        "bias": "dot",
+        "retention": {"kind": "l2", "decay": "gate"},
+        "optimizer": {"kind": "gd", "lr": 1},
+    },
+    "deltanet": {
+        "name": "deltanet",
+        "memory": "matrix",
+        "bias": "l2",
+        "retention": "none",
+        "optimizer": {"kind": "gd", "lr": "gate"},
+    },
+    "gated_deltanet": {
+        "name": "gated_deltanet",
+        "memory": "matrix",
+        "bias": "l2",
+        "retention": {"kind": "l2", "grad_at": "retained"},
+        "optimizer": "gd",
+    },
+}
+
+
+@functools.cache
+def known_rule(name: str) -> MemoryRule:
+    """The compiled rule of a known model (compiled and checked once per process)."""
+    return miras.compile(KNOWN_SPECS[name])
+
+
+def _as_rule(rule: MemoryRule | Spec | str | Path | dict) -> MemoryRule:
+    return rule if isinstance(rule, MemoryRule) else miras.compile(rule)
+
+
+def _check_scalar_or_tensor(name: str, x) -> None:
+    if x is None or isinstance(x, torch.Tensor):
+        return
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return
+    raise ValueError(f"{name}: expected a tensor, a Python float or None, got {type(x).__name__}")
+
+
+def _fla_gates(rule: MemoryRule, q: torch.Tensor, g: Gate, beta: Gate, gates) -> dict:
+    """fla's (g, beta, other gates) -> miras's natural-space gate dict, in q's dtype."""
+    _check_scalar_or_tensor("g", g)
+    _check_scalar_or_tensor("beta", beta)
+    if gates is not None and not isinstance(gates, dict):
+        raise ValueError(f"gates: expected a dict name -> tensor, got {type(gates).__name__}")
+    out = dict(gates or {})
+    takes = rule.gates
+    for name, value, fla_name, meaning in (
+        ("decay", g, "g", "the log of the decay gate"),
+        ("lr", beta, "beta", "the learning-rate gate"),
+    ):
+        if name in out:
+            raise ValueError(
+                f"gates[{name!r}]: pass the {name} gate as `{fla_name}` ({meaning}), not in gates"
+            )
+        if value is None:
+            if name in takes:
+                raise ValueError(
+                    f"{fla_name}: spec '{rule.spec.name}' has a {name} gate; pass `{fla_name}` "
+                    f"({meaning}), a tensor [B, T, H] or a float"
+                )
+            continue
+        if name not in takes:
+            listed = ", ".join(takes) or "none"
+            raise ValueError(
+                f"{fla_name}: spec '{rule.spec.name}' has no {name} gate (its gates: {listed}); "
+                f"pass {fla_name}=None"
+            )
+        if name == "decay":
+            value = math.exp(value) if not isinstance(value, torch.Tensor) else value.exp()
+        out[name] = value.to(q.dtype) if isinstance(value, torch.Tensor) else value
+    return {n: v.to(q.dtype) if isinstance(v, torch.Tensor) else v for n, v in out.items()}
+
+
+def _check_scale(scale, q: torch.Tensor) -> float:
+    if scale is None:
+        return q.shape[-1] ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite Python float or None, got {scale!r}")
+    return float(scale)
+
+
+def call(
+    rule: MemoryRule | Spec | str | Path | dict,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: Gate = None,
+    beta: Gate = None,
+    scale: float | None = None,
+    initial_state=None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    gates: dict[str, Gate] | None = None,
+    state_v_first: bool = False,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    chunk_mode: str = "auto",
+):
+    """Run `rule` with fla's calling convention (the module docstring); returns (o, state),
+    state None unless `output_final_state`."""
+    rule = _as_rule(rule)
+    if not isinstance(q, torch.Tensor):
+        raise ValueError(f"q: expected a tensor [B, T, H, K], got {type(q).__name__}")
+    scale = _check_scale(scale, q)
+    natural = _fla_gates(rule, q, g, beta, gates)
+
+    def layout(state):  # fla's [.., K, V] <-> miras's [.., V, K], for a tensor state
+        if state_v_first or not isinstance(state, torch.Tensor):
+            return state
+        return state.transpose(-1, -2)
+
+    o, final = run(
+        rule,
+        q * scale,
+        k,
+        v,
+        natural,
+        backend=backend,
+        chunk_size=chunk_size,
+        chunk_mode=chunk_mode,
+        initial_state=layout(initial_state),
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return o, layout(final)
+
+
+def functional(
+    rule: MemoryRule | Spec | str | Path | dict,
+    *,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    chunk_mode: str = "auto",
+) -> Callable:
+    """The fla-style op of any spec or compiled rule:
+
+        op = functional("specs/titans.yaml")
+        o, state = op(q, k, v, g=log_decay, beta=lr, gates={"momentum": m})
+
+    The signature is `call`'s without `rule` and the backend options, which are fixed here."""
+    rule = _as_rule(rule)
+
+    def op(
+        q,
+        k,
+        v,
+        g=None,
+        beta=None,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        cu_seqlens=None,
+        *,
+        gates=None,
+        state_v_first=False,
+    ):
+        return call(
+            rule,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale,
+            initial_state,
+            output_final_state,
+            cu_seqlens,
+            gates=gates,
+            state_v_first=state_v_first,
+            backend=backend,
+            chunk_size=chunk_size,
+            chunk_mode=chunk_mode,
+        )
+
+    op.__name__ = op.__qualname__ = f"miras_{rule.spec.name}"
+    op.__doc__ = f"fla-style op of spec '{rule.spec.name}' (gates: {rule.gates}); see miras.ops."
+    return op
+
+
+# Aliases: the signature of the fla op of the same name (fla 0.6), over the known model ----------
+
+
+def _refuse(op: str, **flags) -> None:
+    """fla options this alias does not implement: a ValueError where one is not the default."""
+    for name, (value, default) in flags.items():
+        if value != default:
+            raise ValueError(f"{op}: {name}={value!r} is not supported here (only {default!r})")
+
+
+def _refuse_kwargs(op: str, kwargs: dict) -> None:
+    if kwargs:
+        raise ValueError(f"{op}: unexpected arguments {sorted(kwargs)}")
+
+
+def _l2norm(q: torch.Tensor, k: torch.Tensor, on: bool):
+    """fla's `use_qk_l2norm_in_kernel`: q and k divided by their L2 norms over K."""
+    if not on:
+        return q, k
+    return torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
+
+
+def chunk_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    *,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """DeltaNet, fla's `chunk_delta_rule`: S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t k_t
+    v_t^T (fla's [K, V] state), o_t = S_t^T (scale q_t). beta [B, T, H] or [B, T, H, V]."""
+    _refuse_kwargs("chunk_delta_rule", kwargs)
+    q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
+    return call(
+        known_rule("deltanet"),
+        q,
+        k,
+        v,
+        None,
+        beta,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    chunk_indices: torch.Tensor | None = None,
+    cp_context: Any = None,
+    *,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """Gated DeltaNet, fla's `chunk_gated_delta_rule`: S_t = S_{t-1} exp(g_t) (I - beta_t k_t
+    k_t^T) + beta_t k_t v_t^T. g [B, T, H] log-decay, beta [B, T, H]. `state_v_first=True`
+    takes and returns the state as [B, H, V, K]. `chunk_indices` (a precomputed index that
+    fla derives from cu_seqlens) is ignored."""
+    op = "chunk_gated_delta_rule"
+    _refuse_kwargs(op, kwargs)
+    _refuse(
+        op,
+        use_beta_sigmoid_in_kernel=(use_beta_sigmoid_in_kernel, False),
+        allow_neg_eigval=(allow_neg_eigval, False),
+        cp_context=(cp_context, None),
+    )
+    q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
+    return call(
+        known_rule("gated_deltanet"),
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
+        state_v_first=state_v_first,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
+
+
+def chunk_simple_gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None = None,
+    g_gamma: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    *,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """Simple GLA / RetNet, fla's `chunk_simple_gla`: S_t = exp(g_t) S_{t-1} + k_t v_t^T.
+    g [B, T, H] data-dependent log-decay, or g_gamma [H] one log-decay per head (RetNet), or
+    neither (no decay)."""
+    _refuse_kwargs("chunk_simple_gla", kwargs)
+    if g is not None and g_gamma is not None:
+        raise ValueError("chunk_simple_gla: pass g [B, T, H] or g_gamma [H], not both")
+    if g_gamma is not None:
+        heads = q.shape[2] if isinstance(q, torch.Tensor) and q.dim() == 4 else None
+        if not isinstance(g_gamma, torch.Tensor) or tuple(g_gamma.shape) != (heads,):
+            shape = list(g_gamma.shape) if isinstance(g_gamma, torch.Tensor) else g_gamma
+            raise ValueError(f"g_gamma: expected a tensor [H] = [{heads}], got {shape}")
+        g = g_gamma.to(q.dtype).expand(*q.shape[:3])
+    return call(
+        known_rule("retnet"),
+        q,
+        k,
+        v,
+        0.0 if g is None else g,
+        None,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
+        state_v_first=state_v_first,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
+
+
+def chunk_linear_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | tuple | None = None,
+    output_final_state: bool = False,
+    normalize: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+):
+    """Linear attention, fla's `chunk_linear_attn`: S_t = S_{t-1} + k_t v_t^T, o_t = S_t^T
+    (scale q_t). With `normalize` (fla's default), o_t is divided by scale q_t . z_t + 1e-10,
+    z_t the running sum of the keys (plus z_0); the state is then (S, z) with z [B, 1, H, K]
+    (per sequence with cu_seqlens: [N, 1, H, K])."""
+    kv_init, z_init = initial_state, None
+    if normalize and isinstance(initial_state, tuple):
+        kv_init, z_init = initial_state
+    o, final = call(
+        known_rule("linear_attention"),
+        q,
+        k,
+        v,
+        None,
+        None,
+        scale,
+        kv_init,
+        output_final_state,
+        cu_seqlens,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
+    if not normalize:
+        return o, final
+    scale = _check_scale(scale, q)
+    bounds = [0, k.shape[1]] if cu_seqlens is None else [int(c) for c in cu_seqlens.tolist()]
+    sums, last = [], []
+    for i in range(len(bounds) - 1):
+        # [B, t, H, K]: the keys' running sum within sequence i, from its z_0.
+        z = k[:, bounds[i] : bounds[i + 1]].cumsum(1)
+        if z_init is not None:
+            z = z + (z_init if cu_seqlens is None else z_init[i : i + 1]).to(z.dtype)
+        sums.append(z)
+        last.append(z[:, -1:])
+    z = torch.cat(sums, dim=1)
+    o = o / ((q * scale * z).sum(-1, keepdim=True) + 1e-10)
+    if not output_final_state:
+        return o, None
+    return o, (final, torch.cat(last) if cu_seqlens is not None else last[0])
+
+
+__all__ = [
+    "KNOWN_SPECS",
+    "call",
+    "chunk_delta_rule",
+    "chunk_gated_delta_rule",
+    "chunk_linear_attn",
+    "chunk_simple_gla",
+    "functional",
+    "known_rule",
+]

@@ -1,0 +1,420 @@
+"""miras.ops (fla's calling convention), packed sequences (cu_seqlens) and scalar gates.
+
+- Each alias equals fla's pure-torch reference of the same model (`fla/ops/<op>/naive.py`,
+  fla-core 0.6) on the same arguments: log-decays, `scale`, fla's [B, H, K, V] initial state;
+  forward and gradients. fla computes in float32, so inputs are float32-representable float64
+  tensors and the tolerance is a relative RMS of 1e-5, as in tests/test_known_models.py. The
+  aliases run the chunk backend at chunk size 8 on T = 20 (a partial last chunk).
+- Packed sequences equal each sequence run alone, with its own copies of the leaves: outputs,
+  final states [N, ...], and the gradients of q, k, v, gates and the initial states.
+- A Python scalar gate equals the broadcast tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_known_models import assert_rel_rms, f32_exact, fla_naive
+
+import miras
+from miras import ops
+
+B, T, H, K, V = 2, 20, 2, 8, 5  # K != V so a transposed state cannot pass
+FLA_TOL = 1e-5  # relative RMS: fla's references compute in float32
+EXACT = dict(rtol=1e-12, atol=1e-12)
+CHUNK = 8
+f64 = torch.float64
+
+
+def randn(gen, *shape, scale=1.0):
+    return f32_exact(scale * torch.randn(*shape, generator=gen, dtype=f64))
+
+
+def uniform(gen, shape, lo, hi):
+    return f32_exact(lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=f64))
+
+
+def unit_rows(gen, *shape):
+    return f32_exact(F.normalize(torch.randn(*shape, generator=gen, dtype=f64), dim=-1))
+
+
+def grads_of(outputs, leaves, seed=3):
+    """Gradients of a random linear functional of `outputs` (tensors or None) w.r.t. `leaves`."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = [x for x in outputs if x is not None]
+    loss = sum((x * torch.randn(x.shape, generator=gen, dtype=f64)).sum() for x in tensors)
+    return torch.autograd.grad(loss, leaves)
+
+
+def assert_all_close_rms(actual, expected, names):
+    for a, e, name in zip(actual, expected, names, strict=True):
+        assert_rel_rms(a, e, FLA_TOL, name)
+
+
+# Each alias against fla's reference -----------------------------------------------------------
+
+
+def delta_inputs(seed, *, gated):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = unit_rows(gen, B, T, H, K), unit_rows(gen, B, T, H, K)
+    v = randn(gen, B, T, H, V)
+    beta = uniform(gen, (B, T, H), 0.1, 0.9)
+    g = f32_exact(uniform(gen, (B, T, H), 0.8, 1.0).log())
+    h0 = randn(gen, B, H, K, V, scale=0.1)  # fla's layout [B, H, K, V]
+    leaves = [q, k, v, beta, g, h0] if gated else [q, k, v, beta, h0]
+    return [x.requires_grad_(True) for x in leaves]
+
+
+@pytest.mark.parametrize("scale", [None, 0.7])
+def test_chunk_gated_delta_rule_matches_fla(scale):
+    leaves = delta_inputs(1, gated=True)
+    q, k, v, beta, g, h0 = leaves
+    o, s = ops.chunk_gated_delta_rule(
+        q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
+        chunk_size=CHUNK,
+    )  # fmt: skip
+    ref = fla_naive("gated_delta_rule", "naive_recurrent_gated_delta_rule")
+    o_ref, s_ref = ref(q, k, v, beta, g, scale=scale, initial_state=h0, output_final_state=True)
+    assert o.shape == (B, T, H, V) and s.shape == (B, H, K, V)
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    assert_rel_rms(s, s_ref, FLA_TOL, "final state")
+    names = ["dq", "dk", "dv", "dbeta", "dg", "dh0"]
+    assert_all_close_rms(
+        grads_of([o, s], leaves), grads_of([o_ref.double(), s_ref.double()], leaves), names
+    )
+
+
+@pytest.mark.parametrize("scale", [None, 0.7])
+def test_chunk_delta_rule_matches_fla(scale):
+    leaves = delta_inputs(2, gated=False)
+    q, k, v, beta, h0 = leaves
+    o, s = ops.chunk_delta_rule(
+        q, k, v, beta, scale=scale, initial_state=h0, output_final_state=True, chunk_size=CHUNK
+    )
+    # fla's reference takes [B, H, T, D] and always scales q by K^-0.5 itself.
+    pre = 1.0 if scale is None else scale * K**0.5
+    o_ref, s_ref = fla_naive("delta_rule", "delta_rule_recurrence")(
+        (q * pre).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), beta.transpose(1, 2),
+        initial_state=h0,
+    )  # fmt: skip
+    o_ref = o_ref.transpose(1, 2)
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    assert_rel_rms(s, s_ref, FLA_TOL, "final state")
+    assert_all_close_rms(
+        grads_of([o, s], leaves),
+        grads_of([o_ref.double(), s_ref.double()], leaves),
+        ["dq", "dk", "dv", "dbeta", "dh0"],
+    )
+
+
+def test_chunk_delta_rule_qk_l2norm_equals_normalized_inputs():
+    q, k, v, beta, h0 = [x.detach() for x in delta_inputs(3, gated=False)]
+    q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # unit rows in float64
+    o, s = ops.chunk_delta_rule(
+        3 * q, 2 * k, v, beta, initial_state=h0, output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    o_ref, s_ref = ops.chunk_delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True)
+    torch.testing.assert_close(o, o_ref, **EXACT)
+    torch.testing.assert_close(s, s_ref, **EXACT)
+
+
+def simple_gla_inputs(seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = randn(gen, B, T, H, K, scale=0.5), randn(gen, B, T, H, K, scale=0.5)
+    v = randn(gen, B, T, H, V)
+    g = f32_exact(uniform(gen, (B, T, H), 0.8, 1.0).log())
+    h0 = randn(gen, B, H, K, V, scale=0.1)
+    return [x.requires_grad_(True) for x in (q, k, v, g, h0)]
+
+
+@pytest.mark.parametrize("scale", [None, 0.7])
+def test_chunk_simple_gla_matches_fla(scale):
+    leaves = simple_gla_inputs(4)
+    q, k, v, g, h0 = leaves
+    o, s = ops.chunk_simple_gla(
+        q, k, v, g, scale=scale, initial_state=h0, output_final_state=True, chunk_size=CHUNK
+    )
+    ref = fla_naive("simple_gla", "naive_recurrent_simple_gla")
+    o_ref, s_ref = ref(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True)
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    assert_rel_rms(s, s_ref, FLA_TOL, "final state")
+    assert_all_close_rms(
+        grads_of([o, s], leaves),
+        grads_of([o_ref.double(), s_ref.double()], leaves),
+        ["dq", "dk", "dv", "dg", "dh0"],
+    )
+
+
+def test_chunk_simple_gla_g_gamma_is_a_per_head_log_decay():
+    q, k, v, _, h0 = simple_gla_inputs(5)
+    gamma = torch.tensor([math.log(0.9), math.log(0.6)], dtype=f64)
+    o, s = ops.chunk_simple_gla(q, k, v, g_gamma=gamma, initial_state=h0, output_final_state=True)
+    g = gamma.expand(B, T, H)
+    o_ref, s_ref = fla_naive("simple_gla", "naive_recurrent_simple_gla")(
+        q, k, v, g, initial_state=h0, output_final_state=True
+    )
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    assert_rel_rms(s, s_ref, FLA_TOL, "final state")
+    # Neither g nor g_gamma: no decay, linear attention.
+    o_none, _ = ops.chunk_simple_gla(q, k, v, initial_state=h0)
+    o_lin, _ = ops.chunk_linear_attn(q, k, v, initial_state=h0, normalize=False)
+    torch.testing.assert_close(o_none, o_lin, **EXACT)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_chunk_linear_attn_matches_fla(normalize):
+    gen = torch.Generator().manual_seed(6)
+    # Positive features, so that the normalizer q . z stays away from 0.
+    q, k = uniform(gen, (B, T, H, K), 0.1, 1.0), uniform(gen, (B, T, H, K), 0.1, 1.0)
+    v = randn(gen, B, T, H, V)
+    h0 = randn(gen, B, H, K, V, scale=0.1)
+    z0 = uniform(gen, (B, 1, H, K), 0.1, 1.0)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, h0, z0)]
+    init = (h0, z0) if normalize else h0
+    o, s = ops.chunk_linear_attn(
+        q, k, v, scale=0.6, initial_state=init, output_final_state=True, normalize=normalize,
+        chunk_size=CHUNK,
+    )  # fmt: skip
+    # fla's reference adds the initial state to a float32 state: it must be float32 too.
+    init32 = (h0.float(), z0.float()) if normalize else h0.float()
+    o_ref, s_ref = fla_naive("linear_attn", "naive_recurrent_linear_attn")(
+        q, k, v, scale=0.6, initial_state=init32, output_final_state=True, normalize=normalize
+    )
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    states = list(s) if normalize else [s]
+    states_ref = list(s_ref) if normalize else [s_ref]
+    for x, x_ref in zip(states, states_ref, strict=True):
+        assert_rel_rms(x, x_ref, FLA_TOL, "final state")
+    used = leaves if normalize else leaves[:4]
+    assert_all_close_rms(
+        grads_of([o, *states], used),
+        grads_of([o_ref.double(), *(x.double() for x in states_ref)], used),
+        ["dq", "dk", "dv", "dh0", "dz0"][: len(used)],
+    )
+
+
+def test_functional_takes_any_spec_with_fla_layout():
+    """`functional` on a spec equals the rule's own call with miras's conventions spelled out."""
+    rule = miras.compile("specs/gated_deltanet.yaml")
+    op = ops.functional(rule, backend="recurrent")
+    q, k, v, beta, g, h0 = [x.detach() for x in delta_inputs(7, gated=True)]
+    o, s = op(q, k, v, g=g, beta=beta, scale=0.5, initial_state=h0, output_final_state=True)
+    o_ref, s_ref = rule(
+        q * 0.5, k, v, {"decay": g.exp(), "lr": beta}, backend="recurrent",
+        initial_state=h0.transpose(-1, -2), output_final_state=True,
+    )  # fmt: skip
+    torch.testing.assert_close(o, o_ref, **EXACT)
+    torch.testing.assert_close(s, s_ref.transpose(-1, -2), **EXACT)
+    o_vf, s_vf = op(q, k, v, g=g, beta=beta, scale=0.5, initial_state=h0.transpose(-1, -2),
+                    output_final_state=True, state_v_first=True)  # fmt: skip
+    torch.testing.assert_close(o_vf, o_ref, **EXACT)
+    torch.testing.assert_close(s_vf, s_ref, **EXACT)
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda a: ops.chunk_delta_rule(*a[:3], a[3], foo=1), ["chunk_delta_rule", "foo"]),
+        (lambda a: ops.functional("specs/deltanet.yaml")(*a[:3], g=a[4], beta=a[3]), ["g", "decay"]),
+        (lambda a: ops.functional("specs/gated_deltanet.yaml")(*a[:3], beta=a[3]), ["g", "log"]),
+        (lambda a: ops.chunk_gated_delta_rule(*a[:5], scale="x"), ["scale"]),
+        (lambda a: ops.chunk_gated_delta_rule(*a[:5], allow_neg_eigval=True), ["allow_neg_eigval"]),
+        (lambda a: ops.chunk_simple_gla(*a[:3], a[4], g_gamma=a[4]), ["g_gamma", "not both"]),
+        (lambda a: ops.chunk_simple_gla(*a[:3], g_gamma=a[4]), ["g_gamma", "[H]"]),
+    ],
+)  # fmt: skip
+def test_bad_arguments_raise_named_value_errors(call, words):
+    q, k, v, beta, g, _ = [x.detach() for x in delta_inputs(8, gated=True)]
+    with pytest.raises(ValueError) as err:
+        call((q, k, v, beta, g))
+    for word in words:
+        assert word in str(err.value)
+
+
+# Packed sequences -----------------------------------------------------------------------------
+
+CU = [0, 3, 11, 20]  # three sequences, one shorter than a chunk, one crossing chunk ends
+TITANS_MATRIX = {
+    "name": "titans_matrix",
+    "memory": "matrix",
+    "bias": "l2",
+    "retention": "l2",
+    "optimizer": "momentum",
+}
+PACKED_CASES = {
+    # name: (spec, run options); the state is a tensor, a momentum dict, a window dict, a
+    # deep memory's dict.
+    "gdn-recurrent": ("specs/gated_deltanet.yaml", dict(backend="recurrent")),
+    "gdn-chunk-exact": ("specs/gated_deltanet.yaml", dict(chunk_size=4, chunk_mode="exact")),
+    "gdn-chunk-start": ("specs/gated_deltanet.yaml", dict(chunk_size=4, chunk_mode="start")),
+    "titans_matrix-chunk": (TITANS_MATRIX, dict(chunk_size=4)),
+    "swla-chunk": ("specs/swla.yaml", dict(chunk_size=4)),
+    "swla-recurrent": ("specs/swla.yaml", dict(backend="recurrent")),
+    "titans-chunk": ("specs/titans.yaml", dict(chunk_size=4)),
+}
+
+
+def packed_inputs(rule, seed, n):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = unit_rows(gen, 1, T, H, K), unit_rows(gen, 1, T, H, K)
+    v = randn(gen, 1, T, H, K)  # Dv = Dk: a deep memory's residual form needs it
+    ranges = {"decay": (0.8, 1.0), "lr": (0.1, 0.9), "momentum": (0.0, 0.9), "gamma": (0.5, 1.5)}
+    gates = {name: uniform(gen, (1, T, H), *ranges[name]) for name in rule.gates}
+    default = rule.initial_state(n, H, K, K, dtype=f64)
+    if isinstance(default, torch.Tensor):
+        init = randn(gen, *default.shape, scale=0.1)
+    else:
+        init = {name: randn(gen, *x.shape, scale=0.1) for name, x in default.items()}
+    return q, k, v, gates, init
+
+
+def leaves_of(q, k, v, gates, init):
+    states = [init] if isinstance(init, torch.Tensor) else [init[n] for n in sorted(init)]
+    return [q, k, v, *gates.values(), *states]
+
+
+def state_tensors(state):
+    return [state] if isinstance(state, torch.Tensor) else [state[n] for n in sorted(state)]
+
+
+@pytest.mark.parametrize("case", sorted(PACKED_CASES))
+def test_packed_sequences_equal_each_sequence_alone(case):
+    spec, options = PACKED_CASES[case]
+    rule = miras.compile(spec)
+    n = len(CU) - 1
+    q, k, v, gates, init = packed_inputs(rule, 9, n)
+    leaves = [x.requires_grad_(True) for x in leaves_of(q, k, v, gates, init)]
+    o, state = rule(
+        q, k, v, gates, initial_state=init, output_final_state=True,
+        cu_seqlens=torch.tensor(CU), **options,
+    )  # fmt: skip
+    assert o.shape == (1, T, H, K)
+    outputs = [o, *state_tensors(state)]
+    grads = grads_of(outputs, leaves)
+
+    # Each sequence alone, on its own copies of the leaves; the pieces joined afterwards.
+    outs, finals, alone_grads = [], [], []
+    for i in range(n):
+        span = slice(CU[i], CU[i + 1])
+        qi, ki, vi = (x.detach()[:, span].clone().requires_grad_(True) for x in (q, k, v))
+        gi = {name: g.detach()[:, span].clone().requires_grad_(True) for name, g in gates.items()}
+        if isinstance(init, torch.Tensor):
+            si = init.detach()[i : i + 1].clone().requires_grad_(True)
+        else:
+            si = {
+                name: x.detach()[i : i + 1].clone().requires_grad_(True) for name, x in init.items()
+            }
+        oi, fi = rule(qi, ki, vi, gi, initial_state=si, output_final_state=True, **options)
+        outs.append(oi)
+        finals.append(state_tensors(fi))
+        alone_grads.append((oi, fi, leaves_of(qi, ki, vi, gi, si)))
+    o_alone = torch.cat(outs, dim=1)
+    states_alone = [torch.cat(parts) for parts in zip(*finals, strict=True)]
+    torch.testing.assert_close(o, o_alone, **EXACT)
+    for x, x_alone in zip(state_tensors(state), states_alone, strict=True):
+        torch.testing.assert_close(x, x_alone, **EXACT)
+
+    # The same random functional, split by sequence: its gradient per sequence, joined.
+    gen = torch.Generator().manual_seed(3)
+    weights = [torch.randn(x.shape, generator=gen, dtype=f64) for x in outputs]
+    per_seq = []
+    for i, (oi, fi, li) in enumerate(alone_grads):
+        span = slice(CU[i], CU[i + 1])
+        loss = (oi * weights[0][:, span]).sum() + sum(
+            (x * w[i : i + 1]).sum() for x, w in zip(state_tensors(fi), weights[1:], strict=True)
+        )
+        per_seq.append(torch.autograd.grad(loss, li))
+    n_seq_leaves = 3 + len(gates)  # q, k, v and the gates: cut along T; the states: along N
+    for j, g in enumerate(grads):
+        joined = torch.cat([p[j] for p in per_seq], dim=1 if j < n_seq_leaves else 0)
+        torch.testing.assert_close(g, joined, **EXACT)
+
+
+def test_packed_sequences_through_the_fla_alias():
+    """cu_seqlens through `chunk_gated_delta_rule`: per-sequence states in fla's layout,
+    each equal to fla's reference on that sequence alone."""
+    gen = torch.Generator().manual_seed(10)
+    q, k = unit_rows(gen, 1, T, H, K), unit_rows(gen, 1, T, H, K)
+    v = randn(gen, 1, T, H, V)
+    beta = uniform(gen, (1, T, H), 0.1, 0.9)
+    g = f32_exact(uniform(gen, (1, T, H), 0.8, 1.0).log())
+    h0 = randn(gen, len(CU) - 1, H, K, V, scale=0.1)
+    o, s = ops.chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True,
+        cu_seqlens=torch.tensor(CU), chunk_size=CHUNK,
+    )  # fmt: skip
+    assert s.shape == (len(CU) - 1, H, K, V)
+    ref = fla_naive("gated_delta_rule", "naive_recurrent_gated_delta_rule")
+    for i in range(len(CU) - 1):
+        span = slice(CU[i], CU[i + 1])
+        o_ref, s_ref = ref(
+            q[:, span], k[:, span], v[:, span], beta[:, span], g[:, span],
+            initial_state=h0[i : i + 1], output_final_state=True,
+        )  # fmt: skip
+        assert_rel_rms(o[:, span], o_ref, FLA_TOL, f"o of sequence {i}")
+        assert_rel_rms(s[i : i + 1], s_ref, FLA_TOL, f"state of sequence {i}")
+
+
+def test_packed_sequences_on_triton():
+    rule = miras.compile("specs/retnet.yaml")
+    cu = [0, 2, 5]
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (randn(gen, 1, 5, 1, 4) for _ in range(3))
+    gates = {"decay": uniform(gen, (1, 5, 1), 0.8, 1.0)}
+    options = dict(backend="triton", chunk_size=2, output_final_state=True)
+    o, s = rule(q, k, v, gates, cu_seqlens=torch.tensor(cu), **options)
+    for i in range(2):
+        span = slice(cu[i], cu[i + 1])
+        part = {"decay": gates["decay"][:, span]}
+        o_i, s_i = rule(q[:, span], k[:, span], v[:, span], part, **options)
+        torch.testing.assert_close(o[:, span], o_i, **EXACT)
+        torch.testing.assert_close(s[i : i + 1], s_i, **EXACT)
+
+
+@pytest.mark.parametrize(
+    ("cu", "batch", "init_n", "words"),
+    [
+        ([0, 5, 20], 2, None, ["cu_seqlens", "B = 1"]),
+        ([0, 5, 19], 1, None, ["cu_seqlens", "T = 20"]),
+        ([1, 5, 20], 1, None, ["cu_seqlens", "start at 0"]),
+        ([0, 5, 5, 20], 1, None, ["cu_seqlens", "increasing"]),
+        ([0.0, 20.0], 1, None, ["cu_seqlens", "integer"]),
+        ([0, 5, 20], 1, 3, ["initial_state", "N = 2"]),
+    ],
+)
+def test_bad_cu_seqlens_raise_named_value_errors(cu, batch, init_n, words):
+    rule = miras.compile("specs/deltanet.yaml")
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (randn(gen, batch, T, H, K) for _ in range(3))
+    init = None if init_n is None else torch.zeros(init_n, H, K, K, dtype=f64)
+    with pytest.raises(ValueError) as err:
+        rule(q, k, v, {"lr": 0.5}, cu_seqlens=torch.tensor(cu), initial_state=init)
+    for word in words:
+        assert word in str(err.value)
+
+
+# Scalar gates ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["recurrent", "chunk"])
+def test_scalar_gates_equal_the_broadcast_tensor(backend):
+    rule = miras.compile("specs/gated_deltanet.yaml")
+    gen = torch.Generator().manual_seed(13)
+    q, k = unit_rows(gen, B, T, H, K), unit_rows(gen, B, T, H, K)
+    v = randn(gen, B, T, H, V)
+    scalars = {"decay": 0.9, "lr": 1}  # a float and an int
+    tensors = {n: torch.full((B, T, H), float(x), dtype=f64) for n, x in scalars.items()}
+    options = dict(backend=backend, chunk_size=CHUNK, output_final_state=True)
+    o, s = rule(q, k, v, scalars, **options)
+    o_ref, s_ref = rule(q, k, v, tensors, **options)
+    torch.testing.assert_close(o, o_ref, **EXACT)
+    torch.testing.assert_close(s, s_ref, **EXACT)
+    # Through the fla convention: a float log-decay g.
+    o_ops, _ = ops.functional(rule, backend=backend, chunk_size=CHUNK)(
+        q, k, v, g=math.log(0.9), beta=1.0, scale=1.0
+    )
+    torch.testing.assert_close(o_ops, o_ref, **EXACT)
