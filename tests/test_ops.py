@@ -418,3 +418,57 @@ def test_scalar_gates_equal_the_broadcast_tensor(backend):
         q, k, v, g=math.log(0.9), beta=1.0, scale=1.0
     )
     torch.testing.assert_close(o_ops, o_ref, **EXACT)
+
+
+# Padding masks in MirasLayer ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("persistent", [0, 2])
+def test_padded_batch_equals_the_unpadded_sequences(padding, persistent):
+    """A padded batch through MirasLayer with `attention_mask` equals each sequence alone
+    (outputs and input gradients); padding outputs 0 and gets no gradient."""
+    from miras.models import MirasLayer
+
+    torch.manual_seed(14)
+    layer = MirasLayer(
+        "specs/gated_deltanet.yaml", 8, 2, chunk_size=4, persistent_tokens=persistent
+    ).double()
+    lengths, t_max = [5, 9, 1], 9
+    seqs = [torch.randn(1, n, 8, dtype=f64, requires_grad=True) for n in lengths]
+    rows, mask = [], torch.zeros(len(lengths), t_max, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        pad = torch.zeros(1, t_max - s.shape[1], 8, dtype=f64)
+        rows.append(torch.cat([pad, s] if padding == "left" else [s, pad], dim=1))
+        span = slice(t_max - s.shape[1], t_max) if padding == "left" else slice(0, s.shape[1])
+        mask[b, span] = 1
+    x = torch.cat(rows).detach().requires_grad_(True)
+    y, cache = layer(x, attention_mask=mask)
+    assert cache is None and y.shape == x.shape
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(15), dtype=f64)
+    (dx,) = torch.autograd.grad((y * w).sum(), [x])
+    for b, s in enumerate(seqs):
+        span = mask[b].bool()
+        y_b, _ = layer(s)
+        (ds,) = torch.autograd.grad((y_b * w[b : b + 1, span]).sum(), [s])
+        torch.testing.assert_close(y[b, span], y_b[0], **EXACT)
+        torch.testing.assert_close(dx[b, span], ds[0], **EXACT)
+        assert bool((y[b, ~span] == 0).all()) and bool((dx[b, ~span] == 0).all())
+
+
+@pytest.mark.parametrize(
+    ("mask", "words"),
+    [
+        (torch.tensor([[1, 0, 1]]), ["attention_mask", "contiguous"]),
+        (torch.tensor([[1, 2, 1]]), ["attention_mask", "0 (padding) or 1"]),
+        (torch.tensor([[1, 1]]), ["attention_mask", "[1, 3]"]),
+    ],
+)
+def test_bad_attention_mask_raises_named_value_error(mask, words):
+    from miras.models import MirasLayer
+
+    layer = MirasLayer("specs/deltanet.yaml", 8, 2)
+    with pytest.raises(ValueError) as err:
+        layer(torch.randn(1, 3, 8), attention_mask=mask)
+    for word in words:
+        assert word in str(err.value)
