@@ -89,11 +89,15 @@ def chunk_step(rt: Runtime, part: Tokens, state: State) -> tuple[torch.Tensor, S
 
     retention_args = [as_param_gate(gates[name][:, :, sl]) for name in rt.retention_gates]
 
+    # Per-token views by `unbind`: its backward is one stack, where indexing `g[:, :, t]` would
+    # build a zero [B, H, n, out, in] gradient per token (n^2 per chunk).
+    grads_by_token = {name: g.unbind(2) for name, g in grads.items()}
+    args_by_token = [g.unbind(2) for g in retention_args]
     per_token = {name: [] for name in rt.param_names}
     for t in range(n):
-        grads_t = {name: g[:, :, t] for name, g in grads.items()}
+        grads_t = {name: g[t] for name, g in grads_by_token.items()}
         updates = rt.optimizer_step(grads_t, state, gates, t)
-        args = [g[:, :, t] for g in retention_args]
+        args = [g[t] for g in args_by_token]
         for name, u in updates.items():
             state[name] = rt.functions.retention_step(state[name], u, *args)
             per_token[name].append(state[name])

@@ -1,0 +1,136 @@
+"""Deep (MLP) memories at training sizes: tokens/s and peak RSS of forward+backward, before and
+after the chunk-bounded backward (issue 13; docs/chunking.md, "Bounded memory for deep rules").
+
+    .venv/bin/python benchmarks/deep_memory.py [--specs titans memora moneta atlas]
+        [--lengths 1024 2048] [--paths bounded storing] [--titans-pytorch] [--threads 2]
+
+A `MirasLayer` from `specs/<name>.yaml` (the spec's own memory: depth 2, expansion 4) at
+d_model 256, 4 heads of 64, chunk 16, B = 2, float32; one forward + backward of `sum(y * w)`
+with x requiring grad. "storing" is the previous general path (autograd keeps every token's
+weights: `miras.runtime.chunk.recomputes` patched to False), "bounded" the default (only
+chunk-start states kept, one chunk recomputed at a time in the backward).
+
+Each case runs alone in a fresh subprocess (so its peak is its own): `peak` is
+`resource.getrusage(RUSAGE_SELF).ru_maxrss` after the run, `base` the RSS just before it
+(imports, model, inputs), both in MiB. One timed run per case, after no warmup (the first call
+pays for compiling the rule; it is done before the clock starts). With `--titans-pytorch`,
+titans-pytorch's `NeuralMemory(dim=256, heads=4, dim_head=64, chunk_size=16, momentum=True,
+default_model_kwargs={"depth": 2, "expansion_factor": 4})` runs the same way (the `benchmark`
+extra of pyproject.toml; not a runtime dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+D_MODEL, HEADS, CHUNK, BATCH = 256, 4, 16, 2
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def build(case: str, path: str):
+    import torch
+
+    if case == "titans-pytorch":
+        from titans_pytorch import NeuralMemory
+
+        mem = NeuralMemory(
+            dim=D_MODEL,
+            heads=HEADS,
+            dim_head=D_MODEL // HEADS,
+            chunk_size=CHUNK,
+            momentum=True,
+            default_model_kwargs={"depth": 2, "expansion_factor": 4.0},
+        )
+        return lambda x: mem(x)[0]
+    from miras.models import MirasLayer
+    from miras.runtime import chunk
+
+    if path == "storing":
+        chunk.recomputes = lambda rt: False
+    layer = MirasLayer(ROOT / "specs" / f"{case}.yaml", D_MODEL, HEADS, chunk_size=CHUNK)
+    with torch.no_grad():  # compiles the rule and warms the imports outside the clock
+        layer(torch.zeros(1, CHUNK, D_MODEL))
+    return lambda x: layer(x)[0]
+
+
+def one(case: str, path: str, length: int, threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    fn = build(case, path)
+    x = torch.randn(BATCH, length, D_MODEL, requires_grad=True)
+    w = torch.randn(BATCH, length, D_MODEL)
+    base = rss_mib()
+    start = time.perf_counter()
+    (fn(x) * w).sum().backward()
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return {
+        "case": case,
+        "path": path,
+        "T": length,
+        "seconds": seconds,
+        "tokens_per_s": BATCH * length / seconds,
+        "base_mib": base,
+        "peak_mib": peak,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--specs", nargs="+", default=["titans", "memora", "moneta", "atlas"])
+    parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048])
+    parser.add_argument("--paths", nargs="+", default=["bounded", "storing"])
+    parser.add_argument("--titans-pytorch", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--one", nargs=3, metavar=("CASE", "PATH", "T"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        case, path, length = args.one
+        print(json.dumps(one(case, path, int(length), args.threads)))
+        return
+
+    cases = [(s, p, t) for t in args.lengths for s in args.specs for p in args.paths]
+    if args.titans_pytorch:
+        cases += [("titans-pytorch", "-", t) for t in args.lengths]
+    print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {platform.processor()}")
+    print(f"# load average at start: {os.getloadavg()}")
+    print("| layer | path | T | s | tokens/s | base MiB | peak MiB |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for case, path, length in cases:
+        cmd = [sys.executable, __file__, "--one", case, path, str(length)]
+        cmd += ["--threads", str(args.threads)]
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode != 0:
+            tail = done.stderr.strip().splitlines()[-1:] or ["(no message)"]
+            print(f"| {case} | {path} | {length} | failed: {tail[0]} | | | |")
+            continue
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        print(
+            f"| {case} | {path} | {length} | {r['seconds']:.1f} | {r['tokens_per_s']:.0f} "
+            f"| {r['base_mib']:.0f} | {r['peak_mib']:.0f} |",
+            flush=True,
+        )
+    print(f"# load average at end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
