@@ -12,8 +12,8 @@ chunk-start states kept, one chunk recomputed at a time in the backward).
 
 Each case runs alone in a fresh subprocess (so its peak is its own): `peak` is
 `resource.getrusage(RUSAGE_SELF).ru_maxrss` after the run, `base` the RSS just before it
-(imports, model, inputs), both in MiB. One timed run per case, after no warmup (the first call
-pays for compiling the rule; it is done before the clock starts). With `--titans-pytorch`,
+(imports, model, inputs), both in MiB. One timed run per case; a miras layer is compiled and
+run once on one chunk without gradients before the clock starts. With `--titans-pytorch`,
 titans-pytorch's `NeuralMemory(dim=256, heads=4, dim_head=64, chunk_size=16, momentum=True,
 default_model_kwargs={"depth": 2, "expansion_factor": 4})` runs the same way (the `benchmark`
 extra of pyproject.toml; not a runtime dependency).

@@ -9,7 +9,9 @@ Two paths, the same semantics:
 - `forward_general` (here): any other spec. Gradients, memory backward and reads are batched
   over the chunk; the optimizer's update (the component's) and the (possibly nonlinear)
   retention map run token by token on per-token updates, so each map is applied at every
-  token exactly as in the recurrence (docs/chunking.md).
+  token exactly as in the recurrence (docs/chunking.md). For a deep memory each chunk is a
+  `_BoundedChunk`: the backward keeps only chunk-start states and recomputes one chunk at a
+  time (docs/chunking.md, "Bounded memory for deep rules").
 
 Within a chunk starting at state S (read as W_S), for token t with window c:
     W_e,t = W_S                 (grad_at: state)   or   (prod_{j=s..t} a_j) W_S   (retained)
