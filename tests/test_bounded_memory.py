@@ -4,9 +4,9 @@
   at a time) equals the storing one (`recomputes` patched off: autograd keeps every token's
   weights) to 1e-10 in float64: outputs, final state, and the gradients with respect to q, k,
   v, every gate, the initial state and the feature map's parameters.
-- The bytes autograd keeps between the forward and the backward grow like T / b copies of the
-  state, not T: counted with `torch.autograd.graph.saved_tensors_hooks` and held to a bound
-  computed from the shapes.
+- The bytes autograd keeps between the forward and the backward, and their peak over both
+  (the recompute of one chunk included), grow like T / b copies of the state, not T: counted
+  with `torch.autograd.graph.saved_tensors_hooks` and held to bounds computed from the shapes.
 """
 
 from __future__ import annotations
@@ -103,21 +103,35 @@ def test_matrix_memory_keeps_the_storing_path():
     assert not chunk.recomputes(rule.runtime)
 
 
+class Saved:
+    """A tensor autograd saved, counted while autograd holds it (it drops the packed object when
+    the backward has used it): `live` bytes now, `peak` over the forward and the backward."""
+
+    live = 0
+    peak = 0
+
+    def __init__(self, x: torch.Tensor):
+        self.x, self.size = x, x.numel() * x.element_size()
+        Saved.live += self.size
+        Saved.peak = max(Saved.peak, Saved.live)
+
+    def __del__(self):
+        Saved.live -= self.size
+
+
 def saved_bytes(rule, t_len, chunk_size, d):
-    """Bytes autograd keeps for the backward of one forward (B = H = 1, Dk = Dv = d)."""
+    """(bytes autograd keeps from the forward for the backward, peak saved bytes over forward and
+    backward) for B = H = 1, Dk = Dv = d. Includes the tensors the bounded backward saves while
+    it recomputes a chunk."""
     q, k, v, gates = random_inputs(rule, b=1, t=t_len, h=1, dk=d, dv=d, seed=1)
     for x in [q, k, v, *gates.values()]:
         x.requires_grad_(True)
-    total = 0
-
-    def pack(x):
-        nonlocal total
-        total += x.numel() * x.element_size()
-        return x
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        rule(q, k, v, gates, backend="chunk", chunk_mode="start", chunk_size=chunk_size)
-    return total
+    Saved.live = Saved.peak = 0
+    with torch.autograd.graph.saved_tensors_hooks(Saved, lambda s: s.x):
+        o, _ = rule(q, k, v, gates, backend="chunk", chunk_mode="start", chunk_size=chunk_size)
+        kept = Saved.live
+        o.sum().backward()
+    return kept, Saved.peak
 
 
 @pytest.mark.parametrize("name", ["titans", "moneta"])
@@ -130,12 +144,21 @@ def test_saved_bytes_grow_like_chunks_not_tokens(name, monkeypatch):
     # Per token, q, k, v, valid and the gates: a few copies of these may be kept by the ops
     # around the chunk loop (the feature map, the transposes).
     token_bytes = (3 * d + 1 + len(rule.plan.gates)) * 8
+    # The recompute of one chunk keeps, per token, its gradient, update and weights (and
+    # momentum): a few copies of the state each, for b tokens at a time.
+    chunk_bytes = 4 * b * state_bytes
+    measured = {}
     for t_len in (256, 512):
-        bound = (t_len // b + 1) * state_bytes + 8 * t_len * token_bytes
-        kept = saved_bytes(rule, t_len, b, d)
-        assert kept <= bound, (t_len, kept, bound)
+        kept_bound = (t_len // b + 1) * state_bytes + 8 * t_len * token_bytes
+        kept, peak = saved_bytes(rule, t_len, b, d)
+        assert kept <= kept_bound, (t_len, kept, kept_bound)
+        assert peak <= kept_bound + chunk_bytes, (t_len, peak, kept_bound + chunk_bytes)
+        measured[t_len] = peak
         with monkeypatch.context() as m:
             storing(m)
-            kept_storing = saved_bytes(rule, t_len, b, d)
+            kept_storing, _ = saved_bytes(rule, t_len, b, d)
         # The storing path keeps every token's weights: the bound above would fail for it.
-        assert kept_storing > t_len * weight_bytes > bound, (t_len, kept_storing, bound)
+        assert kept_storing > t_len * weight_bytes > kept_bound + chunk_bytes
+    # 256 more tokens add 256 / b chunk-start states (and token-sized tensors), not 256 states.
+    growth_bound = (256 // b) * state_bytes + 8 * 256 * token_bytes
+    assert measured[512] - measured[256] <= growth_bound, (measured, growth_bound)
