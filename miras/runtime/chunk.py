@@ -150,6 +150,7 @@ class _BoundedChunk(torch.autograd.Function):
         return (o, *(new[k] for k in keys))
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the recompute builds no second-order graph
     def backward(ctx, *grad_out):
         flat = [
             x.detach().requires_grad_(need)
