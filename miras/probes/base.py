@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from miras.rule import MemoryRule
+from miras.stats import confidence_interval
 from miras.tasks.capacity import as_rule, features
 
 # Candidate values per gate name. lr multiplies 1 / ||phi(k)||^2; decay = 1 is no forgetting.
@@ -35,15 +36,6 @@ GATE_GRID: dict[str, tuple[float, ...]] = {
     "threshold": (0.001, 0.01),
     "gamma": (1.0,),
 }
-# Two-sided 95% Student t quantiles t_{0.975, df} for df = 1..30 (scipy.stats.t.ppf, to six
-# decimals); df > 30 uses df = 30's, which is conservative there.
-T_975 = (
-    12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912,
-    2.364624, 2.306004, 2.262157, 2.228139, 2.200985, 2.178813,
-    2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922,
-    2.093024, 2.085963, 2.079614, 2.073873, 2.068658, 2.063899,
-    2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272,
-)  # fmt: skip
 
 
 @dataclass
@@ -102,23 +94,6 @@ class ProbeResult:
             }
             for p in self.points
         ]
-
-
-def confidence_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the mean and its two-sided 95% Student t interval over `values`
-    (one per seed); a single value gives a zero-width interval. Any non-finite value (a seed
-    on which the rule diverged) gives NaN for all three: `Point.errors` keeps the seeds."""
-    if not values:
-        raise ValueError("confidence_interval: expected at least one value, got none")
-    n = len(values)
-    mean = sum(values) / n
-    if not all(math.isfinite(v) for v in values):
-        return float("nan"), float("nan"), float("nan")
-    if n == 1:
-        return mean, mean, mean
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = T_975[min(n - 1, len(T_975)) - 1] * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
 
 
 def gate_grid(

@@ -3,7 +3,9 @@
 What a finished trial keeps (Optuna user attributes, all JSON):
   spec       the full spec, YAML (long form), which `miras export` writes out
   train      the training arguments used
-  metrics    the final evaluation, plus the measures state_size and throughput
+  replicates one record per seed, {seed, metrics, seconds}, written as each seed finishes
+  metrics    the means over the seeds: the final evaluation, the measures (state_size,
+             state_bytes, params, throughput) and each probe objective
   reason     why a trial was pruned: 'invalid: ...' (the sampled combination is impossible),
              'diverged: ...', or 'pruned at step N' (the pruner)
   worker     host:pid of the process that ran it
@@ -11,6 +13,7 @@ What a finished trial keeps (Optuna user attributes, all JSON):
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import socket
@@ -22,9 +25,12 @@ import optuna
 from miras.errors import DerivationError, SpecError, TrainingDiverged
 from miras.rule import compile as compile_rule
 from miras.search.space import sample
-from miras.search.study import StudyDef
+from miras.search.study import Objective, StudyDef
 from miras.spec import Spec, load_spec
 from miras.training_config import TrainConfig
+
+# Bytes per float of recurrent state: the runtime keeps it in float32 (under bf16 too).
+STATE_BYTES_PER_FLOAT = 4
 
 
 class TrialInvalid(optuna.TrialPruned):
@@ -62,13 +68,45 @@ def _invalid(trial: optuna.Trial, err: Exception) -> TrialInvalid:
 
 
 def run_trial(study: StudyDef, task: Any, trial: optuna.Trial) -> float | list[float]:
-    """The Optuna objective. Intermediate evaluations feed the pruner (single objective)."""
-    from miras.training import train  # torch and the models: only in processes that train
-
+    """The Optuna objective: every replicate seed, then the means. Intermediate evaluations of
+    the first seed feed the pruner (single objective); each seed's result is stored as it
+    finishes, and seeds a retried trial inherited are not run again."""
     trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
     spec, args = build(study, trial)
+    records = {r["seed"]: r for r in trial.user_attrs.get("replicates", [])}
+    seeds = [args["seed"] + r for r in range(study.replicates)]
+    for seed in seeds:
+        if seed in records:
+            continue
+        began = time.perf_counter()
+        metrics = replicate(study, task, trial, spec, {**args, "seed": seed}, seed == seeds[0])
+        records[seed] = {"seed": seed, "metrics": metrics, "seconds": time.perf_counter() - began}
+        trial.set_user_attr("replicates", [records[s] for s in sorted(records)])
+    done = [records[s]["metrics"] for s in seeds]
+    names = [name for name in done[0] if all(name in m for m in done)]
+    metrics = {name: sum(m[name] for m in done) / len(done) for name in names}
+    state = state_size(spec, task.seq_len)
+    metrics.update(state_size=float(state), state_bytes=float(state * STATE_BYTES_PER_FLOAT))
+    trial.set_user_attr("metrics", metrics)
+    trial.set_user_attr("seconds", sum(records[s]["seconds"] for s in seeds))
+    values = [metrics[name] for name in study.metrics]
+    return values[0] if len(values) == 1 else values
+
+
+def replicate(
+    study: StudyDef,
+    task: Any,
+    trial: optuna.Trial,
+    spec: Spec,
+    args: dict[str, Any],
+    prunes: bool,
+) -> dict[str, float]:
+    """One seed's metrics: the final evaluation and throughput (when the study trains), the
+    parameter count, and each probe objective. `prunes`: report evaluations to the pruner."""
+    from miras.training import train  # torch and the models: only in processes that train
+
     first = study.metrics[0]
-    prunes = not study.multi_objective and study.pruner_def().kind != "none"
+    prunes = prunes and not study.multi_objective and study.pruner_def().kind != "none"
 
     def report(step: int, metrics: dict[str, float]) -> None:
         if not prunes or first not in metrics or not math.isfinite(metrics[first]):
@@ -78,32 +116,73 @@ def run_trial(study: StudyDef, task: Any, trial: optuna.Trial) -> float | list[f
             trial.set_user_attr("reason", f"pruned at step {step}: {first} {metrics[first]:.4g}")
             raise optuna.TrialPruned(f"pruned at step {step}")
 
-    began = time.perf_counter()
-    try:
-        result = train(spec, task, **args, callback=report, progress=False)
-    except TrainingDiverged as err:
-        trial.set_user_attr("reason", f"diverged: {err}")
-        raise optuna.TrialPruned(str(err)) from None
-    except optuna.TrialPruned:
-        raise
-    except ValueError as err:
-        # The model or trainer refused the sampled combination (a variant that needs a
-        # parametric memory, a size that does not fit): a named input error, so prune.
-        raise _invalid(trial, err) from None
-    seconds = time.perf_counter() - began
-    metrics = dict(result.metrics)
-    metrics["state_size"] = float(state_size(spec, task.seq_len))
-    metrics["throughput"] = result.steps * args["batch_size"] * task.seq_len / max(seconds, 1e-9)
-    trial.set_user_attr("metrics", metrics)
-    trial.set_user_attr("seconds", seconds)
-    values = [metrics[name] for name in study.metrics]
-    bad = [
-        name for name, value in zip(study.metrics, values, strict=True) if not math.isfinite(value)
-    ]
+    seed = args["seed"]
+    metrics: dict[str, float] = {}
+    if study.trains:
+        began = time.perf_counter()
+        try:
+            result = train(spec, task, **args, callback=report, progress=False)
+        except TrainingDiverged as err:
+            trial.set_user_attr("reason", f"diverged (seed {seed}): {err}")
+            raise optuna.TrialPruned(str(err)) from None
+        except optuna.TrialPruned:
+            raise
+        except ValueError as err:
+            # The model or trainer refused the sampled combination (a variant that needs a
+            # parametric memory, a size that does not fit): a named input error, so prune.
+            raise _invalid(trial, err) from None
+        seconds = time.perf_counter() - began
+        metrics.update(result.metrics)
+        metrics["throughput"] = (
+            result.steps * args["batch_size"] * task.seq_len / max(seconds, 1e-9)
+        )
+        metrics["params"] = float(result.parameters)
+    else:
+        metrics["params"] = float(parameter_count(spec, task.vocab_size, trial))
+    for objective in study.objectives:
+        if objective.probe is not None:
+            metrics[objective.metric] = probe_error(objective, spec, seed, trial)
+    bad = [name for name in study.metrics if not math.isfinite(metrics.get(name, 0.0))]
     if bad:
-        trial.set_user_attr("reason", f"diverged: {', '.join(bad)} is not finite")
+        trial.set_user_attr("reason", f"diverged (seed {seed}): {', '.join(bad)} is not finite")
         raise optuna.TrialPruned(f"{', '.join(bad)} is not finite")
-    return values[0] if len(values) == 1 else values
+    return metrics
+
+
+def parameter_count(spec: Spec, vocab_size: int, trial: optuna.Trial) -> int:
+    """Trainable parameters of the model the spec builds (a model that cannot be built prunes
+    the trial as invalid, as training it would)."""
+    from miras.models.model import build_model
+
+    try:
+        model = build_model(spec, vocab_size)
+    except ValueError as err:
+        raise _invalid(trial, err) from None
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def probe_error(objective: Objective, spec: Spec, seed: int, trial: optuna.Trial) -> float:
+    """The probe's mean recall error over its sweep points and scoring seeds, on the spec's
+    rule. Seed `seed` (train.seed + replicate) moves the probe's tuning seed by seed x (seeds
+    + 1), so no two replicates share a stream."""
+    from miras.probes import PROBES
+
+    if not spec.memory.parametric:
+        raise _invalid(
+            trial,
+            ValueError(
+                f"probe {objective.probe}: memory {spec.memory.kind!r} keeps every pair (no "
+                "weights to read back); the probes take a parametric memory"
+            ),
+        )
+    run = PROBES[objective.probe]
+    defaults = inspect.signature(run).parameters
+    options = dict(objective.options)
+    seeds = options.get("seeds", defaults["seeds"].default)
+    options["seed"] = options.get("seed", defaults["seed"].default) + seed * (seeds + 1)
+    result = run(compile_rule(spec), **options)
+    means = [point.mean for point in result.points]
+    return sum(means) / len(means)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,9 +191,10 @@ def run_trial(study: StudyDef, task: Any, trial: optuna.Trial) -> float | list[f
 
 def state_size(spec: Spec, seq_len: int) -> int:
     """Floats of recurrent state a decoder keeps per sequence at length `seq_len`, over all
-    layers: the memory's parameters W (and momentum S), the Omega window's last c - 1 keys and
-    values, and softmax attention's key-value cache (full, or windowed). The short conv's few
-    cached inputs are left out (a constant, the same for every spec)."""
+    layers: the memory's parameters W (and momentum S), the Omega window's last c - 1 keys
+    (as features phi(k)) and values, and softmax attention's key-value cache (full, or
+    windowed). The window's per-token flags and gates (a float each) and the short conv's few
+    cached inputs are left out."""
     model = spec.model
     heads, d_head = model.n_heads, model.head_dim
     kv = 2 * d_head * heads  # one token's key and value over the heads
@@ -131,8 +211,10 @@ def state_size(spec: Spec, seq_len: int) -> int:
         per_layer = attention(spec.memory.window)
     else:
         # The window's carried tokens: c - 1, or the whole prefix for `window: global`.
+        # Each carries phi(k) at the feature width d_phi and v at d_head (per head).
         past = seq_len if spec.window.is_global else spec.window.c - 1
-        per_layer = _memory_state(spec, d_head) * heads + kv * past
+        d_phi = spec.feature_map.output_dim(d_head)
+        per_layer = (_memory_state(spec, d_head) + past * (d_phi + d_head)) * heads
         if variant in ("mal", "mag"):
             per_layer += attention(model.swa_window)
         elif variant == "mac":

@@ -50,18 +50,54 @@ def importance_figure(data: pd.DataFrame, metric: str) -> go.Figure:
 
 
 def pareto_figure(data: pd.DataFrame, metrics: list[str]) -> go.Figure:
-    a, b = metrics
+    """The first two objectives; the front (non-dominated on every objective) joined by a line
+    when there are only two (with more, a front point may look dominated in this plane)."""
+    a, b = metrics[:2]
     fig = go.Figure()
     for on_front, name in ((False, "dominated"), (True, "Pareto front")):
         part = data[data["pareto"] == on_front].sort_values(a)
+        hover = [
+            f"trial {row['trial']}<br>" + "<br>".join(f"{m} = {row[m]:.4g}" for m in metrics)
+            for _, row in part.iterrows()
+        ]
         fig.add_scatter(
             x=part[a],
             y=part[b],
-            mode="markers+lines" if on_front else "markers",
+            mode="markers+lines" if on_front and len(metrics) == 2 else "markers",
             name=name,
-            text=[f"trial {n}" for n in part["trial"]],
+            text=hover,
+            hoverinfo="text",
         )
     fig.update_layout(**LAYOUT, xaxis_title=a, yaxis_title=b)
+    return fig
+
+
+def interval_figure(data: pd.DataFrame, metric: str, direction: str) -> go.Figure:
+    """Each replicated trial's mean with its 95% interval, best mean first; the trials whose
+    gap to the best is significant in a second trace."""
+    ordered = data.sort_values("mean", ascending=direction == "minimize")
+    fig = go.Figure()
+    for differs, name in (
+        (False, "not significantly different from the best"),
+        (True, "differs from the best (p < 0.05)"),
+    ):
+        part = ordered[ordered["differs"] == differs]
+        fig.add_scatter(
+            x=[f"trial {n}" for n in part["trial"]],
+            y=part["mean"],
+            mode="markers",
+            name=name,
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": part["high"] - part["mean"],
+                "arrayminus": part["mean"] - part["low"],
+            },
+        )
+    order = [f"trial {n}" for n in ordered["trial"]]
+    fig.update_layout(
+        **LAYOUT, yaxis_title=metric, xaxis={"categoryorder": "array", "categoryarray": order}
+    )
     return fig
 
 
@@ -77,10 +113,10 @@ def page(
     title: str,
     heading: str,
     figures: list[tuple[str, go.Figure]],
-    board: pd.DataFrame,
+    tables: list[tuple[str, pd.DataFrame]],
     notes: list[str],
 ) -> str:
-    """One self-contained HTML page: plotly.js inline, the figures, the leaderboard table."""
+    """One self-contained HTML page: plotly.js inline, the figures, then the tables."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -104,7 +140,8 @@ def page(
                 config={"displaylogo": False, "responsive": True},
             )
         )
-    parts.append("<h2>Leaderboard</h2>")
-    parts.append(board.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}"))
+    for name, table in tables:
+        parts.append(f"<h2>{html.escape(name)}</h2>")
+        parts.append(table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}"))
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -19,8 +19,10 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from miras.search.study import StudyDef
+from miras.stats import confidence_interval, welch_p
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+SIGNIFICANCE = 0.05  # Welch's two-sided test against the best trial
 
 
 def _sign(direction: str) -> int:
@@ -35,14 +37,30 @@ def _text(value: Any) -> str:
 # Tables
 
 
+def seed_values(trial: FrozenTrial, metric: str) -> list[float]:
+    """The trial's per-seed values of `metric` (its `replicates` records, in seed order)."""
+    records = trial.user_attrs.get("replicates") or []
+    return [r["metrics"][metric] for r in records if metric in r["metrics"]]
+
+
 def trials_frame(trials: list[FrozenTrial], metrics: list[str]) -> pd.DataFrame:
-    """One row per trial: number, state, each objective, the other measures, every parameter
-    (missing where a branch was not taken), seconds, the reason of a prune, a retry's origin."""
+    """One row per trial: number, state, each objective (the mean over the seeds), with
+    replicated trials its 95% t interval (`<objective>_low`, `_high`) and the number of
+    `seeds`, the other measures, every parameter (missing where a branch was not taken),
+    seconds, the reason of a prune, a retry's origin."""
+    replicated = any(len(seed_values(t, metrics[0])) > 1 for t in trials)
     rows = []
     for t in trials:
         row: dict[str, Any] = {"trial": t.number, "state": t.state.name.lower()}
-        values = t.values if t.state == TrialState.COMPLETE and t.values else [None] * len(metrics)
+        complete = t.state == TrialState.COMPLETE and t.values
+        values = t.values if complete else [None] * len(metrics)
         row.update(dict(zip(metrics, values, strict=True)))
+        if replicated:
+            row["seeds"] = len(seed_values(t, metrics[0])) if complete else None
+            for metric in metrics:
+                seeds = seed_values(t, metric)
+                _, low, high = confidence_interval(seeds) if complete and seeds else (None,) * 3
+                row[f"{metric}_low"], row[f"{metric}_high"] = low, high
         for name, value in (t.user_attrs.get("metrics") or {}).items():
             row.setdefault(name, value)
         row.update(t.params)
@@ -56,9 +74,10 @@ def trials_frame(trials: list[FrozenTrial], metrics: list[str]) -> pd.DataFrame:
 def leaderboard(
     trials: list[FrozenTrial], metrics: list[str], directions: list[str]
 ) -> pd.DataFrame:
-    """Finished trials, best first: complete trials by the first objective (ties by trial
-    number), then pruned ones. `rank` counts from 1; with several objectives, `pareto` marks
-    the trials on the front of the first two."""
+    """Finished trials, best first: complete trials by the first objective's mean (ties by
+    trial number), then pruned ones. `rank` counts from 1; with several objectives, `pareto`
+    marks the trials no other beats on every objective; with replicated trials, `p_vs_best`
+    and `differs` compare each trial's seeds with the best trial's (`significance_data`)."""
     frame = trials_frame([t for t in trials if t.state in FINISHED], metrics)
     if frame.empty:
         return frame
@@ -66,6 +85,10 @@ def leaderboard(
         front = pareto_data(trials, metrics, directions)
         on_front = set(front.loc[front["pareto"], "trial"])
         frame.insert(2, "pareto", [n in on_front for n in frame["trial"]])
+    if "seeds" in frame:
+        tests = significance_data(trials, metrics[0], directions[0]).set_index("trial")
+        for column in ("p_vs_best", "differs"):
+            frame[column] = [tests[column].get(n) for n in frame["trial"]]
     key = frame[metrics[0]].astype(float) * _sign(directions[0])
     frame = frame.assign(_pruned=frame["state"] != "complete", _key=key)
     frame = frame.sort_values(["_pruned", "_key", "trial"], na_position="last")
@@ -153,23 +176,43 @@ def importance_data(
 def pareto_data(
     trials: list[FrozenTrial], metrics: list[str], directions: list[str]
 ) -> pd.DataFrame:
-    """Complete trials on the first two objectives, with `pareto` true for the trials no other
-    trial beats on both (at least as good on each, better on one)."""
+    """Complete trials on every objective, with `pareto` true for the trials no other trial
+    dominates (at least as good on each objective, better on one)."""
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
-    a, b = metrics[:2]
-    frame = pd.DataFrame(
-        {
-            "trial": [t.number for t in done],
-            a: [t.values[0] for t in done],
-            b: [t.values[1] for t in done],
-        }
-    )
-    signs = [_sign(d) for d in directions[:2]]
-    points = [(signs[0] * x, signs[1] * y) for x, y in zip(frame[a], frame[b], strict=True)]
-    frame["pareto"] = [
-        not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points) for p in points
-    ]
+    frame = pd.DataFrame({"trial": [t.number for t in done]})
+    for i, metric in enumerate(metrics):
+        frame[metric] = [t.values[i] for t in done]
+    signs = [_sign(d) for d in directions]
+    points = [tuple(s * v for s, v in zip(signs, t.values, strict=True)) for t in done]
+
+    def dominated(p: tuple[float, ...]) -> bool:
+        return any(q != p and all(a <= b for a, b in zip(q, p, strict=True)) for q in points)
+
+    frame["pareto"] = [not dominated(p) for p in points]
     return frame
+
+
+def significance_data(trials: list[FrozenTrial], metric: str, direction: str) -> pd.DataFrame:
+    """Per complete trial with two seeds or more: the mean of `metric` over its seeds, the 95%
+    Student t interval (`low`, `high`), the p-value of Welch's two-sided t-test against the
+    best trial's seeds (`p_vs_best`; NaN for the best itself) and `differs` (p < 0.05). The
+    best is the trial with the best mean (ties: the lowest number), as on the leaderboard."""
+    samples = {
+        t.number: seed_values(t, metric)
+        for t in trials
+        if t.state == TrialState.COMPLETE and len(seed_values(t, metric)) > 1
+    }
+    columns = ["trial", "mean", "low", "high", "seeds", "p_vs_best", "differs"]
+    if not samples:
+        return pd.DataFrame(columns=columns)
+    means = {n: sum(s) / len(s) for n, s in samples.items()}
+    best = min(samples, key=lambda n: (_sign(direction) * means[n], n))
+    rows = []
+    for number, seeds in samples.items():
+        mean, low, high = confidence_interval(seeds)
+        p = math.nan if number == best else welch_p(seeds, samples[best])
+        rows.append([number, mean, low, high, len(seeds), p, bool(p < SIGNIFICANCE)])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def component_data(trials: list[FrozenTrial], index: int = 0) -> dict[str, pd.DataFrame]:
@@ -217,7 +260,12 @@ def write_report(handle: optuna.Study, study: StudyDef, out_dir: str | Path) -> 
     board.to_csv(csv, index=False)
 
     figures: list[tuple[str, Any]] = []
+    tables: list[tuple[str, pd.DataFrame]] = []
     notes: list[str] = []
+    intervals = significance_data(trials, metrics[0], directions[0])
+    if not intervals.empty:
+        title = f"{metrics[0]}: mean and 95% interval over the seeds"
+        figures.append((title, plots.interval_figure(intervals, metrics[0], directions[0])))
     history = history_data(trials, directions[0])
     if history.empty:
         notes.append("no complete trial yet: nothing to plot")
@@ -235,7 +283,9 @@ def write_report(handle: optuna.Study, study: StudyDef, out_dir: str | Path) -> 
     if len(metrics) > 1:
         pareto = pareto_data(trials, metrics, directions)
         if not pareto.empty:
-            figures.append(("Pareto front", plots.pareto_figure(pareto, metrics[:2])))
+            figures.append(("Pareto front", plots.pareto_figure(pareto, metrics)))
+            optimal = board[board["pareto"]].drop(columns=["rank", "state", "pareto"])
+            tables.append(("Pareto-optimal configurations", optimal))
     for name, frame in component_data(trials).items():
         figures.append((f"{metrics[0]} by {name}", plots.component_figure(frame, name, metrics[0])))
 
@@ -246,7 +296,8 @@ def write_report(handle: optuna.Study, study: StudyDef, out_dir: str | Path) -> 
         f"({counts.get('complete', 0)} complete, {counts.get('pruned', 0)} pruned); "
         f"objectives: {', '.join(f'{m} ({d})' for m, d in zip(metrics, directions, strict=True))}"
     )
-    html.write_text(plots.page(f"miras study {handle.study_name}", heading, figures, board, notes))
+    tables.append(("Leaderboard", board))
+    html.write_text(plots.page(f"miras study {handle.study_name}", heading, figures, tables, notes))
     return Report(board, csv, html, [title for title, _ in figures], notes)
 
 

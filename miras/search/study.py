@@ -54,9 +54,12 @@ DIRECTIONS: dict[str, str] = {
     "accuracy": "maximize",
     "exact_match": "maximize",
     "state_size": "minimize",  # floats of recurrent state per sequence (miras.search.objective)
+    "state_bytes": "minimize",  # the same state in bytes (float32)
+    "params": "minimize",  # trainable parameters of the model
     "throughput": "maximize",  # training tokens per second
 }
-MEASURES = ("state_size", "throughput")  # computed by the search, not by the task
+SIZES = ("state_size", "state_bytes", "params")  # read off the spec: no training needed
+MEASURES = (*SIZES, "throughput")  # computed by the search, not by the task
 
 
 def _short(field: str) -> Any:
@@ -75,13 +78,33 @@ class TaskDef(BaseModel):
     options: dict[str, Any] = {}
 
 
+def _probe_objective(value: Any) -> Any:
+    """`{probe: capacity, name: cap}` is the objective named `cap` (default: the probe's name),
+    which `metric` then holds: every objective has one column name."""
+    if isinstance(value, dict) and "probe" in value and "metric" not in value:
+        value = dict(value)
+        value["metric"] = value.pop("name", value["probe"])
+    return value
+
+
 class Objective(BaseModel):
-    """One value to optimize: a metric of the final evaluation, or a measure of the model."""
+    """One value to optimize: a metric of the final evaluation, a measure of the model, or a
+    probe's mean recall error on the spec's bare rule (`probe`, with its `options`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     metric: str
     direction: Literal["maximize", "minimize"] | None = None
+    probe: str | None = None
+    options: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _probe_fields(self) -> Objective:
+        if self.probe is None and self.options:
+            raise ValueError("options: only a probe objective takes options ({probe: NAME})")
+        if self.probe is not None and self.direction == "maximize":
+            raise ValueError(f"direction: probe {self.probe!r} is a recall error: minimize")
+        return self
 
 
 class SamplerDef(BaseModel):
@@ -139,7 +162,11 @@ class StudyDef(BaseModel):
     task: TaskDef
     spec: dict[str, Any]
     train: dict[str, Any] = {}
-    objectives: Annotated[list[Annotated[Objective, _short("metric")]], Field(min_length=1)]
+    objectives: Annotated[
+        list[Annotated[Objective, _short("metric"), BeforeValidator(_probe_objective)]],
+        Field(min_length=1),
+    ]
+    replicates: int = Field(1, ge=1)  # seeds per configuration: train.seed + r
     sampler: Annotated[SamplerDef, _short("kind")] | None = None
     pruner: Annotated[PrunerDef, _short("kind")] | None = None
     trials: int = Field(20, ge=1)
@@ -156,11 +183,19 @@ class StudyDef(BaseModel):
 
     @property
     def directions(self) -> list[str]:
-        return [o.direction or DIRECTIONS[o.metric] for o in self.objectives]
+        return [
+            o.direction or ("minimize" if o.probe else DIRECTIONS[o.metric])
+            for o in self.objectives
+        ]
 
     @property
     def metrics(self) -> list[str]:
         return [o.metric for o in self.objectives]
+
+    @property
+    def trains(self) -> bool:
+        """Whether a trial trains: some objective is a task metric or the throughput."""
+        return any(o.probe is None and o.metric not in SIZES for o in self.objectives)
 
     @property
     def multi_objective(self) -> bool:
@@ -182,7 +217,12 @@ class StudyDef(BaseModel):
             self.sampler_def().model_dump(mode="json"),
             self.pruner_def().model_dump(mode="json"),
         )
-        data["objectives"] = list(zip(self.metrics, self.directions, strict=True))
+        data["objectives"] = [
+            [o.metric, d, *([o.probe, o.options] if o.probe else [])]
+            for o, d in zip(self.objectives, self.directions, strict=True)
+        ]
+        if self.replicates > 1:  # a single-seed study keeps the digest it had before replicates
+            data["replicates"] = self.replicates
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -264,7 +304,9 @@ def _check_task_and_objectives(study: StudyDef) -> list[Problem]:
     reported = _task_metrics(task)
     for i, objective in enumerate(study.objectives):
         metric = objective.metric
-        if metric not in reported and metric not in MEASURES:
+        if objective.probe is not None:
+            problems += _probe_problems(objective, f"objectives[{i}]")
+        elif metric not in reported and metric not in MEASURES:
             allowed = [*reported, *MEASURES]
             problems.append(
                 Problem(
@@ -278,7 +320,9 @@ def _check_task_and_objectives(study: StudyDef) -> list[Problem]:
                 Problem(f"objectives[{i}].direction", f"give maximize or minimize for {metric!r}")
             )
     if len(set(study.metrics)) != len(study.metrics):
-        problems.append(Problem("objectives", "a metric appears twice"))
+        problems.append(
+            Problem("objectives", "a metric appears twice (give a probe objective a name:)")
+        )
     if study.multi_objective and study.pruner is not None and study.pruner.kind != "none":
         problems.append(
             Problem(
@@ -290,6 +334,34 @@ def _check_task_and_objectives(study: StudyDef) -> list[Problem]:
     return problems
 
 
+def _probe_problems(objective: Objective, path: str) -> list[Problem]:
+    """The probe exists and takes each option (by name: a wrong value fails the trials, with
+    the probe's own message)."""
+    import inspect
+
+    from miras.probes import PROBES
+
+    if objective.probe not in PROBES:
+        allowed = list(PROBES)
+        return [
+            Problem(
+                f"{path}.probe",
+                f"unknown probe {objective.probe!r}; allowed: {', '.join(allowed)}"
+                f"{did_you_mean(objective.probe, allowed)}",
+            )
+        ]
+    takes = [n for n in inspect.signature(PROBES[objective.probe]).parameters if n != "rule"]
+    return [
+        Problem(
+            f"{path}.options.{key}",
+            f"probe {objective.probe} takes no option {key!r}; allowed: {', '.join(takes)}"
+            f"{did_you_mean(key, takes)}",
+        )
+        for key in objective.options
+        if key not in takes
+    ]
+
+
 def resolve_directions(study: StudyDef) -> StudyDef:
     """The study with every objective's direction filled in (the primary metric's from the
     task's `higher_is_better`)."""
@@ -297,11 +369,13 @@ def resolve_directions(study: StudyDef) -> StudyDef:
     objectives = []
     for o in study.objectives:
         direction = o.direction
-        if direction is None:
+        if direction is None and o.probe is not None:
+            direction = "minimize"
+        elif direction is None:
             primary = o.metric == task.primary_metric
             better = "maximize" if task.higher_is_better else "minimize"
             direction = better if primary else DIRECTIONS[o.metric]
-        objectives.append(Objective(metric=o.metric, direction=direction))
+        objectives.append(o.model_copy(update={"direction": direction}))
     return study.model_copy(update={"objectives": objectives})
 
 
