@@ -533,7 +533,8 @@ def report(
         title_justify="left",
     )
     # The terminal gets the objectives, the parameters and the reason; the CSV has everything.
-    measures = {"loss", "accuracy", "state_size", "throughput", "seconds", "retry_of"}
+    measures = {"loss", "accuracy", "state_size", "state_bytes", "params", "throughput"}
+    measures |= {"seconds", "retry_of"}
     shown = [c for c in board.columns if c not in measures or c in definition.metrics]
     for column in shown:
         table.add_column(str(column), overflow="fold")
