@@ -14,7 +14,7 @@ from rich.table import Table
 from miras.components import CATALOGUE
 from miras.errors import DerivationError, SpecError
 from miras.spec import load_spec
-from miras.training_config import DEFAULTS, TrainConfig
+from miras.training_config import DEFAULTS, RANK_TIMEOUT, TrainConfig
 
 app = typer.Typer(
     help="Explore the MIRAS design space: validate, derive and check memory-rule specs.",
@@ -271,9 +271,20 @@ def train(
     progress: Annotated[
         bool, typer.Option(help="Show progress on stderr (plain lines off a terminal).")
     ] = True,
+    precision: Annotated[
+        str | None, typer.Option(help=_setting("precision"), show_default=False)
+    ] = DEFAULTS.precision,
+    rank_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Under torchrun: seconds a rank waits for the others (a step, rank 0's "
+            "evaluation and checkpoint) before it gives up on them."
+        ),
+    ] = RANK_TIMEOUT,
 ) -> None:
     """Train the spec's model on a task; --model key=value overrides the spec's model section.
-    Ctrl-C saves a checkpoint and prints the command that resumes it (exit code 130)."""
+    Ctrl-C saves a checkpoint and prints the command that resumes it (exit code 130).
+    Several processes: torchrun --nproc_per_node N -m miras.cli train ... (docs/training.md)."""
     import torch
 
     from miras.training import train as run_training
@@ -310,11 +321,15 @@ def train(
             extend=extend,
             time_limit=time_limit,
             progress=progress,
+            precision=precision,
+            rank_timeout=rank_timeout,
         )
     except (ValueError, FileNotFoundError) as error:  # SpecError, TrainingDiverged, options
         raise _fail(error) from None
     except KeyboardInterrupt as stop:
         raise _interrupted(stop, ctx) from None
+    except RuntimeError as error:
+        raise _rank_failed(error, ctx) from None
     out.print(f"{loaded.name} on {task}: step {result.steps}", highlight=False)
     _print_metrics(result.metrics)
     out.print(f"run directory: {directory}", highlight=False)
@@ -336,11 +351,30 @@ def _interrupted(stop: KeyboardInterrupt, ctx: typer.Context) -> typer.Exit:
     return typer.Exit(130)
 
 
+def _rank_failed(error: RuntimeError, ctx: typer.Context) -> Exception:
+    """Under torchrun, another rank died: where the run stands and how to resume (exit 1)."""
+    from miras.distributed import RankFailure
+
+    if not isinstance(error, RankFailure):
+        return error
+    err.print(f"error: {error}", highlight=False, markup=False)
+    if error.checkpoint is not None:
+        err.print(
+            f"resume with: {_resume_command(ctx, error.checkpoint.parent)}",
+            highlight=False,
+            markup=False,
+        )
+    return typer.Exit(1)
+
+
 def _resume_command(ctx: typer.Context, directory: Path) -> str:
-    """This command line as given (defaults left out), with --out DIRECTORY --resume."""
+    """This command line as given (defaults left out), with --out DIRECTORY --resume; under
+    torchrun, the torchrun command that starts as many processes."""
     import shlex
 
-    words = ["miras", ctx.info_name or "train"]
+    from miras.distributed import launcher
+
+    words = [*launcher(), ctx.info_name or "train"]
     for param in ctx.command.params:
         name = param.name
         source = ctx.get_parameter_source(name) if name else None

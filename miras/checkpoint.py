@@ -22,6 +22,13 @@ if TYPE_CHECKING:
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
+# Settings that checkpoints written before them lack, with the value those runs used.
+UNRECORDED = {"precision": "fp32"}
+
+
+def recorded_setting(checkpoint: dict[str, Any], name: str) -> Any:
+    """A training setting of the checkpoint's run (`UNRECORDED`'s value for older ones)."""
+    return checkpoint["config"].get(name, UNRECORDED.get(name))
 
 
 def task_info(task: Task) -> dict[str, Any]:
@@ -125,7 +132,7 @@ def check_resumable(
         problems.append("the spec (or its model section) differs from the checkpoint's")
     planned = checkpoint["config"]["steps"]
     for name, value in config.trajectory().items():
-        used = checkpoint["config"].get(name)
+        used = recorded_setting(checkpoint, name)
         if name == "steps" and extend:
             if value < planned:
                 problems.append(

@@ -73,7 +73,10 @@ class MemoryRule:
         return state["W"] if list(state) == ["W"] else state
 
     def __call__(self, q, k, v, gates=None, **options):
-        return run(self, q, k, v, gates, **options)
+        # Under autocast (bf16 training) the rule still computes in its state's precision,
+        # float32: autocast would run its products in bf16 (docs/training.md).
+        with torch.autocast(getattr(q, "device", torch.device("cpu")).type, enabled=False):
+            return run(self, q, k, v, gates, **options)
 
     def derivation(self) -> Derivation:
         return describe(self.spec, self.bias, self.retention, self.plan)

@@ -7,8 +7,10 @@
 AdamW, linear warmup then cosine decay to 10% of the peak rate, gradient clipping. Seeded and
 deterministic: the model is initialized after `torch.manual_seed(seed)` and batch i of a split
 is a function of (task seed, i), so a run resumed from its checkpoint continues exactly.
-The model stays in float32 (float64 if asked), so the memory state is never below fp32.
-Ctrl-C saves a checkpoint at the step it stops at (`TrainingInterrupted`).
+The model stays in float32 (float64 if asked), so the memory state is never below fp32;
+`precision="bf16"` runs the projections under bf16 autocast, the memory rule still in float32.
+Ctrl-C saves a checkpoint at the step it stops at (`TrainingInterrupted`). Under torchrun the
+ranks share each global batch and rank 0 writes the files (`miras.distributed`).
 
 The module is the loop; the settings and their defaults are `miras.training_config.TrainConfig`,
 the run's files (checkpoint, metrics log, resume checks) are `miras.checkpoint`.
@@ -23,6 +25,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +35,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from miras import distributed
 from miras.checkpoint import (
     CHECKPOINT,
     METRICS,
@@ -39,6 +43,7 @@ from miras.checkpoint import (
     check_resumable,
     load_checkpoint,
     previous_checkpoint,
+    recorded_setting,
     recorded_task,
     rng_state,
     save_atomic,
@@ -49,7 +54,7 @@ from miras.checkpoint import (
 from miras.errors import TrainingDiverged
 from miras.models.model import LanguageModel, build_model
 from miras.spec import Spec, load_spec
-from miras.training_config import TrainConfig
+from miras.training_config import RANK_TIMEOUT, TrainConfig
 
 __all__ = [
     "CHECKPOINT",
@@ -126,21 +131,37 @@ def loss_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
 
 
-def _inputs(batch, device) -> tuple[torch.Tensor, torch.Tensor]:
-    return batch.inputs.to(device), batch.labels.to(device)
+def _inputs(batch, device, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+    return batch.inputs[rows].to(device), batch.labels[rows].to(device)
+
+
+def autocast(precision: str, device: torch.device | str):
+    """bf16: torch.autocast for the model's projections (the memory rule leaves autocast and
+    computes in float32, MemoryRule.__call__); fp32: nothing."""
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
 @torch.no_grad()
 def evaluate_model(
-    model: LanguageModel, task: Task, *, batches: int, batch_size: int, device="cpu"
+    model: LanguageModel,
+    task: Task,
+    *,
+    batches: int,
+    batch_size: int,
+    device="cpu",
+    precision: str = "fp32",
 ) -> dict[str, float]:
-    """The mean of `task.metrics` over validation batches 0..batches-1."""
+    """The mean of `task.metrics` over validation batches 0..batches-1 (logits in float32)."""
     was_training = model.training
     model.eval()
     totals: dict[str, float] = {}
     for i in range(batches):
         inputs, labels = _inputs(task.batch("valid", i, batch_size), device)
-        for name, value in task.metrics(model(inputs), labels).items():
+        with autocast(precision, device):
+            logits = model(inputs)
+        for name, value in task.metrics(logits.float(), labels).items():
             totals[name] = totals.get(name, 0.0) + float(value)
     model.train(was_training)
     return {name: value / batches for name, value in totals.items()}
@@ -177,6 +198,7 @@ def train(
     progress: bool = True,
     time_limit: float | None = None,
     device: str | None = None,
+    rank_timeout: float = RANK_TIMEOUT,
     **settings: Any,
 ) -> TrainResult:
     """Train the spec's model (its `model:` section) on `task`; returns the final evaluation.
@@ -198,20 +220,33 @@ def train(
     A NaN or infinite loss or gradient norm raises `TrainingDiverged` naming the step.
     Ctrl-C (in the main thread, with `out_dir`) stops at the end of the step in progress,
     saves a checkpoint there and raises `TrainingInterrupted`; a second Ctrl-C stops at once.
+
+    Under torchrun (WORLD_SIZE > 1) each of the R ranks trains on its batch_size / R rows of
+    every global batch, DistributedDataParallel averages the gradients, and only rank 0
+    evaluates, writes the files, shows progress and calls `callback` (when it raises, the
+    other ranks stop at that step too and return). A rank that dies or stops answering for
+    `rank_timeout` seconds makes the others raise `miras.distributed.RankFailure` naming the
+    last checkpoint.
     """
     spec = load_spec(spec)
     config = TrainConfig.make(config, **settings)
     if extend and not resume:
         raise ValueError("extend: continues a checkpoint; pass it with resume=True (--resume)")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(out_dir) if out_dir is not None else None
     checkpoint = previous_checkpoint(out, resume)
-    if checkpoint is not None and config.warmup is None:
-        # Warmup left to its default (a tenth of the steps) keeps the run's own when resumed,
-        # so extending `steps` does not move it.
-        config = config.model_copy(update={"warmup": checkpoint["config"]["warmup"]})
+    if checkpoint is not None:
+        # Warmup and precision left to their defaults keep the run's own when resumed, so
+        # extending `steps` does not move the warmup and a bf16 run stays bf16.
+        kept = {
+            name: recorded_setting(checkpoint, name)
+            for name in ("warmup", "precision")
+            if getattr(config, name) is None
+        }
+        config = config.model_copy(update=kept)
     warmup, eval_every, log_every = config.warmup_steps, config.eval_interval, config.log_every
-
+    precision = config.precision_name
+    ranks, device = distributed.join(device, rank_timeout)
+    rows = ranks.shard(config.batch_size)  # this rank's rows of every global batch
     torch.manual_seed(config.seed)
     model = build_model(spec, task.vocab_size).to(device)
     optimizer = make_optimizer(model, config)
@@ -238,36 +273,44 @@ def train(
             extensions.append({"step": start, "from_steps": planned, "to_steps": config.steps})
             event = "extend"
 
+    net = model  # what the training step runs: DDP's wrapper on several ranks
+    if ranks.world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+
     def record(entry: dict[str, Any]) -> None:
-        if out is not None:
+        if out is not None and ranks.main:
             append_json(out / METRICS, entry)
 
     saved_step = start if checkpoint is not None else None  # the checkpoint on disk
 
     def save(step: int, rng: dict[str, Any]) -> None:
+        """Rank 0 writes; every rank knows the step on disk."""
         nonlocal saved_step
         if out is None:
             return
-        payload = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "step": step,
-            "rng": rng,
-            "losses": losses,
-            "history": history,
-            "spec": spec.normalized(),
-            "config": config.trajectory(),
-            "task": task_info(task),
-            "extensions": extensions,
-        }
-        save_atomic(payload, out / CHECKPOINT)
+        if ranks.main:
+            payload = {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "step": step,
+                "rng": rng,
+                "losses": losses,
+                "history": history,
+                "spec": spec.normalized(),
+                "config": config.trajectory(),
+                "task": task_info(task),
+                "extensions": extensions,
+            }
+            save_atomic(payload, out / CHECKPOINT)
         saved_step = step
 
     def begin() -> None:
         """The first step of this call succeeded: only now the run directory is made, so a
         start that fails (a spec that cannot run, a bad option) leaves nothing behind."""
-        if out is None:
+        if out is None or not ranks.main:
             return
         out.mkdir(parents=True, exist_ok=True)
         if checkpoint is None:
@@ -278,12 +321,15 @@ def train(
         record({"step": start, "split": "run", "event": event, **run})
 
     parameters = sum(p.numel() for p in model.parameters())
-    bar = _Progress(progress, config.steps, start, task.primary_metric, log_every)
+    bar = _Progress(progress and ranks.main, config.steps, start, task.primary_metric, log_every)
+    if ranks.world > 1 and progress and ranks.main:
+        bar.console.print(ranks.describe(config.batch_size), highlight=False, markup=False)
     began = time.perf_counter()
     model.train()
     step = start
     clean: int | None = start  # the step whose state the model holds, None mid-update
     rng = rng_state()
+    requested = False  # a Ctrl-C on any rank, as of the last step's all-reduce
 
     def interrupted() -> TrainingInterrupted:
         """Save the state at `clean` when it is newer than the checkpoint on disk."""
@@ -295,33 +341,51 @@ def train(
         return TrainingInterrupted(saved_step, where, saved)
 
     try:
-        with bar, _DeferredInterrupt(out is not None) as stop:
+        with (
+            bar,
+            _DeferredInterrupt(out is not None) as stop,
+            distributed.TerminateRaises(ranks.world > 1),
+        ):
             while step < config.steps:
                 clean, rng = step, rng_state()
-                if stop.requested:
+                # One process stops at its own Ctrl-C; several stop together, at the step
+                # after any of them saw one (the flag travels with the loss's all-reduce).
+                if stop.requested if ranks.world == 1 else requested:
                     raise interrupted()
                 tick = time.perf_counter()
-                inputs, labels = _inputs(task.batch("train", step, config.batch_size), device)
-                logits = model(inputs)
-                loss = loss_of(logits, labels)
-                if not torch.isfinite(loss):
-                    raise TrainingDiverged(step + 1, "training loss", loss.item())
+                batch = task.batch("train", step, config.batch_size)
+                inputs, labels = _inputs(batch, device, rows)
+                with autocast(precision, device):
+                    logits = net(inputs)
+                # This rank's mean, weighted by its share of the global batch's scored
+                # positions: the ranks' parts add up to the global batch's mean loss.
+                scored = int((batch.labels != IGNORE).sum())
+                part = loss_of(logits, labels)
+                if ranks.world > 1:
+                    part = part * (int((labels != IGNORE).sum()) / max(scored, 1))
+                late = time_limit is not None and time.perf_counter() - began > time_limit
+                flags = torch.tensor([part.item(), stop.requested, late], dtype=torch.float64)
+                loss, requested, out_of_time = ranks.sum(flags).tolist()
+                requested, out_of_time = requested > 0, out_of_time > 0
+                if not math.isfinite(loss):
+                    raise TrainingDiverged(step + 1, "training loss", loss)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                # DDP averages the ranks' gradients: R x part makes it the global mean's.
+                (part * ranks.world if ranks.world > 1 else part).backward()
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
                 if not torch.isfinite(norm):
                     raise TrainingDiverged(step + 1, "gradient norm", norm.item())
                 clean = None  # an interrupt from here to the step's end finds half an update
                 optimizer.step()
                 scheduler.step()
-                losses.append(loss.item())
+                losses.append(loss)
                 step += 1
                 if step == start + 1:
                     begin()
-                out_of_time = time_limit is not None and time.perf_counter() - began > time_limit
-                speed = inputs.numel() / max(time.perf_counter() - tick, 1e-9)
+                speed = batch.inputs.numel() / max(time.perf_counter() - tick, 1e-9)
                 if step % log_every == 0:
-                    train_metrics = task.metrics(logits.detach(), labels)
+                    # The metric of rank 0's rows of the training batch.
+                    train_metrics = task.metrics(logits.detach().float(), labels)
                     bar.update(step, losses[-1], train_metrics.get(task.primary_metric), speed)
                     record(
                         {
@@ -336,27 +400,40 @@ def train(
                 else:
                     bar.update(step, losses[-1], None, speed)
                 if step % eval_every == 0 or step == config.steps or out_of_time:
-                    metrics = evaluate_model(
-                        model,
-                        task,
-                        batches=config.eval_batches,
-                        batch_size=config.batch_size,
-                        device=device,
-                    )
-                    entry = {"step": step, "split": "valid", **metrics}
-                    entry["seconds"] = time.perf_counter() - began
+                    entry = None
+                    if ranks.main:  # the others wait for its record (within rank_timeout)
+                        metrics = evaluate_model(
+                            model,
+                            task,
+                            batches=config.eval_batches,
+                            batch_size=config.batch_size,
+                            device=device,
+                            precision=precision,
+                        )
+                        entry = {"step": step, "split": "valid", **metrics}
+                        entry["seconds"] = time.perf_counter() - began
+                    entry = ranks.share(entry)
                     history.append(entry)
                     record(entry)
                     save(step, rng_state())
+                    metrics = {
+                        k: v for k, v in entry.items() if k not in ("step", "split", "seconds")
+                    }
                     bar.evaluated(step, metrics)
-                    if callback is not None:
-                        callback(step, metrics)
+                    if callback is not None and _callback_stopped(ranks, callback, step, metrics):
+                        break  # rank 0's callback raised: the other ranks end here
                 if out_of_time:
                     break
     except KeyboardInterrupt as error:
         if isinstance(error, TrainingInterrupted) or out is None:
             raise
         raise interrupted() from None
+    except (RuntimeError, distributed.Terminated) as error:
+        if ranks.world == 1 or not distributed.is_rank_failure(error, ranks):
+            raise
+        raise _rank_failure(ranks, error, out) from error
+    finally:
+        ranks.close()
     final = {k: v for k, v in history[-1].items() if k not in ("step", "split", "seconds")}
     return TrainResult(
         metrics=final,
@@ -366,6 +443,36 @@ def train(
         parameters=parameters,
         seconds=time.perf_counter() - began,
         out_dir=out,
+    )
+
+
+def _callback_stopped(ranks, callback, step: int, metrics: dict[str, float]) -> bool:
+    """Call `callback` on rank 0 and tell every rank whether it raised; rank 0 then re-raises
+    its error (optuna's TrialPruned), the other ranks get True and stop."""
+    error: BaseException | None = None
+    if ranks.main:
+        try:
+            callback(step, metrics)
+        except BaseException as raised:  # whatever it is, the other ranks must hear of it
+            error = raised
+    stopped = ranks.share(error is not None)
+    if error is not None:
+        raise error
+    return stopped
+
+
+def _rank_failure(
+    ranks: distributed.Ranks, error: BaseException, out: Path | None
+) -> distributed.RankFailure:
+    """What a surviving rank says: who is gone and the checkpoint on disk (read back, since
+    rank 0 may have died after writing one this rank has not heard of)."""
+    path = out / CHECKPOINT if out is not None else None
+    step = None
+    if path is not None and path.is_file():
+        step = load_checkpoint(path)["step"]
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return distributed.RankFailure(
+        ranks.rank, ranks.world, ranks.lost(), reason, path if step is not None else None, step
     )
 
 
@@ -428,7 +535,10 @@ def evaluate(
     model = build_model(load_spec(data["spec"]), vocab).to(device)
     model.load_state_dict(data["model"])
     size = batch_size or data["config"]["batch_size"]
-    return evaluate_model(model, task, batches=batches, batch_size=size, device=device)
+    precision = recorded_setting(data, "precision")
+    return evaluate_model(
+        model, task, batches=batches, batch_size=size, device=device, precision=precision
+    )
 
 
 class _Progress:

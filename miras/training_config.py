@@ -11,14 +11,24 @@ Imports no torch: the CLI reads its option defaults from here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miras.validation import translate
 
 # The settings a resumed run must share with its checkpoint to continue exactly.
-TRAJECTORY = ("steps", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "seed")
+TRAJECTORY = (
+    "steps",
+    "batch_size",
+    "lr",
+    "warmup",
+    "weight_decay",
+    "grad_clip",
+    "seed",
+    "precision",
+)
+RANK_TIMEOUT = 300.0  # seconds a rank waits for the others under torchrun (not a setting)
 
 
 class TrainConfig(BaseModel):
@@ -41,6 +51,11 @@ class TrainConfig(BaseModel):
     )
     eval_batches: int = Field(4, ge=1, description="Validation batches per evaluation.")
     log_every: int = Field(10, ge=1, description="Steps between training records.")
+    precision: Literal["fp32", "bf16"] | None = Field(
+        None,
+        description="fp32, or bf16: autocast for the projections, the memory state and loss "
+        "in float32. Default: fp32 (a resumed run keeps its checkpoint's).",
+    )
 
     @classmethod
     def make(
@@ -65,13 +80,18 @@ class TrainConfig(BaseModel):
     def eval_interval(self) -> int:
         return self.eval_every or max(1, self.steps // 10)
 
+    @property
+    def precision_name(self) -> str:
+        return self.precision or "fp32"
+
     def resolved(self) -> dict[str, Any]:
-        """Every setting with the step-dependent defaults filled in (a study's record of a
-        trial; `miras.train(spec, task, **resolved)` repeats it)."""
+        """Every setting with the defaults filled in (a study's record of a trial;
+        `miras.train(spec, task, **resolved)` repeats it)."""
         return {
             **self.model_dump(),
             "warmup": self.warmup_steps,
             "eval_every": self.eval_interval,
+            "precision": self.precision_name,
         }
 
     def trajectory(self) -> dict[str, Any]:
