@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from miras.models.layer import Cache, MirasLayer
-from miras.models.mixers import Attention, attention_mask, rotary
+from miras.models.layer import MirasLayer
+from miras.models.mixers import Attention, rotary, visible_keys
+from miras.models.padding import Cache, rows_alone, select_rows
 
 
 class GatedSum(nn.Module):
@@ -47,9 +48,10 @@ class MAL(nn.Module):
     def empty_cache(self, batch: int) -> Cache:
         return {"memory": self.memory.empty_cache(batch), "swa": self.swa.empty_cache(batch)}
 
-    def forward(self, x: torch.Tensor, cache: Cache | None = None):
-        m, memory_cache = self.memory(x, None if cache is None else cache["memory"])
-        s, swa_cache = self.swa(self.norm(x + m), None if cache is None else cache["swa"])
+    def forward(self, x: torch.Tensor, cache: Cache | None = None, attention_mask=None):
+        m, memory_cache = self.memory(x, None if cache is None else cache["memory"], attention_mask)
+        swa_cache = None if cache is None else cache["swa"]
+        s, swa_cache = self.swa(self.norm(x + m), swa_cache, attention_mask)
         new = None if cache is None else {"memory": memory_cache, "swa": swa_cache}
         return m + s, new
 
@@ -65,9 +67,9 @@ class MAG(nn.Module):
     def empty_cache(self, batch: int) -> Cache:
         return {"memory": self.memory.empty_cache(batch), "swa": self.swa.empty_cache(batch)}
 
-    def forward(self, x: torch.Tensor, cache: Cache | None = None):
-        m, memory_cache = self.memory(x, None if cache is None else cache["memory"])
-        s, swa_cache = self.swa(x, None if cache is None else cache["swa"])
+    def forward(self, x: torch.Tensor, cache: Cache | None = None, attention_mask=None):
+        m, memory_cache = self.memory(x, None if cache is None else cache["memory"], attention_mask)
+        s, swa_cache = self.swa(x, None if cache is None else cache["swa"], attention_mask)
         new = None if cache is None else {"memory": memory_cache, "swa": swa_cache}
         return self.combine(x, m, s), new
 
@@ -83,7 +85,9 @@ class MAC(nn.Module):
     Token t attends to h_j and x_j for j <= t only (h_j depends on x_j), so nothing leaks from
     the future. The retrieval query q_r is its own projection. Decoding runs token by token: the
     cache keeps the segment-start memory for retrieval, the running memory, and the segment's
-    keys and values; at a segment boundary the running memory becomes the segment-start one.
+    keys and values (left-aligned, each row's at the end); at a segment boundary the running
+    memory becomes the segment-start one. `pos` [B] counts each row's tokens, so the rows of a
+    batch may be at different places in their segments.
     """
 
     def __init__(self, memory: MirasLayer, n_heads: int, segment: int, persistent_tokens: int):
@@ -102,7 +106,7 @@ class MAC(nn.Module):
         return self.retrieved(self.memory.read(q, state).flatten(-2))
 
     def context(self, x: torch.Tensor, h: torch.Tensor, pos: torch.Tensor):
-        """Rotated queries of x and keys / values of h and x at positions pos:
+        """Rotated queries of x and keys / values of h and x at positions pos ([T] or [B, T]):
         q [B, H, T, d]; k, v [B, H, 2T, d] ordered [h, x]."""
         qkv_x = self.attn.qkv(x).chunk(3, dim=-1)
         _, k_h, v_h = (self.attn.heads(z) for z in self.attn.qkv(h).chunk(3, dim=-1))
@@ -114,9 +118,17 @@ class MAC(nn.Module):
         memory = self.memory.empty_cache(batch)
         like = self.attn.qkv.weight
         empty = like.new_zeros(batch, self.n_heads, 0, self.head_dim)
-        return {"memory": memory, "start": memory["memory"], "k": empty, "v": empty, "pos": 0}
+        pos = torch.zeros(batch, dtype=torch.long, device=like.device)
+        return {"memory": memory, "start": memory["memory"], "k": empty, "v": empty, "pos": pos}
 
-    def forward(self, x: torch.Tensor, cache: Cache | None = None):
+    def forward(self, x: torch.Tensor, cache: Cache | None = None, attention_mask=None):
+        """x [B, T, D] -> (y [B, T, D], the new cache or None when no cache was given).
+
+        `attention_mask` [B, T] (left or right padding) runs each row's tokens alone (its
+        segments start at its first token), from its own row of the cache if one is given;
+        padding outputs 0. Cost: B sequential runs."""
+        if attention_mask is not None:
+            return rows_alone(self.forward, x, attention_mask, cache)
         if cache is not None:
             outputs = []
             for t in range(x.shape[1]):
@@ -132,35 +144,26 @@ class MAC(nn.Module):
             pos = torch.arange(n, device=x.device)
             q, k, v = self.context(xs, h, pos)
             key_pos = torch.cat([pos, pos])  # h_j and x_j both sit at position j
-            y = self.attn.out_proj(self.attend(q, k, v, pos, key_pos))
+            y = self.attn.merge(self.attn.attend(q, k, v, visible_keys(pos, key_pos, None)))
             m, memory_cache = self.memory.run(y, memory_cache, self.memory.backend)
             outputs.append(self.combine(xs, m, y))
         return torch.cat(outputs, dim=1), None
 
-    def attend(self, q, k, v, query_pos, key_pos) -> torch.Tensor:
-        """Causal attention over [persistent, context]: -> [B, T, D]."""
-        extra = self.attn.persistent_kv(q.shape[0])
-        p = 0 if extra is None else extra[0].shape[2]
-        if extra is not None:
-            k, v = torch.cat([extra[0], k], dim=2), torch.cat([extra[1], v], dim=2)
-        mask = attention_mask(query_pos, key_pos, None, p)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return o.transpose(1, 2).flatten(-2)
-
     def step(self, x: torch.Tensor, cache: Cache):
-        """One token x [B, 1, D] -> (y [B, 1, D], cache)."""
-        pos_in_segment = cache["pos"] % self.segment
-        if pos_in_segment == 0:  # a new segment: retrieve from the memory as it is now
-            cache = {**cache, "start": cache["memory"]["memory"]}
-            cache["k"], cache["v"] = cache["k"][:, :, :0], cache["v"][:, :, :0]
-        h = self.retrieve(x, cache["start"])
-        pos = torch.tensor([pos_in_segment], device=x.device)
-        q, k, v = self.context(x, h, pos)
+        """One token per row, x [B, 1, D] -> (y [B, 1, D], cache)."""
+        in_segment = cache["pos"] % self.segment  # [B]
+        # A row at a segment boundary retrieves from its memory as it is now.
+        start = select_rows(in_segment == 0, cache["memory"]["memory"], cache["start"])
+        h = self.retrieve(x, start)
+        q, k, v = self.context(x, h, in_segment[:, None])
         k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-        # Every cached key of this segment is at a position <= the query's: all visible.
-        key_pos = torch.zeros(k.shape[2], dtype=torch.long, device=x.device)
-        y = self.attn.out_proj(self.attend(q, k, v, pos, key_pos))
+        # Each row reads the last 2 (in_segment + 1) slots: this segment's h_j and x_j, j <= t.
+        tk = k.shape[2]
+        slots = torch.arange(tk, device=x.device)
+        visible = slots >= tk - 2 * (in_segment[:, None] + 1)  # [B, Tk]
+        y = self.attn.merge(self.attn.attend(q, k, v, visible[:, None, None, :]))
         m, memory_cache = self.memory(y, cache["memory"])
-        new = {"memory": memory_cache, "start": cache["start"], "k": k, "v": v}
-        new["pos"] = cache["pos"] + 1
+        keep = min(tk, 2 * self.segment)
+        new = {"memory": memory_cache, "start": start, "k": k[:, :, tk - keep :]}
+        new.update(v=v[:, :, tk - keep :], pos=cache["pos"] + 1)
         return self.combine(x, m, y), new

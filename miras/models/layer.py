@@ -21,12 +21,11 @@ from torch import nn
 
 from miras.components.base import Range
 from miras.ir import GateInfo
+from miras.models.padding import Cache, left_aligned, rows_alone, take
 from miras.rule import MemoryRule
 from miras.rule import compile as compile_rule
 from miras.runtime.exact_chunk import resolve_mode
 from miras.spec import Spec, load_spec
-
-Cache = dict[str, object]
 
 
 def retnet_decay(head: int) -> float:
@@ -68,13 +67,20 @@ class ShortConv(nn.Module):
         return like.new_zeros(batch, max(self.size - 1, 0), self.dim)
 
     def forward(
-        self, x: torch.Tensor, cache: torch.Tensor | None = None
+        self, x: torch.Tensor, cache: torch.Tensor | None = None, valid: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, T, C], cache [B, size - 1, C] (zeros: the sequence start) -> y [B, T, C], cache."""
+        """x [B, T, C], cache [B, size - 1, C] (zeros: the sequence start) -> y [B, T, C], cache.
+
+        `valid` [B, T] bool marks the tokens of a left-aligned batch (padding first): the past
+        is moved next to each row's first token, so padding never reaches a token's window;
+        the outputs at padding are don't-care."""
         if self.size == 0:
             return x, self.empty_cache(x.shape[0], x)
         past = self.empty_cache(x.shape[0], x) if cache is None else cache
         full = torch.cat([past, x], dim=1)  # [B, size - 1 + T, C]
+        if valid is not None:
+            order = left_aligned(torch.cat([valid.new_ones(past.shape[:2]), valid], dim=1))
+            full = take(full, order, 1)  # [padding, past, tokens]
         y = F.conv1d(full.transpose(1, 2), self.weight, self.bias, groups=self.dim)
         return F.silu(y.transpose(1, 2)), full[:, full.shape[1] - (self.size - 1) :]
 
@@ -201,26 +207,6 @@ class LearnedState(nn.Module):
         return out["W"] if self.as_tensor else out
 
 
-def padding_spans(mask: torch.Tensor, shape) -> list[tuple[int, int]]:
-    """An attention mask [B, T] of 0/1 (or bool) with one contiguous run of 1s per row (left or
-    right padding) -> each row's token span (start, stop); an all-0 row is (0, 0)."""
-    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(shape):
-        got = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"attention_mask: expected a tensor [B, T] = {list(shape)}, got {got}")
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError("attention_mask: expected 0 (padding) or 1 (a token), got other values")
-    spans = []
-    for b, row in enumerate(mask.detach().to("cpu", torch.int64).tolist()):
-        ones = [t for t, m in enumerate(row) if m]
-        if ones and ones[-1] - ones[0] + 1 != len(ones):
-            raise ValueError(
-                f"attention_mask: row {b} is not one contiguous run of tokens (left or right "
-                "padding only)"
-            )
-        spans.append((ones[0], ones[-1] + 1) if ones else (0, 0))
-    return spans
-
-
 class MirasLayer(nn.Module):
     """A memory layer built from a spec. x [B, T, D] -> y [B, T, D].
 
@@ -333,10 +319,11 @@ class MirasLayer(nn.Module):
         """x [B, T, D] -> (y [B, T, D], the new cache or None when no cache was given).
 
         `attention_mask` [B, T] (1 a token, 0 padding; left or right padding, one contiguous
-        run of tokens per row) runs each row's tokens alone, so a padded batch equals the
-        unpadded sequences; padding positions output 0. Cost: B sequential runs."""
+        run of tokens per row) runs each row's tokens alone, from its own row of the cache if
+        one is given, so a padded batch equals the unpadded sequences; padding positions
+        output 0. Cost: B sequential runs."""
         if attention_mask is not None:
-            return self._forward_padded(x, cache, attention_mask), None
+            return rows_alone(self.forward, x, attention_mask, cache)
         if cache is not None:
             backend = "recurrent" if x.shape[1] == 1 else self.backend
             return self.run(x, cache, backend)
@@ -346,22 +333,6 @@ class MirasLayer(nn.Module):
         prefix = self.persistent.unsqueeze(0).expand(x.shape[0], -1, -1)
         y, _ = self.run(torch.cat([prefix, x], dim=1), start, self.backend, keep_state=False)
         return y[:, prefix.shape[1] :], None  # the persistent tokens' outputs are dropped
-
-    def _forward_padded(self, x: torch.Tensor, cache, mask) -> torch.Tensor:
-        if cache is not None:
-            raise ValueError(
-                "attention_mask: not supported with a cache; decode each sequence with its own "
-                "cache, or pack the sequences"
-            )
-        spans = padding_spans(mask, x.shape[:2])
-        rows = []
-        for b, (start, stop) in enumerate(spans):
-            y = x.new_zeros(1, x.shape[1], self.d_model)
-            if stop > start:
-                y_b, _ = self.forward(x[b : b + 1, start:stop])
-                y = torch.cat([y[:, :start], y_b, y[:, stop:]], dim=1)
-            rows.append(y)
-        return torch.cat(rows)
 
     def run(self, x: torch.Tensor, cache: Cache, backend: str, keep_state: bool = True):
         """x [B, T, D] from `cache` on `backend` -> (y [B, T, D], the cache after x)."""

@@ -12,33 +12,34 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from miras.models.layer import Cache, ShortConv
+from miras.models.layer import ShortConv
+from miras.models.padding import Cache, left_aligned, take, token_mask
 
 ROTARY_BASE = 10000.0
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs (i, i + D/2) of x [B, H, T, D] by positions [T] * base^(-2i/D)."""
+    """Rotate channel pairs (i, i + D/2) of x [B, H, T, D] by positions [T] (or [B, T], one
+    row each) * base^(-2i/D)."""
     half = x.shape[-1] // 2
     freq = ROTARY_BASE ** (-torch.arange(half, dtype=x.dtype, device=x.device) / half)
-    angle = positions.to(x.dtype)[:, None] * freq[None, :]  # [T, D/2]
+    angle = positions.to(x.dtype)[..., None] * freq  # [T, D/2] or [B, T, D/2]
+    if angle.dim() == 3:
+        angle = angle[:, None]  # [B, 1, T, D/2]: the same for every head
     cos, sin = angle.cos(), angle.sin()
     a, b = x[..., :half], x[..., half : 2 * half]
     rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
     return torch.cat([rotated, x[..., 2 * half :]], dim=-1)  # an odd last channel stays
 
 
-def attention_mask(
-    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None, persistent: int
+def visible_keys(
+    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None
 ) -> torch.Tensor:
-    """[Tq, P + Tk] bool, True where query i may read key j: j <= i and i - j < window;
-    the P persistent keys (in front) are visible to every query."""
-    distance = query_pos[:, None] - key_pos[None, :]
-    mask = distance >= 0
-    if window is not None:
-        mask = mask & (distance < window)
-    always = torch.ones(len(query_pos), persistent, dtype=torch.bool, device=mask.device)
-    return torch.cat([always, mask], dim=1)
+    """[..., Tq, Tk] bool from positions [..., Tq] and [..., Tk] (per row or shared): True where
+    query i may read key j, j <= i and i - j < window."""
+    distance = query_pos[..., :, None] - key_pos[..., None, :]
+    visible = distance >= 0
+    return visible if window is None else visible & (distance < window)
 
 
 class Attention(nn.Module):
@@ -47,7 +48,9 @@ class Attention(nn.Module):
     x [B, T, D] -> y [B, T, D]. `positions`: "rotary", "conv" (a short causal conv + SiLU on
     q, k, v, as in the memory layers) or "none". `persistent_tokens` learnable vectors are
     projected to keys and values that every query sees (Titans section 3.3), outside the window.
-    Decoding keeps a KV cache (the last `window` tokens for SWA).
+    Decoding keeps a KV cache (the last `window` tokens for SWA), left-aligned: each row's
+    keys at the end, in order, and `pos` [B] the tokens each row has seen, so the rows of a
+    batch may have different lengths.
     """
 
     def __init__(
@@ -80,6 +83,10 @@ class Attention(nn.Module):
         """[B, T, D] -> [B, H, T, D/H]."""
         return x.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)
 
+    def merge(self, o: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, D/H] -> the output projection, [B, T, D]."""
+        return self.out_proj(o.transpose(1, 2).flatten(-2))
+
     def persistent_kv(self, batch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Keys and values of the persistent tokens, [B, H, P, D/H] each (no rotation)."""
         if self.persistent is None:
@@ -93,37 +100,74 @@ class Attention(nn.Module):
     def empty_cache(self, batch: int) -> Cache:
         like = self.qkv.weight
         empty = like.new_zeros(batch, self.n_heads, 0, self.head_dim)
-        return {"conv": self.conv.empty_cache(batch, like), "k": empty, "v": empty, "pos": 0}
+        pos = torch.zeros(batch, dtype=torch.long, device=like.device)
+        return {"conv": self.conv.empty_cache(batch, like), "k": empty, "v": empty, "pos": pos}
 
-    def forward(self, x: torch.Tensor, cache: Cache | None = None):
-        """x [B, T, D] -> (y [B, T, D], the new cache or None when no cache was given)."""
-        t = x.shape[1]
-        start = 0 if cache is None else cache["pos"]
-        qkv, conv_cache = self.conv(self.qkv(x), None if cache is None else cache["conv"])
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: Cache | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ):
+        """x [B, T, D] -> (y [B, T, D], the new cache or None when no cache was given).
+
+        `attention_mask` [B, T] (1 a token, 0 padding; left or right padding): padding is
+        never a key, each row's first token is position 0 after its cached past, and the
+        outputs at padding are 0, so a padded batch equals the unpadded sequences."""
+        if cache is None and attention_mask is None:
+            qkv, _ = self.conv(self.qkv(x))
+            q, k, v = (self.heads(z) for z in qkv.chunk(3, dim=-1))
+            pos = torch.arange(x.shape[1], device=x.device)
+            q, k = self.rotate(q, pos), self.rotate(k, pos)
+            if self.window is None and self.persistent is None:
+                return self.merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)), None
+            return self.merge(self.attend(q, k, v, visible_keys(pos, pos, self.window))), None
+        return self.forward_aligned(x, cache, attention_mask)
+
+    def forward_aligned(self, x: torch.Tensor, cache: Cache | None, attention_mask):
+        """The padded or cached forward: rows left-aligned, each at its own positions."""
+        b, t = x.shape[:2]
+        if attention_mask is None:
+            valid = torch.ones(b, t, dtype=torch.bool, device=x.device)
+        else:
+            valid = token_mask(attention_mask, (b, t))
+        order = left_aligned(valid)  # each row's tokens at the end, in order
+        x, valid = take(x, order, 1), take(valid, order, 1)
+        past = self.empty_cache(b) if cache is None else cache
+        seen = past["pos"]  # [B] the tokens each row has seen
+        qkv, conv_cache = self.conv(self.qkv(x), past["conv"], valid)
         q, k, v = (self.heads(z) for z in qkv.chunk(3, dim=-1))
-        pos = torch.arange(start, start + t, device=x.device)
-        if self.positions == "rotary":
-            q, k = rotary(q, pos), rotary(k, pos)
-        if cache is not None:
-            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-        key_pos = torch.arange(start + t - k.shape[2], start + t, device=x.device)
-        new_cache = None
-        if cache is not None:
-            keep = k.shape[2] if self.window is None else min(self.window, k.shape[2])
-            new_cache = {"conv": conv_cache, "k": k[:, :, -keep:], "v": v[:, :, -keep:]}
-            new_cache["pos"] = start + t
-        o = self.attend(q, k, v, pos, key_pos)
-        return self.out_proj(o.transpose(1, 2).flatten(-2)), new_cache
+        end = seen + valid.sum(1)  # [B] after these tokens
+        pos = end[:, None] - t + torch.arange(t, device=x.device)  # [B, T]; < seen at padding
+        q, k = self.rotate(q, pos.clamp(min=0)), self.rotate(k, pos.clamp(min=0))
+        # A left-aligned cache holds each row's last min(seen, Tc) keys in its last slots.
+        tc = past["k"].shape[2]
+        cached = torch.arange(tc, device=x.device) >= tc - seen.clamp(max=tc)[:, None]
+        keys = left_aligned(torch.cat([cached, valid], dim=1))
+        k = take(torch.cat([past["k"], k], dim=2), keys, 2)
+        v = take(torch.cat([past["v"], v], dim=2), keys, 2)
+        is_key = take(torch.cat([cached, valid], dim=1), keys, 1)  # [B, Tk]
+        tk = k.shape[2]
+        key_pos = end[:, None] - tk + torch.arange(tk, device=x.device)  # right where is_key
+        visible = visible_keys(pos, key_pos, self.window) & is_key[:, None, :]
+        visible = visible | ~valid[:, :, None]  # padding reads every key: finite, then zeroed
+        y = self.merge(self.attend(q, k, v, visible[:, None])) * valid[..., None]
+        y = take(y, order.argsort(dim=1), 1)  # back to the caller's layout
+        if cache is None:
+            return y, None
+        keep = tk if self.window is None else min(self.window, tk)
+        new_cache = {"conv": conv_cache, "k": k[:, :, tk - keep :], "v": v[:, :, tk - keep :]}
+        return y, {**new_cache, "pos": end}
 
-    def attend(self, q, k, v, query_pos, key_pos) -> torch.Tensor:
-        """q [B, H, Tq, d], k, v [B, H, Tk, d] at positions query_pos, key_pos -> [B, H, Tq, d]."""
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return rotary(x, positions) if self.positions == "rotary" else x
+
+    def attend(self, q, k, v, visible: torch.Tensor) -> torch.Tensor:
+        """q [B, H, Tq, d], k, v [B, H, Tk, d], visible [..., Tq, Tk] bool (which keys each
+        query reads) -> [B, H, Tq, d]. Every query also reads the persistent keys."""
         extra = self.persistent_kv(q.shape[0])
-        plain = extra is None and self.window is None
-        if plain and q.shape[2] == k.shape[2]:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        p = 0
         if extra is not None:
             k, v = torch.cat([extra[0], k], dim=2), torch.cat([extra[1], v], dim=2)
-            p = extra[0].shape[2]
-        mask = attention_mask(query_pos, key_pos, self.window, p)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            always = visible.new_ones(*visible.shape[:-1], extra[0].shape[2])
+            visible = torch.cat([always, visible], dim=-1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from miras.models.hybrid import MAC, MAG, MAL
-from miras.models.layer import Cache, MirasLayer
+from miras.models.layer import MirasLayer
 from miras.models.mixers import Attention
+from miras.models.padding import Cache, padding_spans, token_mask
 from miras.spec import ModelConfig, Spec, load_spec
 
 INIT_STD = 0.02  # GPT-2's initialization of every projection and of the embedding
@@ -95,8 +96,8 @@ class Block(nn.Module):
         self.mixer_norm, self.mixer = nn.RMSNorm(d_model), mixer
         self.mlp_norm, self.mlp = nn.RMSNorm(d_model), SwiGLU(d_model, expansion)
 
-    def forward(self, x: torch.Tensor, cache: Cache | None = None):
-        y, cache = self.mixer(self.mixer_norm(x), cache)
+    def forward(self, x: torch.Tensor, cache: Cache | None = None, attention_mask=None):
+        y, cache = self.mixer(self.mixer_norm(x), cache, attention_mask)
         x = x + y
         return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -106,6 +107,9 @@ class LanguageModel(nn.Module):
 
     `model(tokens)` runs in parallel. Decoding: `cache = model.empty_cache(B)`, then
     `logits, cache = model.decode(tokens_t, cache)` for tokens_t [B, 1] (or any [B, T]).
+    `attention_mask` [B, T] (1 a token, 0 padding; left or right padding) makes a padded batch
+    equal its unpadded sequences, in `forward` and in `decode`: prefill prompts of different
+    lengths, then decode all rows at once (`generate`).
     """
 
     def __init__(self, spec: Spec | str | dict, vocab_size: int):
@@ -131,10 +135,13 @@ class LanguageModel(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is None:
                 nn.init.normal_(module.weight, std=INIT_STD)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """tokens [B, T] -> logits [B, T, V]; at padding (attention_mask 0) they are don't-care."""
+        if attention_mask is not None:
+            token_mask(attention_mask, tokens.shape)  # a bad mask fails before any work
         x = self.embed(tokens)
         for block in self.blocks:
-            x, _ = block(x)
+            x, _ = block(x, attention_mask=attention_mask)
         return self.head(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,14 +150,34 @@ class LanguageModel(nn.Module):
     def empty_cache(self, batch: int) -> list[Cache]:
         return [block.mixer.empty_cache(batch) for block in self.blocks]
 
-    def decode(self, tokens: torch.Tensor, cache: list[Cache]):
-        """tokens [B, T] continuing `cache` -> (logits [B, T, V], the new cache)."""
+    def decode(self, tokens: torch.Tensor, cache: list[Cache], attention_mask=None):
+        """tokens [B, T] continuing `cache` -> (logits [B, T, V], the new cache). With
+        `attention_mask`, each row continues from its own last token: padding is skipped."""
+        if attention_mask is not None:
+            token_mask(attention_mask, tokens.shape)
         x = self.embed(tokens)
         new = []
         for block, block_cache in zip(self.blocks, cache, strict=True):
-            x, block_cache = block(x, block_cache)
+            x, block_cache = block(x, block_cache, attention_mask)
             new.append(block_cache)
         return self.head(x), new
+
+    @torch.no_grad()
+    def generate(self, prompts: torch.Tensor, steps: int, attention_mask=None) -> torch.Tensor:
+        """Greedy decoding of all rows at once: prompts [B, T] (padded, with `attention_mask`,
+        when their lengths differ) -> the next `steps` tokens of each row, [B, steps]."""
+        spans = [(0, prompts.shape[1])] * prompts.shape[0]
+        if attention_mask is not None:
+            spans = padding_spans(attention_mask, prompts.shape)
+        if any(stop == start for start, stop in spans):
+            raise ValueError("prompts: every row needs at least one token to continue")
+        logits, cache = self.decode(prompts, self.empty_cache(len(spans)), attention_mask)
+        last = logits[torch.arange(len(spans)), [stop - 1 for _, stop in spans]]  # [B, V]
+        generated = [last.argmax(-1, keepdim=True)]
+        for _ in range(steps - 1):
+            logits, cache = self.decode(generated[-1], cache)
+            generated.append(logits[:, -1].argmax(-1, keepdim=True))
+        return torch.cat(generated, dim=1)
 
 
 def build_model(spec: Spec | str | dict, vocab_size: int) -> LanguageModel:
