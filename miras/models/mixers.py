@@ -143,10 +143,11 @@ class Attention(nn.Module):
         # A left-aligned cache holds each row's last min(seen, Tc) keys in its last slots.
         tc = past["k"].shape[2]
         cached = torch.arange(tc, device=x.device) >= tc - seen.clamp(max=tc)[:, None]
-        keys = left_aligned(torch.cat([cached, valid], dim=1))
+        is_key = torch.cat([cached, valid], dim=1)  # [B, Tc + T]
+        keys = left_aligned(is_key)
         k = take(torch.cat([past["k"], k], dim=2), keys, 2)
         v = take(torch.cat([past["v"], v], dim=2), keys, 2)
-        is_key = take(torch.cat([cached, valid], dim=1), keys, 1)  # [B, Tk]
+        is_key = take(is_key, keys, 1)
         tk = k.shape[2]
         key_pos = end[:, None] - tk + torch.arange(tk, device=x.device)  # right where is_key
         visible = visible_keys(pos, key_pos, self.window) & is_key[:, None, :]
