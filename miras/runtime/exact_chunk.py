@@ -25,17 +25,67 @@ A per-channel gate or slope scales rows of W, so the system then has one copy pe
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from miras.ir import ChunkForm
-from miras.runtime.core import Runtime, State, Tokens, as_param_gate
+from miras.runtime.core import Runtime, State, Tokens
 
 
 def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm):
     """Returns o [B, H, T, Dv] and the final memory state, like `chunk.forward`. `form`: the
-    compiled rule's `plan.chunk_form`; it must be "exact"."""
+    compiled rule's `plan.chunk_form`; it must be "exact". Three steps: `prepare` (everything
+    that does not read the state, for all chunks at once), `scan_chunks` (the one sequential
+    pass), `read` (the outputs, for all chunks at once)."""
+    prep = prepare(rt, seq, chunk_size, form)
+    r, starts_w, starts_s, w, s = scan_chunks(*prep.scan_args(state["W"], state.get("S.W")))
+    o = read(prep, r, starts_w, starts_s)
+    final = dict(state)
+    final["W"] = w
+    if s is not None:
+        final["S.W"] = s
+    return o, final
+
+
+@dataclass
+class Prepared:
+    """The state-independent parts of the exact form, for all N chunks of n tokens (nc = n*c
+    window rows per chunk; X = 1 per head, Dv per channel; Dphi the feature width).
+
+    Read by `read`: `length` (T, real tokens), `c`, `queries` [B, H, N, n, Dphi], `keys`
+    [B, H, N, nc, Dphi], `d` (D_t) [B, H, N, n, X], `carry` [B, H, N, n, X] or None,
+    `mix_lr` (M[t, s] lr_s) [B, H, N, X, n, n]. The rest are `scan_chunks`' inputs, named there.
+    """
+
+    length: int
+    c: int
+    queries: torch.Tensor
+    keys: torch.Tensor
+    d: torch.Tensor
+    carry: torch.Tensor | None
+    mix_lr: torch.Tensor
+    base: torch.Tensor
+    from_w: torch.Tensor | None
+    from_s: torch.Tensor | None
+    last_w: torch.Tensor
+    last_s: torch.Tensor | None
+    d_end: torch.Tensor
+    carry_end: torch.Tensor | None
+    theta_end: torch.Tensor | None
+
+    def scan_args(self, w0: torch.Tensor, s0: torch.Tensor | None) -> tuple:
+        """The arguments of `scan_chunks`, in order, from the initial W_0 (and S_0)."""
+        return (
+            self.base, self.keys, self.from_w, self.from_s, self.last_w, self.last_s,
+            self.d_end, self.carry_end, self.theta_end, w0, s0,
+        )  # fmt: skip
+
+
+def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepared:
+    """Everything of the exact form that does not read the memory state, batched over chunks:
+    the gates' products, the triangular solves, and the terms of the scan (`Prepared`)."""
     if form.form != "exact":
         raise ValueError(f"spec '{rt.spec.name}' has no exact chunk form: {form.reason}")
     spec = rt.spec
@@ -109,64 +159,196 @@ def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: Chunk
     d_end = _at_token(d, end)  # [B, H, N, X]
     last_s = carry_end = theta_end = None
     if theta is not None:
-        last_s = _at_row(_expand_cols(mix_theta * _rows(lr).unsqueeze(-2), c), end)
+        last_s = _at_row(_expand_cols(mix_theta * _rows(lr).unsqueeze(-2), c), end).mT
         carry_end, theta_end = _at_token(carry, end), _at_token(big_theta, end)
+    return Prepared(
+        length, c, queries, keys, d, carry, mix_lr,
+        base, from_w, from_s, last_w.mT, last_s, d_end, carry_end, theta_end,
+    )  # fmt: skip
 
-    # The scan over chunks: the signals R and the next state. Chunk-major copies, so each
-    # chunk's operands are contiguous.
-    def by_chunk(z):
-        return None if z is None else z.movedim(2, 0).contiguous()
 
-    keys_c, base_c, from_w_c, from_s_c = map(by_chunk, (keys, base, from_w, from_s))
-    last_w_c, last_s_c = by_chunk(last_w.transpose(-1, -2)), by_chunk(_t(last_s))
-    d_end_c, carry_end_c, theta_end_c = map(by_chunk, (d_end, carry_end, theta_end))
-    w = state["W"]  # [B, H, Dv, Dphi]
-    s = state.get("S.W")
-    starts_w, starts_s, signals = [], [], []
+def scan_chunks(
+    base: torch.Tensor,
+    keys: torch.Tensor,
+    from_w: torch.Tensor | None,
+    from_s: torch.Tensor | None,
+    last_w: torch.Tensor,
+    last_s: torch.Tensor | None,
+    d_end: torch.Tensor,
+    carry_end: torch.Tensor | None,
+    theta_end: torch.Tensor | None,
+    w0: torch.Tensor,
+    s0: torch.Tensor | None,
+):
+    """The one sequential pass of the exact form: chunk i = 0 .. N-1 from (W_0, S_0),
+
+        r_i     = base_i + F_i W_i^T - G_i S_i^T                  (per head)
+        r_i     = base_i + mix(F_i, K_i W_i^T) - mix(G_i, K_i S_i^T)   (per channel)
+        W_{i+1} = d_i * W_i - (r_i * lw_i)^T K_i - ce_i * S_i
+        S_{i+1} = te_i * S_i + (r_i * ls_i)^T K_i
+
+    with mix(F, P)[t, v] = sum_s F[v, t, s] P[s, v], and d_i, ce_i, te_i scaling the rows of
+    W and S (X = 1 or Dv). Shapes (nc = n*c rows per chunk, every tensor batched over B, H):
+
+        base [B, H, N, nc, Dv]          (base_i)
+        keys [B, H, N, nc, Dphi]        (K_i)
+        from_w, from_s                  (F_i, G_i) per head [B, H, N, nc, Dphi],
+                                        per channel [B, H, N, Dv, nc, nc]; from_w None (the dot
+                                        bias: r does not read the state), from_s None without
+                                        momentum
+        last_w, last_s [B, H, N, nc, X] (lw_i, ls_i)
+        d_end, carry_end, theta_end [B, H, N, X]   (d_i, ce_i, te_i)
+        w0, s0 [B, H, Dv, Dphi]         (s0 None without momentum; then last_s, carry_end,
+                                        theta_end are None too)
+
+    Returns (r [B, H, N, nc, Dv], starts_w [B, H, N, Dv, Dphi] (W_0 .. W_{N-1}), starts_s
+    (the same for S, or None), W_N, S_N (or None)). Differentiable in every tensor input by a
+    hand-written reverse scan over chunks (`_ScanChunks`); first-order only.
+    """
+    if from_w is None and from_s is not None:
+        raise ValueError("scan_chunks: from_s without from_w")
+    momentum = (s0, last_s, carry_end, theta_end)
+    if any(z is None for z in momentum) and any(z is not None for z in momentum):
+        raise ValueError("scan_chunks: s0, last_s, carry_end, theta_end: give all or none")
+    return _ScanChunks.apply(
+        base, keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end, w0, s0
+    )
+
+
+class _ScanChunks(torch.autograd.Function):
+    """`scan_chunks` with a reverse scan for the backward: only the state gradients are
+    sequential; every other gradient is one batched product over all chunks after it."""
+
+    @staticmethod
+    def forward(ctx, base, keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end, w0, s0):  # fmt: skip
+        r, starts_w, starts_s, w, s = _scan(
+            base, keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end, w0, s0
+        )
+        ctx.save_for_backward(
+            keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end, r, starts_w, starts_s
+        )  # fmt: skip
+        return r, starts_w, starts_s, w, s
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_r, g_starts_w, g_starts_s, g_w, g_s):
+        keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end, r, starts_w, starts_s = (
+            ctx.saved_tensors
+        )
+        momentum = starts_s is not None
+        per_channel = from_w is not None and from_w.dim() == 6
+        chunks = r.shape[2]
+        # The reverse scan: g_w, g_s are dL/dW_{i+1}, dL/dS_{i+1} entering chunk i.
+        g_w = torch.zeros_like(starts_w[:, :, 0]) if g_w is None else g_w
+        if momentum:
+            g_s = torch.zeros_like(starts_s[:, :, 0]) if g_s is None else g_s
+        next_w, next_s, k_gw, k_gs, g_sig, g_pw, g_ps = ([None] * chunks for _ in range(7))
+        for i in reversed(range(chunks)):
+            k = keys[:, :, i]
+            next_w[i] = g_w
+            k_gw[i] = k @ g_w.mT  # [B, H, nc, Dv]
+            gr = g_r[:, :, i] - k_gw[i] * last_w[:, :, i]
+            g_prev_w = d_end[:, :, i, :, None] * g_w + g_starts_w[:, :, i]
+            if momentum:
+                next_s[i] = g_s
+                k_gs[i] = k @ g_s.mT
+                gr = gr + k_gs[i] * last_s[:, :, i]
+                g_prev_s = theta_end[:, :, i, :, None] * g_s - carry_end[:, :, i, :, None] * g_w
+                if g_starts_s is not None:
+                    g_prev_s = g_prev_s + g_starts_s[:, :, i]
+            g_sig[i] = gr
+            if per_channel:  # dL/d(K_i W_i^T) = mix^T(F_i, gr): [B, H, nc, Dv]
+                g_pw[i] = _mix_t(from_w[:, :, i], gr)
+                g_prev_w = g_prev_w + g_pw[i].mT @ k
+                if momentum:
+                    g_ps[i] = _mix_t(from_s[:, :, i], gr)
+                    g_prev_s = g_prev_s - g_ps[i].mT @ k
+            elif from_w is not None:
+                g_prev_w = g_prev_w + gr.mT @ from_w[:, :, i]
+                if momentum:
+                    g_prev_s = g_prev_s - gr.mT @ from_s[:, :, i]
+            g_w = g_prev_w
+            if momentum:
+                g_s = g_prev_s
+
+        # Everything else, for all chunks at once.
+        next_w, k_gw, g_sig = (torch.stack(z, dim=2) for z in (next_w, k_gw, g_sig))
+        u_w = r * last_w
+        g_keys = -u_w @ next_w  # [B, H, N, nc, Dphi]
+        g_last_w = (-k_gw * r).sum_to_size(last_w.shape)
+        g_d = (next_w * starts_w).sum(-1).sum_to_size(d_end.shape)
+        g_last_s = g_carry = g_theta = g_from_s = None
+        if momentum:
+            next_s, k_gs = torch.stack(next_s, dim=2), torch.stack(k_gs, dim=2)
+            g_keys = g_keys + (r * last_s) @ next_s
+            g_last_s = (k_gs * r).sum_to_size(last_s.shape)
+            g_carry = -(next_w * starts_s).sum(-1).sum_to_size(carry_end.shape)
+            g_theta = (next_s * starts_s).sum(-1).sum_to_size(theta_end.shape)
+        g_from_w = None
+        if per_channel:  # dF[v, t, s] = gr[t, v] (K W^T)[s, v]
+            g_pw = torch.stack(g_pw, dim=2)
+            g_keys = g_keys + g_pw @ starts_w
+            g_from_w = g_sig.mT.unsqueeze(-1) * (keys @ starts_w.mT).mT.unsqueeze(-2)
+            g_from_w = g_from_w.sum_to_size(from_w.shape)
+            if momentum:
+                g_ps = torch.stack(g_ps, dim=2)
+                g_keys = g_keys - g_ps @ starts_s
+                g_from_s = -g_sig.mT.unsqueeze(-1) * (keys @ starts_s.mT).mT.unsqueeze(-2)
+                g_from_s = g_from_s.sum_to_size(from_s.shape)
+        elif from_w is not None:
+            g_from_w = g_sig @ starts_w
+            g_from_s = -(g_sig @ starts_s) if momentum else None
+        return (
+            g_sig, g_keys, g_from_w, g_from_s, g_last_w, g_last_s,
+            g_d, g_carry, g_theta, g_w, g_s if momentum else None,
+        )  # fmt: skip
+
+
+def _scan(base, keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end, w, s):
+    """The forward recurrence of `scan_chunks`, a loop over chunks of small products."""
+    per_channel = from_w is not None and from_w.dim() == 6
+    chunks = base.shape[2]
+    signals, starts_w, starts_s = [], [], []
     for i in range(chunks):
+        k = keys[:, :, i]
         starts_w.append(w)
         starts_s.append(s)
-        r = base_c[i]  # [B, H, nc, Dv]
-        if solve and per_head:
-            r = r + from_w_c[i] @ w.transpose(-1, -2)
+        r = base[:, :, i]  # [B, H, nc, Dv]
+        if per_channel:
+            r = r + _mix(from_w[:, :, i], k @ w.mT)
             if s is not None:
-                r = r - from_s_c[i] @ s.transpose(-1, -2)
-        elif solve:
-            r = r + _mix(from_w_c[i], keys_c[i] @ w.transpose(-1, -2))
+                r = r - _mix(from_s[:, :, i], k @ s.mT)
+        elif from_w is not None:
+            r = r + from_w[:, :, i] @ w.mT
             if s is not None:
-                r = r - _mix(from_s_c[i], keys_c[i] @ s.transpose(-1, -2))
+                r = r - from_s[:, :, i] @ s.mT
         signals.append(r)
-        w_new = as_param_gate(d_end_c[i]) * w - (r * last_w_c[i]).transpose(-1, -2) @ keys_c[i]
+        w_new = d_end[:, :, i, :, None] * w - (r * last_w[:, :, i]).mT @ k
         if s is not None:
-            w_new = w_new - as_param_gate(carry_end_c[i]) * s
-            s = as_param_gate(theta_end_c[i]) * s + (r * last_s_c[i]).transpose(-1, -2) @ keys_c[i]
+            w_new = w_new - carry_end[:, :, i, :, None] * s
+            s = theta_end[:, :, i, :, None] * s + (r * last_s[:, :, i]).mT @ k
         w = w_new
+    starts_s = torch.stack(starts_s, dim=2) if s is not None else None
+    return torch.stack(signals, dim=2), torch.stack(starts_w, dim=2), starts_s, w, s
 
-    # The reads, for all chunks at once: o_t = D_t W_0 q_t - carry_t S_0 q_t
-    #                                          - sum_{s<=t} M[t, s] lr_s sum_j (x_{s,j} . q_t) r_{s,j}.
-    w0 = torch.stack(starts_w, dim=2)  # [B, H, N, Dv, Dphi]
-    r = torch.stack(signals, dim=2)  # [B, H, N, nc, Dv]
-    read_mix = _expand_cols(mix_lr, c) * (queries @ keys.transpose(-1, -2)).unsqueeze(3)
-    o = d * (queries @ w0.transpose(-1, -2)) - _mix(read_mix, r)
-    if s is not None:
-        s0 = torch.stack(starts_s, dim=2)
-        o = o - carry * (queries @ s0.transpose(-1, -2))
-    o = o.flatten(2, 3)[:, :, :length]
-    final = dict(state)
-    final["W"] = w
-    if s is not None:
-        final["S.W"] = s
-    return o, final
+
+def read(prep: Prepared, r: torch.Tensor, starts_w: torch.Tensor, starts_s: torch.Tensor | None):
+    """The outputs for all chunks at once, o [B, H, T, Dv], from the signals r [B, H, N, nc, Dv]
+    and the chunk-start states [B, H, N, Dv, Dphi]:
+        o_t = D_t W_0 q_t - carry_t S_0 q_t - sum_{s<=t} M[t, s] lr_s sum_j (x_{s,j} . q_t) r_{s,j}.
+    """
+    queries, keys = prep.queries, prep.keys
+    read_mix = _expand_cols(prep.mix_lr, prep.c) * (queries @ keys.mT).unsqueeze(3)
+    o = prep.d * (queries @ starts_w.mT) - _mix(read_mix, r)
+    if starts_s is not None:
+        o = o - prep.carry * (queries @ starts_s.mT)
+    return o.flatten(2, 3)[:, :, : prep.length]
 
 
 def _unit_lower_solve(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """(I + system)^-1 rhs for a strictly lower-triangular `system`."""
     eye = torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
     return torch.linalg.solve_triangular(system + eye, rhs, upper=False, unitriangular=True)
-
-
-def _t(z: torch.Tensor | None) -> torch.Tensor | None:
-    return None if z is None else z.transpose(-1, -2)
 
 
 # Helpers. Token-major tensors are [B, H, N, n, X]; matrices over a chunk [B, H, N, X, n, n].
@@ -266,6 +448,13 @@ def _mix(weight: torch.Tensor, signal: torch.Tensor) -> torch.Tensor:
     return torch.einsum("...vab,...bv->...av", weight, signal)
 
 
+def _mix_t(weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The adjoint of `_mix` in its signal: sum_a weight[.., x, a, b] grad[.., a, v] -> [.., b, v]."""
+    if weight.shape[-3] == 1:
+        return weight.squeeze(-3).mT @ grad
+    return torch.einsum("...vab,...av->...bv", weight, grad)
+
+
 def _at_row(m: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     """Row end[i] of chunk i: [B, H, N, X, n, m] -> [B, H, N, X, m]."""
     chunk = torch.arange(m.shape[2], device=m.device)
@@ -284,8 +473,10 @@ CHUNK_MODES = ("auto", "start", "exact")
 def resolve_mode(
     chunk_mode: str, form: ChunkForm, spec_name: str, backend: str, chunk_size: int
 ) -> str:
-    """`chunk_mode` -> "exact" or "start" for this spec and backend; a ValueError naming the
-    reason where the exact form is asked for and does not exist, or the backend lacks it."""
+    """`chunk_mode` -> "exact", "start" or "dual" for this spec and backend ("auto" takes the
+    compiled form: "dual" runs the chunk-start semantics without per-token weights, and "start"
+    keeps the per-token path for any spec); a ValueError naming the reason where the exact form
+    is asked for and does not exist, or the backend lacks it."""
     if chunk_mode not in CHUNK_MODES:
         raise ValueError(
             f"chunk_mode: expected one of {', '.join(CHUNK_MODES)}, got {chunk_mode!r}"
