@@ -15,7 +15,13 @@ from scipy import stats
 from search_support import TINY
 
 from miras.search import load_study, open_storage, open_study, search
-from miras.search.report import leaderboard, significance_data, write_report
+from miras.search.report import (
+    export_text,
+    leaderboard,
+    pick_trial,
+    significance_data,
+    write_report,
+)
 from miras.stats import welch_p
 
 
@@ -95,8 +101,10 @@ def test_a_replicated_study_stores_each_seed_and_resumes_without_duplicates(tmp_
     handle = optuna.load_study(study_name="rep", storage=storage)
     trials = handle.get_trials()
     for t in trials:
-        records = t.user_attrs["replicates"]
-        assert [r["seed"] for r in records] == [0, 1], "train.seed + r, each once"
+        # A trial the pruner stopped during its first seed finished no seed.
+        records = t.user_attrs.get("replicates", [])
+        expected = [0, 1] if t.state == TrialState.COMPLETE else []
+        assert [r["seed"] for r in records] == expected, "train.seed + r, each once"
         if t.number in first:
             assert records == first[t.number], "a resumed study leaves finished trials alone"
         if t.state == TrialState.COMPLETE:
@@ -105,10 +113,15 @@ def test_a_replicated_study_stores_each_seed_and_resumes_without_duplicates(tmp_
             assert t.user_attrs["metrics"]["accuracy"] == pytest.approx(sum(seeds) / 2)
             # Only the first seed reports to the pruner: its evaluations at steps 5 and 10.
             assert sorted(t.intermediate_values) == [5, 10]
+    best = pick_trial(trials, ["maximize"])
+    assert best.values[0] == max(t.values[0] for t in trials if t.state == TrialState.COMPLETE)
+    header = export_text(best, load_study(tiny()), "rep", "best.yaml")
+    assert "# Means over seeds 0, 1; the run trains seed 0 (--seed S)." in header
     report = write_report(handle, load_study(tiny()), tmp_path / "report")
     assert "seeds" in report.leaderboard and "accuracy_low" in report.leaderboard
-    if len([t for t in trials if t.state == TrialState.COMPLETE]) >= 2:
-        assert report.figures[0] == "accuracy: mean and 95% interval over the seeds"
+    # The pruner starts after 2 finished trials: the first two are complete.
+    assert [t.state for t in trials[:2]] == [TrialState.COMPLETE] * 2
+    assert report.figures[0] == "accuracy: mean and 95% interval over the seeds"
 
 
 def test_a_retried_trial_runs_only_the_seeds_it_lacks(tmp_path):

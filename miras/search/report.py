@@ -338,7 +338,13 @@ def export_text(trial: FrozenTrial, study: StudyDef, study_name: str, path: str)
         for k, v in train.items()
     )
     header = [
-        f"# Trial {trial.number} of study {study_name} ({trial.state.name.lower()}): {values}",
+        f"# Trial {trial.number} of study {study_name} ({trial.state.name.lower()}): {values}"
+    ]
+    seeds = [r["seed"] for r in trial.user_attrs.get("replicates") or []]
+    if len(seeds) > 1:
+        listed = ", ".join(map(str, seeds))
+        header.append(f"# Means over seeds {listed}; the run trains seed {seeds[0]} (--seed S).")
+    header += [
         "# Run (the trial's task and training):",
         f"#   miras train {path} --task {study.task.name} {task} \\".replace("  \\", " \\"),
         f"#     {flags}",
