@@ -206,18 +206,15 @@ def test_exact_refused_with_the_reason():
         rule(q, k, v, gates, chunk_mode="fast")
 
 
-def test_triton_refuses_the_exact_form():
-    """The Triton kernels compute the chunk-start form only; asking them for the exact form
-    (auto on an affine spec) is an error that says what to use instead."""
+def test_triton_computes_the_exact_form():
+    """Triton computes the exact form too (auto on an affine spec; tests/test_triton_exact.py
+    holds it to the chunk backend), and at chunk size 1, where the two forms are one model."""
     rule = rule_of("gated_deltanet")
     q, k, v, gates, _, _ = make_inputs("gated_deltanet", 5, dtype=torch.float32)
-    with pytest.raises(ValueError, match="chunk-start form only") as err:
-        rule(q, k, v, gates, backend="triton")
-    assert "backend='chunk'" in str(err.value) and "chunk_mode='start'" in str(err.value)
-    # At chunk size 1 the two forms are one model: no error, and the exact step's numbers.
-    o, _ = rule(q, k, v, gates, backend="triton", chunk_size=1)
     want, _ = rule(q, k, v, gates, backend="recurrent")
-    assert rel_rms(o, want) <= F32_TOL
+    for chunk_size in (4, 1):
+        o, _ = rule(q, k, v, gates, backend="triton", chunk_size=chunk_size)
+        assert rel_rms(o, want) <= F32_TOL
 
 
 # fla's exact chunked references ----------------------------------------------------------------

@@ -129,7 +129,7 @@ def _run(rule, backend, inputs, chunk, seed=7):
     init_ = [s.clone().requires_grad_(True) for s in _flat(init)]
     state = dict(zip(init, init_, strict=True)) if isinstance(init, dict) else init_[0]
     params_ = {n: p.clone().requires_grad_(True) for n, p in params.items()}
-    # chunk_mode "start": the kernels compute the chunk-start form only (docs/chunking.md).
+    # chunk_mode "start": the emitted kernels' form (the exact form: tests/test_triton_exact.py).
     o, final = rule(
         q_, k_, v_, dict(zip(gates, g_, strict=True)), backend=backend, chunk_size=chunk,
         chunk_mode="start", initial_state=state, output_final_state=True, params=params_,

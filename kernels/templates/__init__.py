@@ -11,6 +11,8 @@ inside a line is text. The spec's math reaches the kernels only through the prin
 - `general`: any matrix-memory spec: the chunk's gradients as matmuls at the chunk-start state,
   then the optimizer and the (possibly nonlinear) retention map token by token, forward and
   backward (the backward recomputes each chunk from its stored start state).
+- `exact`: the scan over chunk states of the exact chunk form, forward and backward; no slots
+  (the spec reaches it only through tensors prepared in torch), imported as it stands.
 
 docs/kernels.md derives both.
 """

@@ -18,7 +18,7 @@ import torch
 
 from miras.components.base import Range
 from miras.ir import GateInfo
-from miras.runtime import attention, chunk, dual, exact_chunk, recurrent
+from miras.runtime import attention, chunk, dual, exact_chunk, exact_triton, recurrent
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import (
     check_backend,
@@ -168,6 +168,8 @@ def run(
         o, final = dual.forward(rt, seq, state, chunk_size)
     elif backend == "chunk":
         o, final = chunk.forward(rt, seq, state, chunk_size)
+    elif mode == "exact" and exact_triton.applies(form, chunk_size):
+        o, final = exact_triton.forward(rt, seq, state, chunk_size, form)
     else:
         from miras.runtime import triton_backend  # imports triton only when asked for
 

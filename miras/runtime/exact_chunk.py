@@ -476,7 +476,7 @@ def resolve_mode(
     """`chunk_mode` -> "exact", "start" or "dual" for this spec and backend ("auto" takes the
     compiled form: "dual" runs the chunk-start semantics without per-token weights, and "start"
     keeps the per-token path for any spec); a ValueError naming the reason where the exact form
-    is asked for and does not exist, or the backend lacks it."""
+    is asked for and does not exist."""
     if chunk_mode not in CHUNK_MODES:
         raise ValueError(
             f"chunk_mode: expected one of {', '.join(CHUNK_MODES)}, got {chunk_mode!r}"
@@ -486,13 +486,5 @@ def resolve_mode(
             f"chunk_mode: 'exact' is not available for spec '{spec_name}': {form.reason}; use "
             "chunk_mode='start' (the chunk-start approximation) or 'auto'"
         )
-    mode = form.form if chunk_mode == "auto" else chunk_mode
-    # Both forms coincide at chunk size 1, and for a zero slope (the dot bias: the signals do
-    # not read the state).
-    if backend == "triton" and mode == "exact" and form.slope != 0.0 and chunk_size > 1:
-        raise ValueError(
-            f"backend: 'triton' computes the chunk-start form only, and spec '{spec_name}' "
-            f"resolves to the exact chunk form ({form.reason}); use backend='chunk' for the "
-            "exact form, or chunk_mode='start' for the chunk-start approximation"
-        )
-    return mode
+    # Every backend runs the form this resolves to (triton's exact form: exact_triton.py).
+    return form.form if chunk_mode == "auto" else chunk_mode

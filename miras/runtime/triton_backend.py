@@ -245,12 +245,10 @@ def _check_device(x: torch.Tensor) -> None:
         )
 
 
-def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int):
-    """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum)."""
-    from miras.runtime.triton_coverage import gate_plan, linear_applies, load_kernels
-
-    spec = rule.spec
-    _check_device(seq.phi_q)
+def check_available(x: torch.Tensor) -> None:
+    """CUDA tensors (or the interpreter) and the triton package, else a ValueError that says
+    which backend to use instead."""
+    _check_device(x)
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -258,6 +256,14 @@ def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int):
             "backend: 'triton' needs the triton package (Linux x86-64); use backend='chunk' "
             "(parallel) or 'recurrent' (the exact reference)"
         ) from None
+
+
+def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int):
+    """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum)."""
+    from miras.runtime.triton_coverage import gate_plan, linear_applies, load_kernels
+
+    spec = rule.spec
+    check_available(seq.phi_q)
     module = load_kernels(rule.ir)
     plan = gate_plan(spec)
     b, h, t, d_k = seq.phi_q.shape
