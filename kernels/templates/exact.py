@@ -37,6 +37,18 @@ from miras.kernels.common.io import load_rows, store_rows
 
 
 @triton.jit
+def _blocks(iv, R, DK, DV, BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """A program's indices and masks: rows [BR], its value channels cv [BV] (block iv), the
+    feature channels ck [BK], the state tile's mask m2 and offsets st [BV, BK]."""
+    rows = tl.arange(0, BR)
+    cv = iv * BV + tl.arange(0, BV)
+    ck = tl.arange(0, BK)
+    mv = cv < DV
+    mk = ck < DK
+    return rows, rows < R, cv, mv, ck, mk, mv[:, None] & mk[None, :], cv[:, None] * DK + ck[None, :]
+
+
+@triton.jit
 def _row_gate(ptr, chunk, cv, mv, WIDTH, CSTRIDE, ACC: tl.constexpr):
     """d, ce or te of one chunk: [BV] (a per-head gate repeated over the channels)."""
     return tl.load(ptr + chunk * WIDTH + cv * CSTRIDE, mask=mv, other=0.0).to(ACC)
@@ -72,14 +84,7 @@ def exact_scan_forward(
     Writes r_out [BH, NC, R, DV], the chunk-start states [BH, NC, DV, DK] and the final ones."""
     pid = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)
-    rows = tl.arange(0, BR)
-    mr = rows < R
-    cv = iv * BV + tl.arange(0, BV)
-    mv = cv < DV
-    ck = tl.arange(0, BK)
-    mk = ck < DK
-    m2 = mv[:, None] & mk[None, :]
-    st = cv[:, None] * DK + ck[None, :]
+    rows, mr, cv, mv, ck, mk, m2, st = _blocks(iv, R, DK, DV, BR, BK, BV)
     w = tl.load(w0 + pid * DV * DK + st, mask=m2, other=0.0).to(ACC)
     s = tl.zeros([BV, BK], dtype=ACC)
     if MOMENTUM:
@@ -143,14 +148,7 @@ def exact_scan_backward(
     dw0, ds0 [BH, DV, DK]."""
     pid = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)
-    rows = tl.arange(0, BR)
-    mr = rows < R
-    cv = iv * BV + tl.arange(0, BV)
-    mv = cv < DV
-    ck = tl.arange(0, BK)
-    mk = ck < DK
-    m2 = mv[:, None] & mk[None, :]
-    st = cv[:, None] * DK + ck[None, :]
+    rows, mr, cv, mv, ck, mk, m2, st = _blocks(iv, R, DK, DV, BR, BK, BV)
     part = (iv * BH + pid) * NC  # this block's part of the summed gradients, in chunks
     gw = tl.load(dw_out + pid * DV * DK + st, mask=m2, other=0.0).to(ACC)
     gs = tl.zeros([BV, BK], dtype=ACC)
