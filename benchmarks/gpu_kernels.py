@@ -15,9 +15,9 @@ TFLOP/s use one nominal count for both sides: the matmuls of a chunked linear-me
 chunk C and head width D, per chunk and head 2 C D^2 for each of the state read, the predictions
 and the state update, and 2 C^2 D for each of the intra-chunk scores and their mixing, i.e.
 6 D^2 + 4 C D per token and head forward, and three times that forward plus backward. Equal
-counts make the TFLOP/s ratio the inverse time ratio. The two compute different recurrences:
-miras's chunk semantics take every gradient at the chunk-start state, fla's kernels the exact
-delta rule (WY representation); the comparison is of cost at equal shapes, not of outputs.
+counts make the TFLOP/s ratio the inverse time ratio. Both compute the exact delta rule (miras's
+default `chunk_mode="auto"` gives these specs the exact form: on triton, torch preparation and
+reads around a Triton scan over chunks, docs/kernels.md; fla: fused WY kernels).
 
 Without CUDA it prints why and exits 0.
 """
