@@ -7,7 +7,8 @@ in kernels/templates/exact.py), under the interpreter on a machine without a GPU
 - `backend="triton"` equals `backend="chunk"` in the exact form for the covering set of affine
   specs of tests/test_exact_chunk.py: outputs, final state and the gradients w.r.t. q, k, v,
   every gate and the initial state, float32, relative RMS 1e-5, at T not a multiple of the
-  chunk, chunk 7 and 16.
+  chunk, chunk 7 and 16, and a single chunk; in float64 to 1e-12.
+- CPU tensors without the interpreter raise on the exact path too.
 """
 
 from __future__ import annotations
@@ -175,6 +176,19 @@ def test_triton_equals_exact_chunk(name, t_len, chunk_size, monkeypatch):
         assert a.dtype == torch.float32 and torch.isfinite(a).all(), label
         err = rel_rms(a, e)
         assert err <= TOL, f"{name}: {label}: relative RMS {err:.3g} > {TOL}"
+
+
+@pytest.mark.parametrize(
+    "name", ["window3_gamma_momentum_retained", "per_channel_momentum_window2"]
+)
+def test_float64_agrees_to_rounding(name):
+    """In float64 the two backends agree to rounding: every derivative of the scan is exact."""
+    inputs = on_device(make_inputs(name, 37, dtype=torch.float64))
+    got_outs, got_grads = run(name, inputs, "triton", 16)
+    want_outs, want_grads = run(name, inputs, "chunk", 16, "exact")
+    for a, e in zip(got_outs + got_grads, want_outs + want_grads, strict=True):
+        assert a.dtype == torch.float64
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="CPU tensors only")
