@@ -73,15 +73,19 @@ def pareto_figure(data: pd.DataFrame, metrics: list[str]) -> go.Figure:
 
 
 def interval_figure(data: pd.DataFrame, metric: str, direction: str) -> go.Figure:
-    """Each replicated trial's mean with its 95% interval, best mean first; the trials whose
-    gap to the best is significant in a second trace."""
-    ordered = data.sort_values("mean", ascending=direction == "minimize")
+    """Each replicated trial's mean with its 95% interval, best first: the best trial, those
+    whose gap to it is not significant, and those that differ (p < 0.05), one trace each."""
+    key = data["mean"] * (1 if direction == "minimize" else -1)
+    ordered = data.assign(_key=key).sort_values(["_key", "trial"])
+    best = ordered["p_vs_best"].isna()
+    groups = (
+        ("the best", best),
+        ("not significantly different from the best", ~best & ~ordered["differs"]),
+        ("differs from the best (p < 0.05)", ordered["differs"]),
+    )
     fig = go.Figure()
-    for differs, name in (
-        (False, "not significantly different from the best"),
-        (True, "differs from the best (p < 0.05)"),
-    ):
-        part = ordered[ordered["differs"] == differs]
+    for name, rows in groups:
+        part = ordered[rows]
         fig.add_scatter(
             x=[f"trial {n}" for n in part["trial"]],
             y=part["mean"],

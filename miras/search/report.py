@@ -87,8 +87,9 @@ def leaderboard(
         frame.insert(2, "pareto", [n in on_front for n in frame["trial"]])
     if "seeds" in frame:
         tests = significance_data(trials, metrics[0], directions[0]).set_index("trial")
-        for column in ("p_vs_best", "differs"):
-            frame[column] = [tests[column].get(n) for n in frame["trial"]]
+        at = frame.columns.get_loc(f"{metrics[0]}_high") + 1  # beside the first objective
+        for i, column in enumerate(("p_vs_best", "differs")):
+            frame.insert(at + i, column, [tests[column].get(n) for n in frame["trial"]])
     key = frame[metrics[0]].astype(float) * _sign(directions[0])
     frame = frame.assign(_pruned=frame["state"] != "complete", _key=key)
     frame = frame.sort_values(["_pruned", "_key", "trial"], na_position="last")
