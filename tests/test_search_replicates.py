@@ -9,12 +9,14 @@ import random
 
 import optuna
 import pytest
+import torch
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 from scipy import stats
 from search_support import TINY
 
 from miras.search import load_study, open_storage, open_study, search
+from miras.search.objective import run_trial
 from miras.search.report import (
     export_text,
     leaderboard,
@@ -22,6 +24,7 @@ from miras.search.report import (
     significance_data,
     write_report,
 )
+from miras.search.study import resolve_directions
 from miras.stats import welch_p
 
 
@@ -111,7 +114,6 @@ def test_a_replicated_study_stores_each_seed_and_resumes_without_duplicates(tmp_
             seeds = [r["metrics"]["accuracy"] for r in records]
             assert t.values == [pytest.approx(sum(seeds) / 2)]
             assert t.user_attrs["metrics"]["accuracy"] == pytest.approx(sum(seeds) / 2)
-            # Only the first seed reports to the pruner: its evaluations at steps 5 and 10.
             assert sorted(t.intermediate_values) == [5, 10]
     best = pick_trial(trials, ["maximize"])
     assert best.values[0] == max(t.values[0] for t in trials if t.state == TrialState.COMPLETE)
@@ -155,3 +157,21 @@ def test_a_retried_trial_runs_only_the_seeds_it_lacks(tmp_path):
     assert records[0]["metrics"] == done, "seed 0 was not run again"
     assert records[1]["metrics"]["accuracy"] != done["accuracy"]
     assert retry[0].values == [pytest.approx((0.125 + records[1]["metrics"]["accuracy"]) / 2)]
+
+
+def test_only_the_first_seed_reports_to_the_pruner():
+    definition = resolve_directions(load_study(tiny(replicates=3)))
+    trial = optuna.create_study(direction="maximize").ask()
+    reported = []
+    trial.report = lambda value, step: reported.append((step, value))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a search worker trains: tiny models are fastest on one
+    try:
+        value = run_trial(definition, definition.make_task(), trial)
+    finally:
+        torch.set_num_threads(threads)
+    records = trial.user_attrs["replicates"]
+    assert [r["seed"] for r in records] == [0, 1, 2]
+    first = records[0]["metrics"]["accuracy"]
+    assert [step for step, _ in reported] == [5, 10] and reported[-1][1] == first
+    assert value == pytest.approx(sum(r["metrics"]["accuracy"] for r in records) / 3)
