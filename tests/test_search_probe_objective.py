@@ -61,6 +61,9 @@ def test_a_probe_study_runs_end_to_end_without_training(tmp_path):
     assert definition.directions == ["minimize", "minimize", "minimize"]
     board = leaderboard(trials, definition.metrics, definition.directions)
     assert {"capacity_low", "capacity_high", "seeds", "pareto", "p_vs_best"} <= set(board)
+    sized = board[board["state"] == "complete"]  # a size is the same on every seed
+    assert (sized["state_bytes_low"] == sized["state_bytes"]).all()
+    assert (sized["state_bytes_high"] == sized["state_bytes"]).all()
 
 
 def test_bad_probe_objectives_are_named():

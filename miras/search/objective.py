@@ -75,18 +75,19 @@ def run_trial(study: StudyDef, task: Any, trial: optuna.Trial) -> float | list[f
     spec, args = build(study, trial)
     records = {r["seed"]: r for r in trial.user_attrs.get("replicates", [])}
     seeds = [args["seed"] + r for r in range(study.replicates)]
+    state = state_size(spec, task.seq_len)
+    sizes = {"state_size": float(state), "state_bytes": float(state * STATE_BYTES_PER_FLOAT)}
     for seed in seeds:
         if seed in records:
             continue
         began = time.perf_counter()
         metrics = replicate(study, task, trial, spec, {**args, "seed": seed}, seed == seeds[0])
+        metrics.update(sizes)  # the same for every seed: each record holds every objective
         records[seed] = {"seed": seed, "metrics": metrics, "seconds": time.perf_counter() - began}
         trial.set_user_attr("replicates", [records[s] for s in sorted(records)])
     done = [records[s]["metrics"] for s in seeds]
     names = [name for name in done[0] if all(name in m for m in done)]
     metrics = {name: sum(m[name] for m in done) / len(done) for name in names}
-    state = state_size(spec, task.seq_len)
-    metrics.update(state_size=float(state), state_bytes=float(state * STATE_BYTES_PER_FLOAT))
     trial.set_user_attr("metrics", metrics)
     trial.set_user_attr("seconds", sum(records[s]["seconds"] for s in seeds))
     values = [metrics[name] for name in study.metrics]

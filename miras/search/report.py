@@ -48,7 +48,7 @@ def trials_frame(trials: list[FrozenTrial], metrics: list[str]) -> pd.DataFrame:
     replicated trials its 95% t interval (`<objective>_low`, `_high`) and the number of
     `seeds`, the other measures, every parameter (missing where a branch was not taken),
     seconds, the reason of a prune, a retry's origin."""
-    replicated = any(len(seed_values(t, metrics[0])) > 1 for t in trials)
+    replicated = any(len(t.user_attrs.get("replicates") or []) > 1 for t in trials)
     rows = []
     for t in trials:
         row: dict[str, Any] = {"trial": t.number, "state": t.state.name.lower()}
