@@ -55,12 +55,19 @@ def _row_gate(ptr, chunk, cv, mv, WIDTH, CSTRIDE, ACC: tl.constexpr):
 
 
 @triton.jit
+def _system_block(chunk, cv, mv, rows, mr, R, DV):
+    """Offsets and mask of a chunk's per-channel systems [BV, BR, BR] (F[v, a, b]) in a
+    [BH, NC, DV, R, R] tensor."""
+    offsets = chunk * DV * R * R + cv[:, None, None] * R * R
+    offsets += rows[None, :, None] * R + rows[None, None, :]
+    return offsets, mv[:, None, None] & mr[None, :, None] & mr[None, None, :]
+
+
+@triton.jit
 def _channel_systems(ptr, chunk, cv, mv, rows, mr, R, DV, ACC: tl.constexpr):
-    """Per-channel F or G of one chunk: [BV, BR, BR], F[v, a, b]."""
-    base = ptr + chunk * DV * R * R
-    offsets = cv[:, None, None] * R * R + rows[None, :, None] * R + rows[None, None, :]
-    mask = mv[:, None, None] & mr[None, :, None] & mr[None, None, :]
-    return tl.load(base + offsets, mask=mask, other=0.0).to(ACC)
+    """Per-channel F or G of one chunk: [BV, BR, BR]."""
+    offsets, mask = _system_block(chunk, cv, mv, rows, mr, R, DV)
+    return tl.load(ptr + offsets, mask=mask, other=0.0).to(ACC)
 
 
 @triton.jit
@@ -190,9 +197,7 @@ def exact_scan_backward(
         # r_i = base + F W_i^T - G S_i^T
         if HAS_F:
             if PER_CHANNEL:
-                sys_off = chunk * DV * R * R + cv[:, None, None] * R * R
-                sys_off += rows[None, :, None] * R + rows[None, None, :]
-                sys_mask = mv[:, None, None] & mr[None, :, None] & mr[None, None, :]
+                sys_off, sys_mask = _system_block(chunk, cv, mv, rows, mr, R, DV)
                 dr_t = tl.trans(dr)  # [BV, BR]
                 p = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION, out_dtype=ACC)
                 d_fm = dr_t[:, :, None] * tl.trans(p)[:, None, :]
