@@ -19,6 +19,7 @@ the run's files (checkpoint, metrics log, resume checks) are `miras.checkpoint`.
 from __future__ import annotations
 
 import math
+import re
 import signal
 import sys
 import threading
@@ -359,12 +360,16 @@ def train(
                     logits = net(inputs)
                 # This rank's mean, weighted by its share of the global batch's scored
                 # positions: the ranks' parts add up to the global batch's mean loss.
-                scored = int((batch.labels != IGNORE).sum())
                 part = loss_of(logits, labels)
                 if ranks.world > 1:
-                    part = part * (int((labels != IGNORE).sum()) / max(scored, 1))
+                    scored = max(1, int((batch.labels != IGNORE).sum()))
+                    mine = int((labels != IGNORE).sum())
+                    # Rows with nothing scored: a zero that keeps the graph (DDP waits for
+                    # every rank's gradients), not the 0/0 of an empty mean.
+                    part = part * (mine / scored) if mine else logits.sum() * 0.0
                 late = time_limit is not None and time.perf_counter() - began > time_limit
-                flags = torch.tensor([part.item(), stop.requested, late], dtype=torch.float64)
+                flags = [part.item(), stop.requested, late]  # on the device: nccl needs it
+                flags = torch.tensor(flags, dtype=torch.float64, device=device)
                 loss, requested, out_of_time = ranks.sum(flags).tolist()
                 requested, out_of_time = requested > 0, out_of_time > 0
                 if not math.isfinite(loss):
@@ -470,7 +475,10 @@ def _rank_failure(
     step = None
     if path is not None and path.is_file():
         step = load_checkpoint(path)["step"]
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    # gloo's first line, without its source location and advice: "Read error [127.0.0.1]:
+    # 46805: Connection reset by peer".
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    reason = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text).split(". ")[0]
     return distributed.RankFailure(
         ranks.rank, ranks.world, ranks.lost(), reason, path if step is not None else None, step
     )
