@@ -146,7 +146,9 @@ class ModelConfig(BaseModel):
     swa_window: number(Range(1, math.inf, lo_closed=True), integer=True) = 64
     mac_segment: number(Range(1, math.inf, lo_closed=True), integer=True) = 32
     persistent_tokens: number(Range(0, math.inf, lo_closed=True), integer=True) = 0
-    chunk_size: number(Range(1, math.inf, lo_closed=True), integer=True) = 16
+    # None: 64 // window.c where the rule gets the exact chunk form, 16 for the chunk-start form
+    # (`exact_chunk.default_chunk_size`).
+    chunk_size: number(Range(1, math.inf, lo_closed=True), integer=True) | None = None
     backend: Literal["chunk", "recurrent", "triton"] = "chunk"
     # "auto": exact chunks where the rule is affine in its memory, else chunk-start; "start",
     # "exact": force one (docs/chunking.md).

@@ -384,6 +384,24 @@ def test_layer_refuses_exact_for_a_non_affine_rule_when_built():
         MirasLayer({"name": "h", "bias": "huber", "retention": "l2"}, 8, 2, chunk_mode="exact")
 
 
+def test_default_chunk_size_follows_the_form():
+    """No chunk size given: 64 // c where the form is exact (the chunk size is then a speed
+    knob; a chunk solves n*c rows), 16 for the chunk-start form (where it changes the model);
+    a given one is kept."""
+    from miras.models import MirasLayer, build_model
+
+    huber = {"name": "h", "bias": "huber", "retention": "l2"}
+    assert load_spec({"name": "g", **GDN}).model.chunk_size is None
+    assert MirasLayer({"name": "g", **GDN}, 8, 2).chunk_size == 64
+    assert MirasLayer({"name": "g", **GDN}, 8, 2, chunk_mode="start").chunk_size == 16
+    assert MirasLayer(huber, 8, 2).chunk_size == 16
+    assert MirasLayer({"name": "g", **GDN}, 8, 2, chunk_size=5).chunk_size == 5
+    window3 = {"name": "w", **GDN, "window": {"c": 3, "gamma": 0.5}}
+    assert MirasLayer(window3, 8, 2).chunk_size == 21
+    model = build_model({"name": "g", **GDN, "model": {"d_model": 8, "n_heads": 2}}, 11)
+    assert {m.chunk_size for m in model.modules() if isinstance(m, MirasLayer)} == {64}
+
+
 def test_spec_model_chunk_mode_is_validated():
     with pytest.raises(ValueError, match="chunk_mode"):
         load_spec({"name": "x", "model": {"chunk_mode": "fast"}})

@@ -24,7 +24,7 @@ from miras.ir import GateInfo
 from miras.models.padding import Cache, left_aligned, rows_alone, take
 from miras.rule import MemoryRule
 from miras.rule import compile as compile_rule
-from miras.runtime.exact_chunk import resolve_mode
+from miras.runtime.exact_chunk import default_chunk_size, resolve_mode
 from miras.spec import Spec, load_spec
 
 
@@ -210,7 +210,8 @@ class LearnedState(nn.Module):
 class MirasLayer(nn.Module):
     """A memory layer built from a spec. x [B, T, D] -> y [B, T, D].
 
-    `forward(x)` runs the whole sequence in parallel on `backend` (chunk size `chunk_size`;
+    `forward(x)` runs the whole sequence in parallel on `backend` (chunk size `chunk_size`,
+    by default 64 // window.c for the exact chunk form and 16 for the chunk-start form;
     `chunk_mode` "auto" solves chunks exactly where the rule is affine in its memory, "start"
     takes the chunk-start approximation, "exact" insists: docs/chunking.md);
     `forward(x, cache)` continues from a cache (`empty_cache(batch)`) and returns the new one:
@@ -226,7 +227,7 @@ class MirasLayer(nn.Module):
         d_model: int,
         n_heads: int,
         *,
-        chunk_size: int = 16,
+        chunk_size: int | None = None,
         backend: str = "chunk",
         chunk_mode: str = "auto",
         conv_size: int = 4,
@@ -245,10 +246,13 @@ class MirasLayer(nn.Module):
         self.rule = compile_rule(spec)
         self.d_model, self.n_heads = d_model, n_heads
         self.head_dim = d_model // n_heads
-        self.chunk_size, self.backend = chunk_size, backend
         form = self.rule.plan.chunk_form
         # A bad choice fails here, not mid-run.
-        resolve_mode(chunk_mode, form, spec.name, backend, chunk_size)
+        mode = resolve_mode(chunk_mode, form, spec.name, "chunk", 1)
+        default = default_chunk_size(mode, spec.window.c)
+        self.chunk_size = default if chunk_size is None else chunk_size
+        resolve_mode(chunk_mode, form, spec.name, backend, self.chunk_size)
+        self.backend = backend
         self.chunk_mode = chunk_mode
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.conv = ShortConv(3 * d_model, conv_size)

@@ -346,9 +346,9 @@ def read(prep: Prepared, r: torch.Tensor, starts_w: torch.Tensor, starts_s: torc
 
 
 def _unit_lower_solve(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-    """(I + system)^-1 rhs for a strictly lower-triangular `system`."""
-    eye = torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
-    return torch.linalg.solve_triangular(system + eye, rhs, upper=False, unitriangular=True)
+    """(I + system)^-1 rhs for a strictly lower-triangular `system`: `unitriangular` reads
+    neither the diagonal nor the upper triangle, so I + system is never formed."""
+    return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
 
 
 # Helpers. Token-major tensors are [B, H, N, n, X]; matrices over a chunk [B, H, N, X, n, n].
@@ -468,6 +468,18 @@ def _at_token(z: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
 
 
 CHUNK_MODES = ("auto", "start", "exact")
+# Default chunk sizes. With the exact form the chunk size changes only the speed: each chunk
+# solves a system of n*c rows, so n = 64 // c keeps it at 64 (fla's chunk size; measured in
+# docs/benchmarks.md). With the chunk-start form it changes the model: 16, as before.
+EXACT_ROWS, START_CHUNK_SIZE = 64, 16
+
+
+def default_chunk_size(mode: str, window_c: int | str) -> int:
+    """The chunk size a layer gets when none is given, for a resolved `mode` and the spec's
+    `window.c` (a global window keeps the chunk-start default: its rows grow with T)."""
+    if mode == "exact" and isinstance(window_c, int):
+        return max(1, EXACT_ROWS // window_c)
+    return START_CHUNK_SIZE
 
 
 def resolve_mode(
