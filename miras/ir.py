@@ -40,7 +40,10 @@ class ChunkForm:
 
     - "exact": every step is affine in the memory state, so each chunk is solved exactly (a
       unit-lower-triangular system per chunk); equal to the recurrence at any b;
-    - "start": inside a chunk every gradient is taken at the chunk-start state (Titans 3.2).
+    - "start": inside a chunk every gradient is taken at the chunk-start state (Titans 3.2);
+    - "dual": the same chunk-start semantics for an MLP memory whose retention and optimizer
+      are linear, run in its dual form (`miras.runtime.dual`: no per-token weights); `dual`
+      says why it applies, `reason` (as for "start") why the chunk is not exact.
 
     `slope` is d2L/dy2 when the analysis proved it a constant (l2: 1, dot: 0), else None (it
     reads gates, or v when `slope_reads_v`); the exact form evaluates it from `bias_grad`.
@@ -50,15 +53,21 @@ class ChunkForm:
     update are all linear (`miras.runtime.linear`: masked matmuls), else "general"
     (`miras.runtime.chunk`: per-token maps over batched gradients)."""
 
-    form: Literal["exact", "start"]
+    form: Literal["exact", "start", "dual"]
     reason: str
     slope: float | None = None
     slope_reads_v: bool = False
     start_path: Literal["linear", "general"] = "general"
+    dual: str = ""
 
     def text(self) -> str:
         if self.form == "exact":
             return f"chunk: exact ({self.reason})"
+        if self.form == "dual":
+            return (
+                f"chunk: dual form ({self.dual}) of the chunk-start approximation (Titans "
+                f"section 3.2), because {self.reason}"
+            )
         return f"chunk: chunk-start approximation (Titans section 3.2), because {self.reason}"
 
 

@@ -20,7 +20,9 @@ from miras.runtime import linear
         ({"name": "mom", "optimizer": "momentum", "retention": "l2"}, "exact", "linear"),
         ({"name": "moneta_matrix", "bias": "l2", "retention": "lq"}, "start", "general"),
         ({"name": "muon_matrix", "optimizer": "muon"}, "start", "general"),
-        ({"name": "mlp", "memory": {"kind": "mlp", "depth": 2}}, "start", "general"),
+        # The dual form under "auto"; chunk_mode="start" takes the general path.
+        ({"name": "mlp", "memory": {"kind": "mlp", "depth": 2}}, "dual", "general"),
+        ({"name": "mlp_muon", "memory": {"kind": "mlp"}, "optimizer": "muon"}, "start", "general"),
     ],
 )
 def test_the_chunk_form_pass_records_the_start_path(spec, form, path):

@@ -65,9 +65,35 @@ def plan(c: CompiledRule) -> str:
 
 
 def chunk_form(c: CompiledRule) -> str:
-    """Exact chunks where the step is affine in the memory, chunk-start otherwise."""
-    c.plan = replace(c.plan, chunk_form=analyze(c.spec, c.bias))
+    """Exact chunks where the step is affine in the memory, chunk-start otherwise, in its dual
+    form where `dual_reason` finds one."""
+    form = analyze(c.spec, c.bias)
+    dual = dual_reason(c.spec)
+    if form.form == "start" and dual is not None:
+        form = replace(form, form="dual", dual=dual)
+    c.plan = replace(c.plan, chunk_form=form)
     return c.plan.chunk_form.text()
+
+
+# The memories `miras.runtime.dual` writes the gradient factors of.
+DUAL_MEMORIES = ("mlp", "gated_mlp")
+
+
+def dual_reason(spec: Spec) -> str | None:
+    """Why the chunk-start form of `spec` runs in its dual form (`miras.runtime.dual`), or
+    None: an MLP memory (each token's gradient of a weight matrix is the outer product of the
+    backpropagated error and the layer's input), retention none or l2 and optimizer gd or
+    momentum (linear in the gradients, so each token's weights are a masked sum of them), and
+    a finite window (a global one would keep O(T^2) error vectors for the backward)."""
+    memory, retention, optimizer = spec.memory, spec.retention, spec.optimizer
+    if not memory.parametric or memory.kind not in DUAL_MEMORIES:
+        return None
+    if not retention.linear_step or optimizer.linear_form is None or spec.window.is_global:
+        return None
+    return (
+        f"the {memory.kind} memory's gradient is a product of per-token factors, and retention "
+        f"{retention.kind} and optimizer {optimizer.kind} are linear in it"
+    )
 
 
 def _extra_functions(spec: Spec) -> list[str]:

@@ -121,8 +121,8 @@ def run(
                 "backend='chunk' (parallel) or 'recurrent' (the exact reference)"
             )
     # The execution form, one module each (docs/chunking.md): "exact" (exact_chunk), "start"
-    # (chunk, with its linear fast path), "dual" (reserved); the compiler's chunk_form pass
-    # recorded the form, `chunk_mode` may override it.
+    # (chunk, with its linear fast path), "dual" (dual: MLP memories, no per-token weights);
+    # the compiler's chunk_form pass recorded the form, `chunk_mode` may override it.
     form = rule.plan.chunk_form
     mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name, backend, chunk_size)
     rt = rule.runtime

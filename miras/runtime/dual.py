@@ -1,19 +1,255 @@
-"""The dual form for deep memories: reserved (issue 13), not implemented.
+"""The dual form of the chunk-start form for deep memories (`mlp`, `gated_mlp`): no per-token
+weights (the dual form of TTT, Sun et al. 2024, "Learning to (Learn at Test Time)").
 
-A deep (MLP) memory's chunk can be computed in its dual form instead of the chunk-start
-gradients of `miras.runtime.chunk`. When it lands, the compiler's `chunk_form` pass records
-`form="dual"` in the plan, `exact_chunk.resolve_mode` lets `chunk_mode` select it, and
-`miras.runtime.run` sends `mode == "dual"` here, with the signature of `chunk.forward`.
+It applies where the compiler's chunk_form pass recorded `form == "dual"`
+(`miras.compiler.pipeline.dual_reason`): an MLP or gated-MLP memory (either with MIRAS's
+`x + LN(...)`), retention none or l2 and optimizer gd or momentum, any bias, any finite window.
+The semantics are `miras.runtime.chunk`'s, to rounding (tests/test_dual_form.py): in a chunk
+from state (W_S, S_S), every gradient is taken at W_e,t = W_S (or P_t W_S for the retained
+gradient point, P_t = prod_{j<=t} a_j), and token t reads its own weights
+
+    W_t = D_t W_S - C_t S_S - sum_{s<=t} K[t, s] lr_s g_s,    g_s = sum_j e_{s,j} x_{s,j}^T
+
+per weight matrix (K = L^a L^theta, C = L^a Theta with momentum; K = L^a, C = 0 for gd:
+docs/chunking.md, "The fast path"). Each token's gradient of a weight matrix is an outer product
+of the backpropagated error e (at W_e) and that layer's input x, so the layer's read of an input
+h_t is
+
+    W_t h_t = D_t W_S h_t - C_t S_S h_t - sum_{s, j} K[t, s] lr_s (x_{s,j} . h_t) e_{s,j}:
+
+two matmuls against the chunk-start weights and one masked [b, b c] product, layer by layer
+(h_t is the previous layer's output under W_t). The state at the chunk's end is row b - 1 of
+the same sums, as one [out, b c] x [b c, in] matmul. Nothing of size [b, out, in] is built, and
+plain autograd through these ops keeps T / b states plus per-token vectors for the backward.
+
+The error and input factors of each weight are written here per memory kind (`NETWORKS`): the
+components' own `backward` returns the outer products themselves (docs/chunking.md, "The dual
+form").
 """
 
 from __future__ import annotations
 
-from miras.runtime.core import Runtime, State, Tokens
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from miras.components.memory.linalg import layer_norm, layer_norm_backward
+from miras.runtime.chunk_common import chunk_views, window_gradients
+from miras.runtime.core import Runtime, State, Tokens, gate_values
+from miras.runtime.linear import _decay_matrix
+
+# linear(name, h [B, H, n, in]) -> the weight `name` applied to h, [B, H, n, out].
+Linear = Callable[[str, torch.Tensor], torch.Tensor]
 
 
 def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
-    """Would return o [B, H, T, Dv] and the final state, like `chunk.forward`."""
-    raise NotImplementedError(
-        f"spec '{rt.spec.name}': the dual chunk form is not implemented yet (issue 13); use "
-        "chunk_mode='start'"
-    )
+    """Returns o [B, H, T, Dv] and the final memory state, like `chunk.forward`."""
+    state = dict(state)
+    names = set(rt.param_names)
+    keys = [k for k in state if k in names or k.startswith("S.")]
+    outputs = []
+    parts = chunk_views(seq, chunk_size)
+    for part, mixing in zip(parts, _mixings(rt, seq, chunk_size), strict=True):
+        o, new = chunk_step(rt, part, {k: state[k] for k in keys}, mixing)
+        state.update(new)
+        outputs.append(o)
+    return torch.cat(outputs, dim=2), state
+
+
+@dataclass(frozen=True)
+class Mixing:
+    """How a chunk's updates reach its tokens' weights, from the step gates alone ([B, H, n, .]):
+    `d` D_t [n, 1]; `coeff` K[t, s] lr_s [n, n]; with momentum `carry` C_t [n, 1], `theta_prod`
+    Theta_t [n, 1] and `to_momentum` L^theta[n-1, s] lr_s [n] (the chunk's last S)."""
+
+    d: torch.Tensor
+    coeff: torch.Tensor
+    carry: torch.Tensor | None = None
+    theta_prod: torch.Tensor | None = None
+    to_momentum: torch.Tensor | None = None
+
+
+def _mixings(rt: Runtime, seq: Tokens, chunk_size: int) -> list[Mixing]:
+    """Every chunk's `Mixing` at once (they do not read the state), cut with `unbind` so the
+    backward joins the chunks in one stack. The last chunk is padded with factors 1, which
+    come after every token they could touch, and cut back."""
+    spec, length = rt.spec, seq.length
+    opt, retention = spec.optimizer, spec.retention
+    n = min(chunk_size, length)
+    chunks = -(-length // n)
+    pad = chunks * n - length
+
+    def steps(component, name: str | None) -> torch.Tensor:
+        """A step gate [B, H, T, 1] -> [B, H, N, n, 1] (1 where `name` is None: no decay)."""
+        if name is None:
+            g = torch.ones_like(seq.phi_q[..., :1])
+        else:
+            g = gate_values(component, name, seq.step_gates, slice(0, length), seq.phi_q)
+        return F.pad(g, (0, 0, 0, pad), value=1.0).unflatten(2, (chunks, n))
+
+    def decay_matrix(factors: torch.Tensor) -> torch.Tensor:  # [B, H, N, n, 1] -> [.., n, n]
+        return _decay_matrix(factors.flatten(1, 2))[:, :, 0].unflatten(1, factors.shape[1:3])
+
+    decay, lr = steps(retention, retention.decay_gate), steps(opt, "lr")
+    d, mix_a = torch.cumprod(decay, dim=3), decay_matrix(decay)
+    fields = {"d": d}
+    if rt.has_momentum:
+        theta = steps(opt, "momentum")
+        mix_theta = decay_matrix(theta)
+        theta_prod = torch.cumprod(theta, dim=3)
+        fields["coeff"] = (mix_a @ mix_theta) * lr.transpose(-1, -2)
+        fields["carry"] = mix_a @ theta_prod
+        fields["theta_prod"] = theta_prod
+        fields["to_momentum"] = mix_theta * lr.transpose(-1, -2)  # cut to its last row below
+    else:
+        fields["coeff"] = mix_a * lr.transpose(-1, -2)
+    per_chunk = {name: z.unbind(2) for name, z in fields.items()}
+    out = []
+    for i in range(chunks):
+        m = n if i < chunks - 1 else length - (chunks - 1) * n
+        cut = {name: z[i][:, :, :m] for name, z in per_chunk.items()}
+        cut["coeff"] = cut["coeff"][..., :m]
+        if "to_momentum" in cut:
+            cut["to_momentum"] = cut["to_momentum"][:, :, m - 1, :m]
+        out.append(Mixing(**cut))
+    return out
+
+
+def chunk_step(
+    rt: Runtime, part: Tokens, state: State, mixing: Mixing
+) -> tuple[torch.Tensor, State]:
+    """One chunk from its start state: o [B, H, n, Dv] and the state after its last token."""
+    network = NETWORKS[rt.spec.memory.kind]
+    n, d = part.length, mixing.d
+    weights = rt.weights(state)  # W_S: name -> [B, H, out, in]
+    momentum = {name: state[f"S.{name}"] for name in weights} if rt.has_momentum else None
+
+    # The window's error signals at the gradient point, and each weight's factors:
+    # e [B, H, n c, out] and x [B, H, n c, in], row j n + t for token t's offset j.
+    point = d if rt.retained_gradient else None
+    caches = []
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        y, cache = network.forward(rt, _at_start(weights, point), x)
+        caches.append(cache)
+        return y
+
+    signals = window_gradients(rt, predict, part, 0, n)
+    pieces = [
+        network.factors(rt, _transposed_at_start(weights, point), cache, grad_y)
+        for cache, (_, grad_y) in zip(caches, signals, strict=True)
+    ]
+    errors = {name: torch.cat([p[name][0] for p in pieces], dim=2) for name in weights}
+    inputs = {name: torch.cat([p[name][1] for p in pieces], dim=2) for name in weights}
+    coeff = mixing.coeff.repeat(1, 1, 1, len(pieces))  # [B, H, n, n c]
+    carry = mixing.carry
+
+    def read(name: str, h: torch.Tensor) -> torch.Tensor:
+        """W_t h_t for the chunk's tokens: h [B, H, n, in] -> [B, H, n, out]."""
+        z = d * (h @ weights[name].transpose(-1, -2))
+        if carry is not None:
+            z = z - carry * (h @ momentum[name].transpose(-1, -2))
+        scores = (h @ inputs[name].transpose(-1, -2)) * coeff  # [B, H, n, n c]
+        return z - scores @ errors[name]
+
+    o, _ = network.forward(rt, read, part.phi_q)
+
+    # The state after the chunk's last token: row n - 1 of the sums above, each decayed state
+    # plus one [out, n c] x [n c, in] matmul (fused, as are the carry's multiply-subtract).
+    new = {}
+    last = -coeff[:, :, -1].unsqueeze(-1)  # -K[n-1, s] lr_s: [B, H, n c, 1]
+    if carry is not None:
+        last_s = mixing.to_momentum.repeat(1, 1, len(pieces)).unsqueeze(-1)
+    for name in weights:
+        w = d[:, :, -1:] * state[name]
+        if carry is not None:
+            w = torch.addcmul(w, carry[:, :, -1:], momentum[name], value=-1.0)
+            s_new = mixing.theta_prod[:, :, -1:] * momentum[name]
+            new[f"S.{name}"] = _plus_outer(s_new, errors[name] * last_s, inputs[name])
+        new[name] = _plus_outer(w, errors[name] * last, inputs[name])
+    return o, new
+
+
+def _plus_outer(base: torch.Tensor, e: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """base + e^T x: [B, H, out, in] + [B, H, m, out]^T [B, H, m, in], one batched matmul."""
+    flat = torch.baddbmm(base.flatten(0, 1), e.flatten(0, 1).transpose(-1, -2), x.flatten(0, 1))
+    return flat.unflatten(0, base.shape[:2])
+
+
+def _at_start(weights, point) -> Linear:
+    """The gradient point's layers: W_S h, or P_t (W_S h) for the retained state (P_t scales
+    the whole weight, so it scales the product, not a per-token copy)."""
+
+    def linear(name: str, h: torch.Tensor) -> torch.Tensor:
+        z = h @ weights[name].transpose(-1, -2)
+        return z if point is None else point * z
+
+    return linear
+
+
+def _transposed_at_start(weights, point) -> Linear:
+    """W_e^T g at the gradient point: g [B, H, n, out] -> [B, H, n, in]."""
+
+    def linear(name: str, g: torch.Tensor) -> torch.Tensor:
+        z = g @ weights[name]
+        return z if point is None else point * z
+
+    return linear
+
+
+# The networks: the memory's forward through any `linear`, and the factors of its gradient --
+
+
+class _MLP:
+    """M(x) = W_1 act(... act(W_depth x)), or x + LN(...) (`residual_norm`)."""
+
+    @staticmethod
+    def forward(rt: Runtime, linear: Linear, x: torch.Tensor):
+        """(y [B, H, n, out], what `factors` reuses: each layer's input and pre-activation)."""
+        names = rt.param_names  # input side first
+        inputs, pre, h = {}, [], x
+        for i, name in enumerate(names):
+            inputs[name] = h
+            z = linear(name, h)
+            if i < len(names) - 1:
+                pre.append(z)
+                h = rt.memory.activation(z)
+        norm = layer_norm(z) if rt.spec.memory.residual_norm else None
+        y = z if norm is None else x + norm[0]
+        return y, (inputs, pre, norm)
+
+    @staticmethod
+    def factors(rt: Runtime, transposed: Linear, cache, grad_y: torch.Tensor):
+        """name -> (dL/dz of its layer, its input): dL/dW = error input^T per token."""
+        inputs, pre, norm = cache
+        names = rt.param_names
+        g = grad_y if norm is None else layer_norm_backward(*norm, grad_y)
+        out = {}
+        for i in reversed(range(len(names))):
+            out[names[i]] = (g, inputs[names[i]])
+            if i > 0:
+                g = transposed(names[i], g) * rt.memory.activation_grad(pre[i - 1])
+        return out
+
+
+class _GatedMLP:
+    """M(x) = W_1 (act(W_2 x) * W_3 x)."""
+
+    @staticmethod
+    def forward(rt: Runtime, linear: Linear, x: torch.Tensor):
+        a, b = linear("W2", x), linear("W3", x)
+        h = rt.memory.activation(a) * b
+        return linear("W1", h), (x, a, b, h)
+
+    @staticmethod
+    def factors(rt: Runtime, transposed: Linear, cache, grad_y: torch.Tensor):
+        x, a, b, h = cache
+        g_h = transposed("W1", grad_y)
+        g_a = g_h * b * rt.memory.activation_grad(a)
+        g_b = g_h * rt.memory.activation(a)
+        return {"W1": (grad_y, h), "W2": (g_a, x), "W3": (g_b, x)}
+
+
+NETWORKS = {"mlp": _MLP, "gated_mlp": _GatedMLP}
