@@ -16,11 +16,12 @@ a random linear functional of both, w.r.t. q, k, v, gates and the initial state)
 Titans' rule on a matrix memory has no fla reference (fla's `titans/naive.py` adds a LayerNorm
 and a residual target), so it is checked against the paper's formula alone.
 
-Chunk sizes above 1: the chunk backend takes every gradient at the chunk-start state (docs/
-chunking.md), which is not the delta rule's exact recurrence, so only the dot-product (Hebbian)
-models, whose gradient does not depend on the state, are asserted equal there. (Measured on
-these inputs against fla's exact recurrence, relative RMS of the outputs at b = 16 / 64:
-DeltaNet 0.20 / 0.37, Gated DeltaNet 0.13 / 0.15.)
+Chunk sizes above 1: here only the dot-product (Hebbian) models, whose gradient does not
+depend on the state, so every chunk form equals the recurrence. The delta-rule models at
+chunk 64 (the exact chunk form, `chunk_mode="auto"`) against fla's recurrences and chunked
+forms, the momentum delta rule included, are tests/test_exact_fla.py and
+tests/test_exact_chunk.py; the chunk-start form (`chunk_mode="start"`) is a different model
+for them (docs/chunking.md).
 
 Nonparametric memory (softmax attention, SWA) is checked against `softmax(q k^T + mask) v`
 written out in float64 with an explicit causal band mask (the runtime calls SDPA; the oracle
@@ -361,7 +362,7 @@ def test_titans_momentum_matrix_matches_paper(backend):
 def test_hebbian_models_match_fla_at_any_chunk_size(name, chunk_size):
     """The dot-product bias's gradient -v k^T does not depend on the state, so the chunk-start
     semantics coincide with the recurrence: exact for every chunk size (T = 63 leaves a partial
-    chunk). The delta-rule models differ from fla's exact chunked forms at b > 1 by design."""
+    chunk). The delta-rule models at b > 1: tests/test_exact_fla.py."""
     model = MODELS[name]
     rule = miras.compile(model.spec)
     q, k, v, gates, init, leaves = make_inputs(rule, seed=4)
