@@ -142,16 +142,13 @@ def join(device: str | None, timeout: float = RANK_TIMEOUT) -> tuple[Ranks, torc
     """This process's ranks and device. Under torchrun (WORLD_SIZE > 1) the process group is
     made here, with `timeout` seconds for any collective, on gloo for the CPU and nccl for
     CUDA (each rank on GPU LOCAL_RANK); a group the caller made already is used as it is."""
+    chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if not launched():
-        return Ranks(), torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    kind = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type
-    owns = not dist.is_initialized()
+        return Ranks(), chosen
+    kind, owns = chosen.type, not dist.is_initialized()
     if kind == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        chosen = torch.device("cuda", local)
-    else:
-        chosen = torch.device(kind)
+        chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(chosen)
     if owns:
         if timeout <= 0:
             raise ValueError(f"rank_timeout: expected seconds > 0, got {timeout}")
