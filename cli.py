@@ -330,15 +330,20 @@ def train(
         raise _interrupted(stop, ctx) from None
     except RuntimeError as error:
         raise _rank_failed(error, ctx) from None
+    if os.environ.get("RANK", "0") != "0":
+        return  # under torchrun, rank 0 reports (every rank has the same result)
     out.print(f"{loaded.name} on {task}: step {result.steps}", highlight=False)
     _print_metrics(result.metrics)
     out.print(f"run directory: {directory}", highlight=False)
 
 
 def _interrupted(stop: KeyboardInterrupt, ctx: typer.Context) -> typer.Exit:
-    """Ctrl-C: where the checkpoint is and the command that resumes it; exit code 130."""
+    """Ctrl-C: where the checkpoint is and the command that resumes it; exit code 130. Under
+    torchrun every rank stops at the same step and rank 0 alone says so."""
     from miras.training import TrainingInterrupted
 
+    if os.environ.get("RANK", "0") != "0":
+        return typer.Exit(130)
     if isinstance(stop, TrainingInterrupted) and stop.checkpoint is not None:
         err.print(str(stop), highlight=False, markup=False)
         err.print(
