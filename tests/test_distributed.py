@@ -92,6 +92,10 @@ def test_two_ranks_reach_what_one_process_reaches_with_the_same_global_batch(tmp
         p.start()
     for p in ranks:
         p.join(120)
+    for p in ranks:
+        if p.is_alive():  # hung: end it so the test fails instead of waiting
+            p.kill()
+            p.join()
     assert [p.exitcode for p in ranks] == [0, 0]
     for r in range(2):  # each rank took its loss over its half of every global batch
         assert json.loads((tmp_path / f"rows{r}").read_text()) == [4] * 20
