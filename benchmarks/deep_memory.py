@@ -1,14 +1,17 @@
-"""Deep (MLP) memories at training sizes: tokens/s and peak RSS of forward+backward, before and
-after the chunk-bounded backward (issue 13; docs/chunking.md, "Bounded memory for deep rules").
+"""Deep (MLP) memories at training sizes: tokens/s and peak RSS of forward+backward, for each
+way the chunk-start form runs (issue 13; docs/chunking.md, "The dual form" and "Bounded memory
+for deep rules").
 
     .venv/bin/python benchmarks/deep_memory.py [--specs titans memora moneta atlas]
-        [--lengths 1024 2048] [--paths bounded storing] [--titans-pytorch] [--threads 2]
+        [--lengths 1024 2048] [--paths auto bounded storing] [--titans-pytorch] [--threads 2]
 
 A `MirasLayer` from `specs/<name>.yaml` (the spec's own memory: depth 2, expansion 4) at
 d_model 256, 4 heads of 64, chunk 16, B = 2, float32; one forward + backward of `sum(y * w)`
-with x requiring grad. "storing" is the previous general path (autograd keeps every token's
-weights: `miras.runtime.chunk.recomputes` patched to False), "bounded" the default (only
-chunk-start states kept, one chunk recomputed at a time in the backward).
+with x requiring grad. "auto" is the layer's default (`chunk_mode="auto"`: the dual form where
+the compiler recorded it, titans; the bounded per-token path otherwise; the table names the
+form), "bounded" the per-token path (`chunk_mode="start"`: only chunk-start states kept, one
+chunk recomputed at a time in the backward), "storing" the per-token path before that
+(autograd keeps every token's weights: `miras.runtime.chunk.recomputes` patched to False).
 
 Each case runs alone in a fresh subprocess (so its peak is its own): `peak` is
 `resource.getrusage(RUSAGE_SELF).ru_maxrss` after the run, `base` the RSS just before it
@@ -18,11 +21,13 @@ system when freed: under glibc's default (a threshold that grows with the frees)
 tensors a chunk frees stay in the heap, fragmented, and ru_maxrss reports several times the
 memory alive (titans bounded, T = 2048: 2313 MiB peak against 700 MiB with the threshold).
 The threshold costs time (every large allocation is a fresh mmap: page faults, 2-3x slower
-here), so read tokens/s from a `--mmap-threshold 0` run and peaks from a default one. One timed run per case; a miras layer is compiled and
-run once on one chunk without gradients before the clock starts. With `--titans-pytorch`,
-titans-pytorch's `NeuralMemory(dim=256, heads=4, dim_head=64, chunk_size=16, momentum=True,
-default_model_kwargs={"depth": 2, "expansion_factor": 4})` runs the same way (the `benchmark`
-extra of pyproject.toml; not a runtime dependency).
+here), so read tokens/s from a `--mmap-threshold 0` run and peaks from a default one. One timed
+run per case; a miras layer is compiled and run once on one chunk without gradients before the
+clock starts. "CPU s" is the process's CPU time over the same call (`time.process_time`): on a
+machine shared with other jobs, wall time also counts the time the process waited for a core.
+With `--titans-pytorch`, titans-pytorch's `NeuralMemory(dim=256, heads=4, dim_head=64,
+chunk_size=16, momentum=True, default_model_kwargs={"depth": 2, "expansion_factor": 4})` runs
+the same way (the `benchmark` extra of pyproject.toml; not a runtime dependency).
 """
 
 from __future__ import annotations
@@ -64,16 +69,20 @@ def build(case: str, path: str):
             momentum=True,
             default_model_kwargs={"depth": 2, "expansion_factor": 4.0},
         )
-        return lambda x: mem(x)[0]
+        return (lambda x: mem(x)[0]), "-"
     from miras.models import MirasLayer
     from miras.runtime import chunk
 
     if path == "storing":
         chunk.recomputes = lambda rt: False
-    layer = MirasLayer(ROOT / "specs" / f"{case}.yaml", D_MODEL, HEADS, chunk_size=CHUNK)
+    mode = "auto" if path == "auto" else "start"
+    layer = MirasLayer(
+        ROOT / "specs" / f"{case}.yaml", D_MODEL, HEADS, chunk_size=CHUNK, chunk_mode=mode
+    )
     with torch.no_grad():  # compiles the rule and warms the imports outside the clock
         layer(torch.zeros(1, CHUNK, D_MODEL))
-    return lambda x: layer(x)[0]
+    form = layer.rule.plan.chunk_form.form if path == "auto" else "start"
+    return (lambda x: layer(x)[0]), form
 
 
 def one(case: str, path: str, length: int, threads: int) -> dict:
@@ -81,20 +90,23 @@ def one(case: str, path: str, length: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    fn = build(case, path)
+    fn, form = build(case, path)
     x = torch.randn(BATCH, length, D_MODEL, requires_grad=True)
     w = torch.randn(BATCH, length, D_MODEL)
     base = rss_mib()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     (fn(x) * w).sum().backward()
     seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return {
         "case": case,
         "path": path,
+        "form": form,
         "T": length,
         "seconds": seconds,
         "tokens_per_s": BATCH * length / seconds,
+        "cpu_seconds": cpu_seconds,
         "base_mib": base,
         "peak_mib": peak,
     }
@@ -104,7 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--specs", nargs="+", default=["titans", "memora", "moneta", "atlas"])
     parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048])
-    parser.add_argument("--paths", nargs="+", default=["bounded", "storing"])
+    parser.add_argument("--paths", nargs="+", default=["auto", "bounded"])
     parser.add_argument("--titans-pytorch", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
@@ -127,8 +139,8 @@ def main() -> None:
     print(
         f"# load average at start: {os.getloadavg()}; MALLOC_MMAP_THRESHOLD_ {args.mmap_threshold}"
     )
-    print("| layer | path | T | s | tokens/s | base MiB | peak MiB |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| layer | path (form) | T | s | tokens/s | CPU s | base MiB | peak MiB |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for case, path, length in cases:
         cmd = [sys.executable, __file__, "--one", case, path, str(length)]
         cmd += ["--threads", str(args.threads)]
@@ -138,12 +150,13 @@ def main() -> None:
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         if done.returncode != 0:
             tail = done.stderr.strip().splitlines()[-1:] or ["(no message)"]
-            print(f"| {case} | {path} | {length} | failed: {tail[0]} | | | |")
+            print(f"| {case} | {path} | {length} | failed: {tail[0]} | | | | |")
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
         print(
-            f"| {case} | {path} | {length} | {r['seconds']:.1f} | {r['tokens_per_s']:.0f} "
-            f"| {r['base_mib']:.0f} | {r['peak_mib']:.0f} |",
+            f"| {case} | {path} ({r['form']}) | {length} | {r['seconds']:.1f} "
+            f"| {r['tokens_per_s']:.0f} | {r['cpu_seconds']:.1f} | {r['base_mib']:.0f} "
+            f"| {r['peak_mib']:.0f} |",
             flush=True,
         )
     print(f"# load average at end: {os.getloadavg()}")
