@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import warnings
 from pathlib import Path
 
 import torch
@@ -35,7 +34,6 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(1)
-    warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
     spec = miras.load_spec(args.spec).normalized()
     spec["model"] = {**spec["model"], "d_model": args.d_model, "n_heads": 2, "chunk_size": 4}
     task = make_task("mqar", seq_len=16, num_pairs=2, vocab_size=32)

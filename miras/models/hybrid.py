@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from miras.models.layer import MirasLayer
+from miras.models.layer import MirasLayer, Norm
 from miras.models.mixers import Attention, rotary, visible_keys
 from miras.models.padding import Cache, rows_alone, select_rows
 
@@ -29,7 +29,7 @@ class GatedSum(nn.Module):
     def __init__(self, d_model: int):
         super().__init__()
         self.gate = nn.Linear(d_model, d_model, bias=False)
-        self.norm_a, self.norm_b = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
+        self.norm_a, self.norm_b = Norm(d_model), Norm(d_model)  # float32 under autocast
 
     def forward(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         g = torch.sigmoid(self.gate(x))

@@ -147,11 +147,23 @@ class GateMaps(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         if not self.infos:
             return {}
-        raw = self.up(self.down(x)).unflatten(-1, (len(self.infos), self.n_heads))
-        return {
-            info.name: squash(raw[..., i, :], info.allowed, GATE_CEILING.get(info.name))
-            for i, info in enumerate(self.infos)
-        }
+        # In the parameters' precision (float32) even under bf16 autocast: with 8 significant
+        # bits a decay of 0.999 rounds to 1.0 and the memory would never forget.
+        with torch.autocast(x.device.type, enabled=False):
+            raw = self.up(self.down(x.to(self.up.weight.dtype)))
+            raw = raw.unflatten(-1, (len(self.infos), self.n_heads))
+            return {
+                info.name: squash(raw[..., i, :], info.allowed, GATE_CEILING.get(info.name))
+                for i, info in enumerate(self.infos)
+            }
+
+
+class Norm(nn.RMSNorm):
+    """RMSNorm in its weight's precision: a bf16 input (autocast's output) is cast up first, so
+    the norm is float32 under bf16 training as in fp32 and input and weight types agree."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to(self.weight.dtype))
 
 
 def _param_name(state_name: str) -> str:
@@ -257,7 +269,7 @@ class MirasLayer(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.conv = ShortConv(3 * d_model, conv_size)
         self.gates = GateMaps(self.rule.plan.gates, d_model, n_heads, gate_rank)
-        self.out_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        self.out_norm = Norm(self.head_dim, eps=1e-6)
         self.out_gate = nn.Linear(d_model, d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
         self.state0 = LearnedState(self.rule, n_heads, self.head_dim, self.head_dim)
@@ -282,7 +294,10 @@ class MirasLayer(nn.Module):
     def memory_inputs(self, x: torch.Tensor, conv_cache: torch.Tensor | None):
         """q, k [B, T, H, Dk] (l2-normalized), v [B, T, H, Dv], gates, and the conv cache."""
         qkv, conv_cache = self.conv(self.qkv(x), conv_cache)
-        q, k, v = (self.split_heads(t) for t in qkv.chunk(3, dim=-1))
+        # The rule's inputs in the parameters' precision (float32): under bf16 autocast the
+        # projections are bf16 products, cast up exactly, to meet the float32 gates.
+        dtype = self.qkv.weight.dtype
+        q, k, v = (self.split_heads(t).to(dtype) for t in qkv.chunk(3, dim=-1))
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         return q, k, v, self.gates(x), conv_cache
 
