@@ -4,6 +4,7 @@ for deep rules").
 
     .venv/bin/python benchmarks/deep_memory.py [--specs titans memora moneta atlas]
         [--lengths 1024 2048] [--paths auto bounded storing] [--titans-pytorch] [--threads 2]
+        [--flush-denormal]
 
 A `MirasLayer` from `specs/<name>.yaml` (the spec's own memory: depth 2, expansion 4) at
 d_model 256, 4 heads of 64, chunk 16, B = 2, float32; one forward + backward of `sum(y * w)`
@@ -85,10 +86,11 @@ def build(case: str, path: str):
     return (lambda x: layer(x)[0]), form
 
 
-def one(case: str, path: str, length: int, threads: int) -> dict:
+def one(case: str, path: str, length: int, threads: int, flush_denormal: bool) -> dict:
     import torch
 
     torch.set_num_threads(threads)
+    torch.set_flush_denormal(flush_denormal)
     torch.manual_seed(0)
     fn, form = build(case, path)
     x = torch.randn(BATCH, length, D_MODEL, requires_grad=True)
@@ -125,11 +127,17 @@ def main() -> None:
         default=65536,
         help="MALLOC_MMAP_THRESHOLD_ for each case (bytes; 0: glibc's default)",
     )
+    parser.add_argument(
+        "--flush-denormal",
+        action="store_true",
+        help="torch.set_flush_denormal(True) in each case (both sides): denormal floats in the "
+        "decayed states otherwise slow the later chunks of a long sequence",
+    )
     parser.add_argument("--one", nargs=3, metavar=("CASE", "PATH", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         case, path, length = args.one
-        print(json.dumps(one(case, path, int(length), args.threads)))
+        print(json.dumps(one(case, path, int(length), args.threads, args.flush_denormal)))
         return
 
     cases = [(s, p, t) for t in args.lengths for s in args.specs for p in args.paths]
@@ -138,12 +146,13 @@ def main() -> None:
     print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {platform.processor()}")
     print(
         f"# load average at start: {os.getloadavg()}; MALLOC_MMAP_THRESHOLD_ {args.mmap_threshold}"
+        f"; threads {args.threads}; flush denormals {args.flush_denormal}"
     )
     print("| layer | path (form) | T | s | tokens/s | CPU s | base MiB | peak MiB |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for case, path, length in cases:
         cmd = [sys.executable, __file__, "--one", case, path, str(length)]
-        cmd += ["--threads", str(args.threads)]
+        cmd += ["--threads", str(args.threads)] + ["--flush-denormal"] * args.flush_denormal
         env = dict(os.environ)
         if args.mmap_threshold:
             env["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
