@@ -98,7 +98,7 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
     # come after every token they could touch).
     def steps(component, name: str) -> torch.Tensor:
         g = _gate(component, name, seq.step_gates, seq.phi_q)
-        return F.pad(g, (0, 0, 0, pad), value=1.0).unflatten(2, (chunks, n))
+        return _pad_tokens(g, pad, 1.0).unflatten(2, (chunks, n))
 
     opt, retention = spec.optimizer, spec.retention
     lr = steps(opt, "lr")
@@ -109,7 +109,7 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
     slope, offset = _signals(rt, form, seq)
     keys = _window_rows(seq.phi_k, past, c, chunks, n, pad)
     slope, offset = (_window_rows(z, past, c, chunks, n, pad) for z in (slope, offset))
-    queries = F.pad(seq.phi_q, (0, 0, 0, pad)).unflatten(2, (chunks, n))
+    queries = _pad_tokens(seq.phi_q, pad).unflatten(2, (chunks, n))
 
     like = lr[..., :1]  # [B, H, N, n, 1]
     a = decay if decay is not None else torch.ones_like(like)
@@ -131,7 +131,10 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
     per_head = mix_lr.shape[3] == 1 and slope.shape[-1] == 1
     if solve:
         # K over (t, j') x (s, j): rho_t M[t-1, s] lr_s times the keys' Gram matrix; T = I + A K.
-        k_tok = _rows(rho).unsqueeze(-1) * _shift_rows(mix_lr)  # [B, H, N, X, n, n]
+        if theta is None and rt.retained_gradient:  # a_t L^a[t-1, s] = L^a[t, s], s < t
+            k_tok = mix_lr * _lower(n, True, str(mix_lr.device))
+        else:
+            k_tok = _rows(rho).unsqueeze(-1) * _shift_rows(mix_lr)  # [B, H, N, X, n, n]
         gram_kk = (keys @ keys.transpose(-1, -2)).unsqueeze(3)  # [B, H, N, 1, nc, nc]
         system = _expand_rows(_expand_cols(k_tok, c), c) * gram_kk * _rows(slope).unsqueeze(-1)
         # R = base + E_W W_0^T - E_S S_0^T, with base = T^-1 C and E = T^-1 diag(A coef) X.
@@ -339,7 +342,12 @@ def read(prep: Prepared, r: torch.Tensor, starts_w: torch.Tensor, starts_s: torc
     """
     queries, keys = prep.queries, prep.keys
     read_mix = _expand_cols(prep.mix_lr, prep.c) * (queries @ keys.mT).unsqueeze(3)
-    o = prep.d * (queries @ starts_w.mT) - _mix(read_mix, r)
+    o = prep.d * (queries @ starts_w.mT)
+    if read_mix.shape[3] == 1:  # o -= read_mix r in place of a new tensor
+        o = torch.baddbmm(o.flatten(0, 2), read_mix.flatten(0, 3), r.flatten(0, 2), alpha=-1)
+        o = o.unflatten(0, r.shape[:3])
+    else:
+        o = o - _mix(read_mix, r)
     if starts_s is not None:
         o = o - prep.carry * (queries @ starts_s.mT)
     return o.flatten(2, 3)[:, :, : prep.length]
@@ -377,15 +385,22 @@ def _signals(rt: Runtime, form: ChunkForm, seq: Tokens):
         width = max((g.shape[-1] for g in args), default=1)
         zero = v.new_zeros(*v.shape[:-1], width)
         slope = grad(zero + 1, zero, *args) - grad(zero, zero, *args)
-    gamma = _gate(rt.spec.window, "gamma", seq.window_gates, v)
+    if rt.spec.window.gamma == "gate":
+        gamma = seq.window_gates["gamma"]
+        slope, offset = slope * gamma, offset * gamma
+    elif float(rt.spec.window.gamma) != 1.0:
+        gamma = float(rt.spec.window.gamma)
+        slope, offset = slope * gamma, offset * gamma
+    if seq.past == 0:  # every slot holds a token
+        return slope, offset
     live = seq.valid > 0  # selected, not multiplied: an empty slot contributes exactly 0
-    return torch.where(live, slope * gamma, 0.0), torch.where(live, offset * gamma, 0.0)
+    return torch.where(live, slope, 0.0), torch.where(live, offset, 0.0)
 
 
 def _window_rows(z: torch.Tensor, past: int, c: int, chunks: int, n: int, pad: int):
     """[B, H, P+T, D] (the window arrays) -> [B, H, N, n*c, D]: row t*c + j of chunk m holds
     token m*n + t - j; zero rows past the end."""
-    z = F.pad(z, (0, 0, 0, pad))
+    z = _pad_tokens(z, pad)
     if c == 1:
         return z.unflatten(2, (chunks, n))
     return z[:, :, _window_index(past, c, chunks, n, str(z.device))].unflatten(2, (chunks, n * c))
@@ -416,6 +431,11 @@ def _decay_matrix(f: torch.Tensor) -> torch.Tensor:
 def _rows(z: torch.Tensor) -> torch.Tensor:
     """[.., n, X] -> [.., X, n]."""
     return z.movedim(-1, -2)
+
+
+def _pad_tokens(z: torch.Tensor, pad: int, fill: float = 0.0) -> torch.Tensor:
+    """`pad` rows of `fill` after the tokens (axis 2); no copy when there are none."""
+    return F.pad(z, (0, 0, 0, pad), value=fill) if pad else z
 
 
 def _shift(z: torch.Tensor, fill: float) -> torch.Tensor:
