@@ -104,7 +104,10 @@ def replicate(
 ) -> dict[str, float]:
     """One seed's metrics: the final evaluation and throughput (when the study trains), the
     parameter count, and each probe objective. `prunes`: report evaluations to the pruner."""
-    from miras.training import train  # torch and the models: only in processes that train
+    import torch  # torch and the models: only in processes that train
+
+    from miras.distributed import train_on_ranks
+    from miras.training import train
 
     first = study.metrics[0]
     prunes = prunes and not study.multi_objective and study.pruner_def().kind != "none"
@@ -122,7 +125,18 @@ def replicate(
     if study.trains:
         began = time.perf_counter()
         try:
-            result = train(spec, task, **args, callback=report, progress=False)
+            if study.ranks > 1:  # torchrun in a subprocess (docs/search.md, "Several ranks")
+                result = train_on_ranks(
+                    spec.normalized(),
+                    study.task.name,
+                    study.task.options,
+                    args,
+                    ranks=study.ranks,
+                    threads=torch.get_num_threads(),
+                    callback=report,
+                )
+            else:
+                result = train(spec, task, **args, callback=report, progress=False)
         except TrainingDiverged as err:
             trial.set_user_attr("reason", f"diverged (seed {seed}): {err}")
             raise optuna.TrialPruned(str(err)) from None

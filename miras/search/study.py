@@ -179,7 +179,12 @@ class StudyDef(BaseModel):
 
     @cached_property
     def train_space(self) -> Node:
-        return parse(self.train, "train", name="train")[0]
+        return parse(_settings(self.train), "train", name="train")[0]
+
+    @property
+    def ranks(self) -> int:
+        """Processes that train each trial (`train.ranks`; torchrun, docs/search.md)."""
+        return self.train.get("ranks", 1)
 
     @property
     def directions(self) -> list[str]:
@@ -213,6 +218,7 @@ class StudyDef(BaseModel):
         storage made from another definition is not resumed with this one."""
         keep = ("task", "spec", "train", "objectives", "sampler", "pruner")
         data = self.model_dump(mode="json", include=set(keep))
+        data["train"] = _settings(data["train"])  # the ranks change how a trial runs, not what
         data["sampler"], data["pruner"] = (
             self.sampler_def().model_dump(mode="json"),
             self.pruner_def().model_dump(mode="json"),
@@ -264,8 +270,32 @@ def _validate(data: dict[str, Any], source: str) -> StudyDef:
     return study
 
 
+def _settings(train: dict[str, Any]) -> dict[str, Any]:
+    """The `train:` section without `ranks`: the training settings (miras.TrainConfig)."""
+    return {name: value for name, value in train.items() if name != "ranks"}
+
+
+def _ranks_problems(train: dict[str, Any]) -> list[Problem]:
+    """`ranks`: a fixed integer >= 1 that splits a fixed batch_size evenly."""
+    if "ranks" not in train:
+        return []
+    ranks, batch = train["ranks"], train.get("batch_size", TrainConfig().batch_size)
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        message = f"expected an integer >= 1 (processes per trial, not searched), got {ranks!r}"
+        return [Problem("train.ranks", message)]
+    if isinstance(batch, int) and batch % ranks:
+        message = (
+            f"the global batch_size {batch} does not split across {ranks} ranks; "
+            f"use a batch_size that is a multiple of {ranks}"
+        )
+        return [Problem("train.ranks", message)]
+    return []
+
+
 def _check_templates(spec: dict[str, Any], train: dict[str, Any]) -> list[Problem]:
     spec_node, problems = parse(spec, "spec")
+    problems += _ranks_problems(train)
+    train = _settings(train)
     train_node, found = parse(train, "train", name="train")
     problems += found  # malformed distributions; the probes leave them out
     if "name" in spec:
