@@ -123,9 +123,22 @@ class GateMaps(nn.Module):
 
     x [B, T, D] -> {name: [B, T, H]}, one entry per `rule.plan.gates`."""
 
-    def __init__(self, gates: tuple[GateInfo, ...], d_model: int, n_heads: int, rank: int):
+    def __init__(
+        self,
+        gates: tuple[GateInfo, ...],
+        d_model: int,
+        n_heads: int,
+        rank: int,
+        summed_steps: int = 1,
+    ):
+        """`summed_steps`: how many tokens' gradients the chunk form takes at one state (the
+        chunk size in the chunk-start and dual forms, 1 in the exact form); the learning rate
+        starts at GATE_START / summed_steps, so a chunk's summed step starts as large as one
+        token's. At 0.5 per token, Titans' MLP memory with momentum diverged to NaN within 224
+        tokens at chunk 16 on random inputs (keys after SiLU share a direction, so the 16
+        gradients add up)."""
         super().__init__()
-        self.infos, self.n_heads = gates, n_heads
+        self.infos, self.n_heads, self.summed_steps = gates, n_heads, summed_steps
         if not gates:
             return
         self.down = nn.Linear(d_model, rank, bias=False)
@@ -141,6 +154,8 @@ class GateMaps(nn.Module):
             ceiling = GATE_CEILING.get(info.name)
             for h in range(self.n_heads):
                 value = start(h) if callable(start) else start
+                if info.name == "lr":
+                    value /= self.summed_steps
                 biases.append(unsquash(value, info.allowed, ceiling))
         return torch.tensor(biases)
 
@@ -268,7 +283,8 @@ class MirasLayer(nn.Module):
         self.chunk_mode = chunk_mode
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.conv = ShortConv(3 * d_model, conv_size)
-        self.gates = GateMaps(self.rule.plan.gates, d_model, n_heads, gate_rank)
+        summed = 1 if mode == "exact" else self.chunk_size
+        self.gates = GateMaps(self.rule.plan.gates, d_model, n_heads, gate_rank, summed)
         self.out_norm = Norm(self.head_dim, eps=1e-6)
         self.out_gate = nn.Linear(d_model, d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
