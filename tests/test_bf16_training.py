@@ -6,9 +6,10 @@ Tolerance of the loss curves (seed 0, 60 steps of a tiny DeltaNet on MQAR, lr 1e
 the loss falls by about 0.58). Each projection's output is rounded to bfloat16 (8 significant
 bits), so the first losses differ by about 1e-3 and the two runs then drift apart the way two
 runs with slightly different batches do. Measured here over seeds 0-5: at most 0.005 in the
-first 10 steps, and 0.015 to 0.075 over all 60 (0.047 for seed 0). The bounds, 0.01 over the
-first 10 steps and 0.1 over all (a sixth of the fall), hold the curves to the same curve, and
-a float32 memory state rounded to bf16 or a broken autocast would show in the next test first.
+first 10 steps, and 0.010 to 0.050 over all 60 (0.030 for seed 0; with the gates in float32,
+before that 0.015 to 0.075). The bounds, 0.01 over the first 10 steps and 0.1 over all (a
+sixth of the fall), hold the curves to the same curve, and a float32 memory state rounded to
+bf16 or a broken autocast would show in the next test first.
 """
 
 from __future__ import annotations
@@ -35,11 +36,7 @@ CURVE = {"steps": 60, "batch_size": 16, "lr": 1e-2, "warmup": 5, "weight_decay":
 QUIET = {"eval_batches": 1, "progress": False}
 EARLY_TOL, CURVE_TOL = 0.01, 0.1
 
-pytestmark = [
-    pytest.mark.usefixtures("one_thread"),
-    # torch's rms_norm says it has no fused kernel for bf16 inputs with float32 weights.
-    pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight"),
-]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def task():
