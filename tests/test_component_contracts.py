@@ -159,7 +159,9 @@ class OptimizerContract:
         assert "u_t =" in text
 
     def test_backends_run_the_update(self, monkeypatch):
-        """The recurrence and the chunk-start form call `update`, and agree at chunk size 1."""
+        """The recurrence and the chunk-start form call `update`, and agree at chunk size 1.
+        (For gd and momentum an MLP memory's "auto" form is the dual form, which takes the
+        optimizer's linear form instead: tests/test_dual_form.py.)"""
         calls = []
         original = type(self.optimizer).update
 
@@ -173,7 +175,7 @@ class OptimizerContract:
         recurrent = _run(spec, "recurrent")
         assert calls, "the recurrent backend did not call the optimizer's update"
         calls.clear()
-        chunk = _run(spec, "chunk", chunk_size=1)
+        chunk = _run(spec, "chunk", chunk_size=1, chunk_mode="start")
         assert calls, "the chunk-start form did not call the optimizer's update"
         torch.testing.assert_close(chunk, recurrent, rtol=1e-12, atol=1e-12)
 
