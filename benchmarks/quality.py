@@ -6,12 +6,15 @@ validation batches, with the mean and a 95% t interval per model.
     .venv/bin/python benchmarks/quality.py --runs deltanet linear_attention --seeds 0 1
     .venv/bin/python benchmarks/quality.py --runs deltanet --step-times 4 64  # no training
 
-Not a test: about 20 minutes at the defaults on 2 cores. Zoology (Arora et al. 2023) separates
-the models when the number of key-value pairs exceeds what a head's d_k x d_v state holds
-(about d_k pairs). The defaults put NUM_PAIRS pairs in each sequence against heads of d_k =
-d_model / heads channels, so the pairs outnumber d_k; easier pair counts are mixed into
-training as Zoology does. Every run takes the same fixed number of steps, so the result does
-not depend on the machine's load; the time per step is reported beside it (it does).
+Not a test: 15 runs of 1000 steps at the defaults, about 4 minutes on a quiet 2-core machine
+(23 to 29 ms a step), 41 minutes at load averages of 7 to 12 (docs/benchmarks.md).
+
+Zoology (Arora et al. 2023) separates the models when the pairs approach or exceed what a
+head's d_k x d_v state holds (about d_k pairs, fewer when keys interfere). The defaults put 8
+pairs against heads of d_k = 8 channels (d_model 32, 4 heads, one layer), with keys drawn from
+31 tokens, so a head cannot store them on orthogonal keys; easier pair counts are mixed into
+training as Zoology does. Every run takes the same number of steps, so the result does not
+depend on the machine's load; the time per step is reported beside it (it does).
 
 A run is `MODEL` or `MODEL:CHUNK` (chunk size; default --chunk-size). The defaults add
 DeltaNet and Gated DeltaNet at chunk 4 beside chunk 64: their rules are affine in the memory,
