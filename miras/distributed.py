@@ -347,6 +347,7 @@ def _stop(process: Any) -> None:
 def _rank_main(job_file: str) -> None:
     """One rank of `train_on_ranks`: train, then rank 0 writes the result (or the error)."""
     import json
+    import traceback
 
     from miras.errors import TrainingDiverged
     from miras.tasks import make_task
@@ -365,8 +366,10 @@ def _rank_main(job_file: str) -> None:
         answer |= {"step": error.step, "what": error.what, "value": error.value}
     except ValueError as error:
         answer = {"error": "ValueError", "message": str(error)}
-    except (RuntimeError, Terminated) as error:
-        answer = {"error": type(error).__name__, "message": str(error)}
+    except Exception as error:  # a rank that died (RankFailure) or anything unforeseen
+        traceback.print_exc()  # into the run's log
+        said = str(error) if isinstance(error, RankFailure) else f"{type(error).__name__}: {error}"
+        answer = {"error": type(error).__name__, "message": said}
     if rank == 0:
         written = Path(job["result"]).with_suffix(".part")
         written.write_text(json.dumps(answer))
