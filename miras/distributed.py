@@ -9,6 +9,10 @@ processes").
 The global batch is `batch_size`: every rank draws the same batch (a function of the task's
 seed and the step) and keeps its own rows, so R ranks of `batch_size / R` rows see exactly the
 sequences one process of `batch_size` rows sees.
+
+    result = train_on_ranks(spec, "mqar", {}, {"steps": 100}, ranks=2)   # torchrun, from here
+
+starts the ranks from a process that is not one of them (a study trial, docs/search.md).
 """
 
 from __future__ import annotations
