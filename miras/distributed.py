@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ import torch
 import torch.distributed as dist
 
 from miras.training_config import RANK_TIMEOUT
+
+LOST_RANK_WAIT = 2.0  # seconds a survivor looks for the rank that ended (`Ranks.lost`)
 
 
 class RankFailure(RuntimeError):
@@ -108,15 +111,22 @@ class Ranks:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def lost(self) -> list[int]:
+    def lost(self, wait: float = LOST_RANK_WAIT) -> list[int]:
         """The ranks on this machine whose process has ended (torchrun reaps them late, so a
-        zombie counts as ended). Ranks on other machines cannot be seen from here."""
+        zombie counts as ended). Ranks on other machines cannot be seen from here. A killed
+        rank's sockets close while it is still exiting, before /proc shows it ended, so this
+        looks again for up to `wait` seconds while it sees none gone."""
         here = socket.gethostname()
-        return [
-            rank
-            for rank, (host, pid) in enumerate(self.processes)
-            if host == here and rank != self.rank and not _alive(pid)
-        ]
+        deadline = time.monotonic() + wait
+        while True:
+            gone = [
+                rank
+                for rank, (host, pid) in enumerate(self.processes)
+                if host == here and rank != self.rank and not _alive(pid)
+            ]
+            if gone or time.monotonic() >= deadline:
+                return gone
+            time.sleep(0.05)
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
