@@ -106,7 +106,7 @@ def replicate(
     parameter count, and each probe objective. `prunes`: report evaluations to the pruner."""
     import torch  # torch and the models: only in processes that train
 
-    from miras.distributed import train_on_ranks
+    from miras.launcher import train_on_ranks
     from miras.training import train
 
     first = study.metrics[0]
