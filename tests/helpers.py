@@ -1,4 +1,5 @@
-"""Shared test inputs: random q, k, v and in-range gates for a compiled rule."""
+"""Shared test inputs (random q, k, v and in-range gates for a compiled rule) and a chunk run
+with the gradients of every input."""
 
 from __future__ import annotations
 
@@ -29,3 +30,30 @@ def random_inputs(
         else:
             gates[info.name] = 0.1 + 0.4 * r  # a learning rate, threshold, scale
     return q, k, v, gates
+
+
+def chunk_grads(rule, q, k, v, gates, init, params, *, chunk_size, chunk_mode):
+    """o, the final state and the gradients of a random projection of both, w.r.t. q, k, v,
+    every gate, every initial state and every param (None where unused), named."""
+    leaves = [q, k, v, *gates.values(), *init.values(), *params.values()]
+    for x in leaves:
+        x.requires_grad_(True)
+    o, final = rule(
+        q,
+        k,
+        v,
+        gates,
+        backend="chunk",
+        chunk_mode=chunk_mode,
+        chunk_size=chunk_size,
+        initial_state=init,
+        output_final_state=True,
+        params=params,
+    )
+    gen = torch.Generator().manual_seed(9)
+    loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
+    for s in final.values():
+        loss = loss + (s * torch.randn(s.shape, generator=gen, dtype=s.dtype)).sum()
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    names = ["q", "k", "v", *gates, *(f"state {n}" for n in init), *params]
+    return o, final, dict(zip(names, grads, strict=True))

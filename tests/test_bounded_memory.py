@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import random_inputs
+from helpers import chunk_grads, random_inputs
 
 import miras
 from miras.runtime import chunk
@@ -54,27 +54,10 @@ def run_with_grads(rule, t_len, chunk_size):
         n: (s + 0.01 if n.startswith("S.") else s).detach().requires_grad_(True)
         for n, s in init.items()
     }
-    leaves = [q, k, v, *gates.values(), *init.values(), *params.values()]
-    for x in leaves:
-        x.requires_grad_(True)
-    o, final = rule(
-        q,
-        k,
-        v,
-        gates,
-        backend="chunk",
-        chunk_mode="start",
-        chunk_size=chunk_size,
-        initial_state=init,
-        output_final_state=True,
-        params=params,
+    o, final, grads = chunk_grads(
+        rule, q, k, v, gates, init, params, chunk_size=chunk_size, chunk_mode="start"
     )
-    gen = torch.Generator().manual_seed(9)
-    loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
-    for s in final.values():
-        loss = loss + (s * torch.randn(s.shape, generator=gen, dtype=s.dtype)).sum()
-    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-    return o, final, grads
+    return o, final, list(grads.values())
 
 
 @pytest.mark.parametrize("name", ["titans", "memora", "moneta", "atlas", "gated_momentum"])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import random_inputs
+from helpers import chunk_grads, random_inputs
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import miras
@@ -64,28 +64,7 @@ def run_with_grads(rule, mode, t_len, chunk_size):
         n: (s + 0.01 if n.startswith("S.") else w_scale * s).requires_grad_(True)
         for n, s in rule.initial_state(2, 2, 4, 4, torch.float64).items()
     }
-    leaves = [q, k, v, *gates.values(), *init.values(), *params.values()]
-    for x in leaves:
-        x.requires_grad_(True)
-    o, final = rule(
-        q,
-        k,
-        v,
-        gates,
-        backend="chunk",
-        chunk_mode=mode,
-        chunk_size=chunk_size,
-        initial_state=init,
-        output_final_state=True,
-        params=params,
-    )
-    gen = torch.Generator().manual_seed(9)
-    loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
-    for s in final.values():
-        loss = loss + (s * torch.randn(s.shape, generator=gen, dtype=s.dtype)).sum()
-    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-    names = ["q", "k", "v", *gates, *(f"state {n}" for n in init), *params]
-    return o, final, dict(zip(names, grads, strict=True))
+    return chunk_grads(rule, q, k, v, gates, init, params, chunk_size=chunk_size, chunk_mode=mode)
 
 
 @pytest.mark.parametrize("name", list(CASES))
