@@ -20,7 +20,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import socket
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -129,12 +131,43 @@ def run_worker(options: WorkerOptions, on_trial: Callable[[], None] | None = Non
     previous = torch.get_num_threads()
     torch.set_num_threads(options.threads)
     try:
-        return _run_worker(options, on_trial)
+        with _CtrlC() as ctrl_c:
+            return _run_worker(options, on_trial, ctrl_c)
     finally:
         torch.set_num_threads(previous)  # an in-process search leaves the caller's setting
 
 
-def _run_worker(options: WorkerOptions, on_trial: Callable[[], None] | None) -> Counts:
+class _CtrlC:
+    """Ctrl-C still raises KeyboardInterrupt at once, and is also remembered (`seen`): Python
+    drops an exception raised while it runs a weakref callback or a `__del__` (SQLAlchemy's
+    class registry has one), so a Ctrl-C that lands there would let the trial run on to the
+    end. The worker checks `seen` after each trial and between trials. Active only in the main
+    thread, under Python's default handler."""
+
+    def __init__(self):
+        self.seen = False
+        self.previous: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> _CtrlC:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def _run_worker(
+    options: WorkerOptions, on_trial: Callable[[], None] | None, ctrl_c: _CtrlC
+) -> Counts:
     study = resolve_directions(load_study(options.study))
     storage = open_storage(options.storage, study.heartbeat.interval, study.heartbeat.grace)
     handle = open_study(study, storage, options.name)
@@ -149,7 +182,10 @@ def _run_worker(options: WorkerOptions, on_trial: Callable[[], None] | None) -> 
             trial.set_user_attr("reason", "over budget: another worker took the last trial")
             raise OverBudget(f"trial {trial.number} is over the budget of {options.trials}")
         try:
-            return run_trial(study, task, trial)
+            value = run_trial(study, task, trial)
+            if ctrl_c.seen:  # a Ctrl-C whose KeyboardInterrupt Python dropped
+                raise KeyboardInterrupt
+            return value
         except KeyboardInterrupt:
             trial.set_user_attr("reason", "interrupted (Ctrl-C)")
             raise
@@ -161,6 +197,8 @@ def _run_worker(options: WorkerOptions, on_trial: Callable[[], None] | None) -> 
 
     failures = 0
     while True:
+        if ctrl_c.seen:
+            raise KeyboardInterrupt
         with quiet():
             fail_stale_trials(handle)  # a dead worker's trial: failed and re-queued
         counts = count(handle.get_trials(deepcopy=False))
