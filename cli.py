@@ -600,7 +600,7 @@ def export(
         Path, typer.Option("-o", "--output", help="The spec file to write.", show_default=False)
     ],
     best: Annotated[
-        bool, typer.Option("--best", help="The best trial on the first objective.")
+        bool, typer.Option("--best", help="The best trial on the first objective (ties: the next).")
     ] = False,
     trial: Annotated[
         int | None, typer.Option(help="This trial number instead.", show_default=False)

@@ -18,7 +18,7 @@ import pandas as pd
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from miras.search.study import StudyDef
+from miras.search.study import StudyDef, objective_order
 from miras.stats import confidence_interval, welch_p
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -75,7 +75,7 @@ def leaderboard(
     trials: list[FrozenTrial], metrics: list[str], directions: list[str]
 ) -> pd.DataFrame:
     """Finished trials, best first: complete trials by the first objective's mean (ties by
-    trial number), then pruned ones. `rank` counts from 1; with several objectives, `pareto`
+    the next objectives in order, then trial number), then pruned ones. `rank` counts from 1; with several objectives, `pareto`
     marks the trials no other beats on every objective; with replicated trials, `p_vs_best`
     and `differs` compare each trial's seeds with the best trial's (`significance_data`)."""
     frame = trials_frame([t for t in trials if t.state in FINISHED], metrics)
@@ -90,10 +90,14 @@ def leaderboard(
         at = frame.columns.get_loc(f"{metrics[0]}_high") + 1  # beside the first objective
         for i, column in enumerate(("p_vs_best", "differs")):
             frame.insert(at + i, column, [tests[column].get(n) for n in frame["trial"]])
-    key = frame[metrics[0]].astype(float) * _sign(directions[0])
-    frame = frame.assign(_pruned=frame["state"] != "complete", _key=key)
-    frame = frame.sort_values(["_pruned", "_key", "trial"], na_position="last")
-    frame = frame.drop(columns=["_pruned", "_key"]).reset_index(drop=True)
+    # By the first objective's mean, ties by the next objectives in order, then trial number.
+    keys = {
+        f"_key{i}": frame[metric].astype(float) * _sign(direction)
+        for i, (metric, direction) in enumerate(zip(metrics, directions, strict=True))
+    }
+    frame = frame.assign(_pruned=frame["state"] != "complete", **keys)
+    frame = frame.sort_values(["_pruned", *keys, "trial"], na_position="last")
+    frame = frame.drop(columns=["_pruned", *keys]).reset_index(drop=True)
     frame.insert(0, "rank", range(1, len(frame) + 1))
     return frame
 
@@ -309,8 +313,8 @@ def write_report(handle: optuna.Study, study: StudyDef, out_dir: str | Path) -> 
 def pick_trial(
     trials: list[FrozenTrial], directions: list[str], number: int | None = None
 ) -> FrozenTrial:
-    """Trial `number`, or the best complete trial on the first objective (with several
-    objectives that trial is on the Pareto front: nothing beats it on the first)."""
+    """Trial `number`, or the best complete trial on the first objective, ties broken by the
+    next objectives in order (with several objectives that trial is on the Pareto front)."""
     if number is not None:
         found = [t for t in trials if t.number == number]
         if not found or "spec" not in found[0].user_attrs:
@@ -321,7 +325,7 @@ def pick_trial(
     ]
     if not done:
         raise ValueError("the study has no complete trial yet: nothing to export")
-    return min(done, key=lambda t: (_sign(directions[0]) * t.values[0], t.number))
+    return min(done, key=lambda t: (objective_order(t.values, directions), t.number))
 
 
 def export_text(trial: FrozenTrial, study: StudyDef, study_name: str, path: str) -> str:

@@ -42,7 +42,7 @@ from miras.search.storage import (
     open_study,
     quiet,
 )
-from miras.search.study import StudyDef, load_study, resolve_directions
+from miras.search.study import StudyDef, load_study, objective_order, resolve_directions
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 LIVE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
@@ -95,12 +95,11 @@ def rank(trials: list[FrozenTrial], number: int) -> int:
 
 
 def best(trials: list[FrozenTrial], directions: list[str]) -> FrozenTrial | None:
-    """The best complete trial on the first objective."""
+    """The best complete trial on the first objective (ties: the next objectives, in order)."""
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
     if not done:
         return None
-    sign = 1 if directions[0] == "minimize" else -1
-    return min(done, key=lambda t: (sign * t.values[0], t.number))
+    return min(done, key=lambda t: (objective_order(t.values, directions), t.number))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -392,6 +392,12 @@ def _probe_problems(objective: Objective, path: str) -> list[Problem]:
     ]
 
 
+def objective_order(values, directions: list[str]) -> tuple[float, ...]:
+    """A sort key that puts the better trial first: the first objective, ties broken by the
+    next ones in order (each turned so that smaller is better)."""
+    return tuple(v if d == "minimize" else -v for v, d in zip(values, directions, strict=True))
+
+
 def resolve_directions(study: StudyDef) -> StudyDef:
     """The study with every objective's direction filled in (the primary metric's from the
     task's `higher_is_better`)."""
