@@ -8,6 +8,17 @@ import torch
 from miras.components.base import HALF_OPEN_UNIT, UNIT
 from miras.runtime import per_channel_gates
 
+# A deep rule that exercises every chunk piece at once: a gated MLP memory, a gated Huber bias,
+# l2 retention, momentum and an Omega window of 2 with a gamma gate.
+GATED_MOMENTUM = {
+    "name": "gated_momentum",
+    "memory": {"kind": "gated_mlp", "expansion": 2},
+    "bias": {"kind": "huber", "delta": "gate"},
+    "retention": "l2",
+    "optimizer": "momentum",
+    "window": {"c": 2, "gamma": "gate"},
+}
+
 
 def random_inputs(
     rule, *, b=2, t=13, h=2, dk=4, dv=4, per_channel=False, seed=0, dtype=torch.float64

@@ -15,21 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import chunk_grads, random_inputs
+from helpers import GATED_MOMENTUM, chunk_grads, random_inputs
 
 import miras
 from miras.runtime import chunk
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 TOL = 1e-10
-GATED_MOMENTUM = {
-    "name": "gated_momentum",
-    "memory": {"kind": "gated_mlp", "expansion": 2},
-    "bias": {"kind": "huber", "delta": "gate"},
-    "retention": "l2",
-    "optimizer": "momentum",
-    "window": {"c": 2, "gamma": "gate"},
-}
 
 
 def compiled(name):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import chunk_grads, random_inputs
+from helpers import GATED_MOMENTUM, chunk_grads, random_inputs
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import miras
@@ -26,14 +26,7 @@ TOL = 1e-10
 CASES = {
     "titans": SPECS / "titans.yaml",  # mlp, l2 bias, l2 retention, momentum
     "yaad": SPECS / "yaad.yaml",  # residual + LN mlp, huber bias (gated delta), l2, gd
-    "gated_momentum": {
-        "name": "gated_momentum",
-        "memory": {"kind": "gated_mlp", "expansion": 2},
-        "bias": {"kind": "huber", "delta": "gate"},
-        "retention": "l2",
-        "optimizer": "momentum",
-        "window": {"c": 2, "gamma": "gate"},
-    },
+    "gated_momentum": GATED_MOMENTUM,
     "residual_retained": {  # residual + LN, three layers, the retained gradient point
         "name": "residual_retained",
         "memory": {"kind": "mlp", "depth": 3, "expansion": 2, "residual_norm": True},
