@@ -275,10 +275,9 @@ class MirasLayer(nn.Module):
         self.head_dim = d_model // n_heads
         form = self.rule.plan.chunk_form
         # A bad choice fails here, not mid-run.
-        mode = resolve_mode(chunk_mode, form, spec.name, "chunk", 1)
+        mode = resolve_mode(chunk_mode, form, spec.name)
         default = default_chunk_size(mode, spec.window.c)
         self.chunk_size = default if chunk_size is None else chunk_size
-        resolve_mode(chunk_mode, form, spec.name, backend, self.chunk_size)
         self.backend = backend
         self.chunk_mode = chunk_mode
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)

@@ -124,7 +124,7 @@ def run(
     # (chunk, with its linear fast path), "dual" (dual: MLP memories, no per-token weights);
     # the compiler's chunk_form pass recorded the form, `chunk_mode` may override it.
     form = rule.plan.chunk_form
-    mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name, backend, chunk_size)
+    mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name)
     rt = rule.runtime
     gates = check_gates(gates, rule.plan.gates, shapes, per_channel_ok=per_channel_gates(rule))
     dtype = state_dtype(q.dtype)

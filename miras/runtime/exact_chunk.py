@@ -502,10 +502,8 @@ def default_chunk_size(mode: str, window_c: int | str) -> int:
     return START_CHUNK_SIZE
 
 
-def resolve_mode(
-    chunk_mode: str, form: ChunkForm, spec_name: str, backend: str, chunk_size: int
-) -> str:
-    """`chunk_mode` -> "exact", "start" or "dual" for this spec and backend ("auto" takes the
+def resolve_mode(chunk_mode: str, form: ChunkForm, spec_name: str) -> str:
+    """`chunk_mode` -> "exact", "start" or "dual" for this spec, on every backend ("auto" takes the
     compiled form: "dual" runs the chunk-start semantics without per-token weights, and "start"
     keeps the per-token path for any spec); a ValueError naming the reason where the exact form
     is asked for and does not exist."""
