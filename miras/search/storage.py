@@ -8,6 +8,7 @@ heartbeats and retry of stale trials, and the study opened in it with its sample
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import random
 import sqlite3
@@ -61,7 +62,8 @@ def open_storage(url: str, interval: int, grace: int) -> RDBStorage:
 
     SQLite: the file's folder is created, the journal is switched to WAL (readers do not block
     the writer) and a connection waits up to a minute for a lock, so a few workers on one
-    machine can share it. PostgreSQL: a connection attempt gives up after 10 s."""
+    machine can share it; the tables are created under a lock on `<db>.lock`. PostgreSQL: a
+    connection attempt gives up after 10 s."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
@@ -74,10 +76,13 @@ def open_storage(url: str, interval: int, grace: int) -> RDBStorage:
         ) from None
     given = url  # messages name the URL as the user gave it
     engine_kwargs: dict[str, Any] = {}
+    lock: Path | None = None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        lock = Path(f"{parsed.database}.lock")
         try:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-            _sqlite_wal(parsed.database)
+            with _schema_lock(lock):  # two first switches to WAL at once: 'database is locked'
+                _sqlite_wal(parsed.database)
         except (OSError, sqlite3.Error) as err:
             raise SearchError(f"storage: cannot open {parsed.database}: {err}") from None
         engine_kwargs["connect_args"] = {"timeout": 60}
@@ -89,7 +94,7 @@ def open_storage(url: str, interval: int, grace: int) -> RDBStorage:
             url = parsed.set(drivername="postgresql+psycopg2").render_as_string(False)
     for attempt in range(5):
         try:
-            with quiet():
+            with quiet(), _schema_lock(lock):
                 return RDBStorage(
                     url,
                     engine_kwargs=engine_kwargs,
@@ -98,8 +103,9 @@ def open_storage(url: str, interval: int, grace: int) -> RDBStorage:
                     **_retry_callback(),
                 )
         except (IntegrityError, ProgrammingError):
-            # Workers that start together on an empty database race to create Optuna's
-            # tables; the losers find them there on a second look.
+            # PostgreSQL (SQLite holds the lock instead): workers that start together on an
+            # empty database race to create Optuna's tables; the losers find them on a second
+            # look.
             if attempt == 4:
                 raise
             time.sleep(0.5 + random.random())
@@ -107,6 +113,23 @@ def open_storage(url: str, interval: int, grace: int) -> RDBStorage:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise SearchError(f"storage: cannot open {masked(given)}: {first}") from None
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _schema_lock(path: Path | None) -> Iterator[None]:
+    """Held while Optuna's RDBStorage creates its tables, for SQLite (`path` is `<db>.lock`).
+
+    The constructor checks for each table and then creates it, outside one transaction: two
+    workers started together on a fresh file both find a table missing and the second CREATE
+    fails (`table studies already exists`). An exclusive flock on a file beside the database
+    makes the check-and-create one step per worker; the second finds the tables made. flock
+    locks belong to the open file, so threads with their own engines are serialized too."""
+    if path is None:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+        yield
 
 
 def _retry_callback() -> dict[str, Any]:
