@@ -28,6 +28,11 @@ SOURCE_TEXT = "<yaml text>"
 
 MakeError = Callable[[str, list[Problem]], Exception]  # (source, problems) -> SpecError, ...
 
+# A spec or study is a few dozen nodes (the largest shipped one, 160). These bound the work of
+# reading one: nodes with every alias expanded, and nesting depth of collections.
+MAX_YAML_NODES = 10_000
+MAX_YAML_DEPTH = 50
+
 
 # ---------------------------------------------------------------------------------------------
 # Names
@@ -86,17 +91,29 @@ def parse_mapping(
 ) -> dict[str, Any]:
     """YAML text -> its top-level mapping; a syntax error, an empty document, a key written
     twice or a top level that is not a mapping raises `error(source, problems)`."""
+    # The safe loader (no tags that build Python objects), in its two steps: compose the node
+    # graph, check its size, and only then construct plain data from it.
+    loader = _BoundedLoader(text)
     try:
-        data = yaml.safe_load(text)  # the safe loader: no tags that build Python objects
+        node = loader.get_single_node()
+        problem = yaml_size_problem(node)
+        if problem is not None:
+            raise error(source, [problem])
+        duplicates = duplicate_keys(node)
+        if duplicates:
+            raise error(source, duplicates)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as err:
         raise error(source, [yaml_syntax_problem(err)]) from None
+    except _TooDeep:
+        message = f"the YAML nests collections too deeply; at most {MAX_YAML_DEPTH} levels"
+        raise error(source, [Problem("", message)]) from None
+    finally:
+        loader.dispose()
     listed = ", ".join(fields)
     if data is None:
         message = f"the {what} is empty; expected a mapping of fields ({listed})"
         raise error(source, [Problem("", message)])
-    duplicates = duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
-    if duplicates:
-        raise error(source, duplicates)
     if not isinstance(data, dict):
         message = f"the top level must be a mapping of fields ({listed}), got {type(data).__name__}"
         raise error(source, [Problem("", message)])
@@ -111,26 +128,91 @@ def yaml_syntax_problem(err: yaml.YAMLError) -> Problem:
     return Problem("", f"invalid YAML{where}: {what}")
 
 
+def yaml_size_problem(node: yaml.Node | None) -> Problem | None:
+    """A problem when the document, with every alias expanded, has more than MAX_YAML_NODES
+    nodes; else None. An alias (`*a`) is a second edge to
+    one composed node, so nine lines of `a2: &a2 [*a1, *a1, ...]` stand for 10**9 nodes: the
+    expanded size is counted on the node graph, each node once (memoized by id), so the count
+    itself never expands an alias."""
+    sizes: dict[int, int] = {}
+
+    def size(n: yaml.Node) -> int:  # recursion depth: at most MAX_YAML_DEPTH (composed so)
+        if id(n) in sizes:
+            return sizes[id(n)]
+        sizes[id(n)] = 1  # a node that contains itself (`&a [*a]`) counts once
+        total = 1
+        if isinstance(n, yaml.SequenceNode):
+            total += sum(size(item) for item in n.value)
+        elif isinstance(n, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in n.value)
+        sizes[id(n)] = total = min(total, MAX_YAML_NODES + 1)  # saturate: no huge integers
+        return total
+
+    if node is None:
+        return None
+    total = size(node)
+    if total > MAX_YAML_NODES:
+        # Name the first top-level field that is too large on its own, if one is.
+        entries = node.value if isinstance(node, yaml.MappingNode) else []
+        large = [k.value for k, v in entries if sizes[id(v)] > MAX_YAML_NODES]
+        return Problem(
+            str(large[0]) if large else "",
+            f"the YAML has more than {MAX_YAML_NODES} nodes once its aliases (*name) are "
+            f"expanded; at most {MAX_YAML_NODES} (an alias of an anchor that holds aliases "
+            "multiplies the size: write the values out, or use fewer nested aliases)",
+        )
+    return None
+
+
+class _TooDeep(Exception):
+    pass
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """The safe loader, refusing collections nested deeper than MAX_YAML_DEPTH while it
+    composes (PyYAML composes recursively: 3000 levels ended in a RecursionError)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _TooDeep
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def duplicate_keys(node: yaml.Node | None, prefix: str = "") -> list[Problem]:
     """safe_load keeps the last of two equal keys silently; a file that says `bias` twice is a
-    mistake worth naming. Walks the composed node tree (nothing is constructed)."""
-    if isinstance(node, yaml.SequenceNode):
-        return [
-            p for i, item in enumerate(node.value) for p in duplicate_keys(item, f"{prefix}[{i}].")
-        ]
-    if not isinstance(node, yaml.MappingNode):
-        return []
+    mistake worth naming. Walks the composed node graph (nothing is constructed), each node
+    once: a node reached again through an alias has been checked (and named) already."""
     problems: list[Problem] = []
-    first_line: dict[str, int] = {}
-    for key, value in node.value:
-        name = key.value if isinstance(key, yaml.ScalarNode) else "?"
-        line = key.start_mark.line + 1
-        if name in first_line:
-            where = f"first at line {first_line[name]}, again at line {line}"
-            path = (prefix + name).replace(".[", "[")
-            problems.append(Problem(path, f"the key appears twice ({where})"))
-        first_line.setdefault(name, line)
-        problems.extend(duplicate_keys(value, f"{prefix}{name}."))
+    seen: set[int] = set()
+
+    def walk(node: yaml.Node | None, prefix: str) -> None:
+        if node is None or id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, f"{prefix}[{i}].")
+            return
+        if not isinstance(node, yaml.MappingNode):
+            return
+        first_line: dict[str, int] = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+            line = key.start_mark.line + 1
+            if name in first_line:
+                where = f"first at line {first_line[name]}, again at line {line}"
+                path = (prefix + name).replace(".[", "[")
+                problems.append(Problem(path, f"the key appears twice ({where})"))
+            first_line.setdefault(name, line)
+            walk(value, f"{prefix}{name}.")
+
+    walk(node, prefix)
     return problems
 
 
