@@ -47,6 +47,7 @@ class Range:
 
 
 POSITIVE = Range(0, math.inf)
+NONNEGATIVE = Range(0, math.inf, lo_closed=True)  # a step size b_t >= 0 (0: no write)
 UNIT = Range(0, 1, hi_closed=True)  # a decay factor a_t in (0, 1]
 HALF_OPEN_UNIT = Range(0, 1, lo_closed=True)  # a momentum factor theta_t in [0, 1)
 

@@ -199,8 +199,8 @@ class TestMuon(OptimizerContract):
     optimizer = Muon(ns_steps=3)
 
     def expected(self, g, s, gates):
-        s_new = gates["momentum"] * s + gates["lr"] * g
-        return newton_schulz(s_new, 3), s_new
+        s_new = gates["momentum"] * s + g
+        return gates["lr"] * newton_schulz(s_new, 3), s_new
 
 
 class TestNesterov(OptimizerContract):

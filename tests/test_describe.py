@@ -96,12 +96,12 @@ KEY_ROWS = {
             [r"g_{t} &= \sum_{i=t-3}^{t} \gamma_{i} \nabla_W \mathcal{L}\left(M_{W_e}"],
         ),
         (
-            ["S_t = momentum_t * S_{t-1} + lr_t * g_t"],
-            [r"S_{t} &= \mathrm{momentum}_{t} S_{t-1} + \mathrm{lr}_{t} g_{t}"],
+            ["S_t = momentum_t * S_{t-1} + g_t"],
+            [r"S_{t} &= \mathrm{momentum}_{t} S_{t-1} + g_{t}"],
         ),
         (
-            ["u_t = NewtonSchulz5(S_t)"],
-            [r"u_{t} &= \operatorname{NewtonSchulz}_{5}\left(S_{t}\right)"],
+            ["u_t = lr_t * NewtonSchulz5(S_t)"],
+            [r"u_{t} &= \mathrm{lr}_{t} \operatorname{NewtonSchulz}_{5}\left(S_{t}\right)"],
         ),
     ],
     "omeganet": [
@@ -163,7 +163,8 @@ KEY_ROWS = {
     "exponentiated_memory": [(["W_t = W_{t-1}*exp(-u_t)"], [r"W_{t} &= W_{t-1} e^{- u_{t}}"])],
     "muon_fixed": [
         (["g_t = gamma_t * grad_W L("], [r"g_{t} &= \gamma_{t} \nabla_W \mathcal{L}"]),
-        (["S_t = 0.5 * S_{t-1} + 0.1 * g_t"], [r"S_{t} &= 0.5 S_{t-1} + 0.1 g_{t}"]),
+        (["S_t = 0.5 * S_{t-1} + g_t"], [r"S_{t} &= 0.5 S_{t-1} + g_{t}"]),
+        (["u_t = 0.1 * NewtonSchulz5(S_t)"], [r"u_{t} &= 0.1 \operatorname{NewtonSchulz}_{5}"]),
         (["A_t = 9*A_{t-1}/10 - u_t"], [r"A_{t} &= \frac{9 A_{t-1}}{10} - u_{t}"]),
         (["W_t = A_t / ||A_t||_3^1"], [r"\right\rVert_{3}}^{1}}"]),
     ],

@@ -186,15 +186,16 @@ def chunk_reference(rule, q, k, v, gates, chunk, params):
             lr = gate(spec.optimizer, "lr", t).unsqueeze(-1)
             ret_args = [gates[n][:, :, t].unsqueeze(-1) for n in spec.retention.gates()]
             for n in names:
-                u = lr * grads[n]
+                muon = spec.optimizer.kind == "muon"
+                u = grads[n] if muon else lr * grads[n]  # muon's lr scales NS5(S_t) instead
                 if spec.optimizer.kind != "gd":
                     theta = gate(spec.optimizer, "momentum", t).unsqueeze(-1)
                     u = theta * state[f"S.{n}"] + u
                     state[f"S.{n}"] = u
-                    if spec.optimizer.kind == "muon":
+                    if muon:
                         from miras.components.optimizer.muon import newton_schulz
 
-                        u = newton_schulz(u, spec.optimizer.ns_steps)
+                        u = lr * newton_schulz(u, spec.optimizer.ns_steps)
                 state[n] = fn.retention_step(state[n], u, *ret_args)
             read = {n: fn.retention_read(state[n]) for n in names}
             outputs.append(memory_forward(spec, read, phi_q[:, :, t]))

@@ -1,10 +1,17 @@
-"""Muon: momentum orthogonalized by Newton-Schulz (ATLAS)."""
+"""Muon: momentum orthogonalized by Newton-Schulz, then scaled by the step size (ATLAS)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import HALF_OPEN_UNIT, POSITIVE, Optimizer, Range, gate_or, number
+from miras.components.base import (
+    HALF_OPEN_UNIT,
+    NONNEGATIVE,
+    Optimizer,
+    Range,
+    gate_or,
+    number,
+)
 
 if TYPE_CHECKING:
     import torch  # annotations only; imported where used (loading a spec needs no torch)
@@ -30,16 +37,20 @@ def newton_schulz(s: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 
 
 class Muon(Optimizer):
-    """Momentum, then Newton-Schulz orthogonalization of each matrix parameter (ATLAS eq. 30).
+    """Momentum of the raw gradient, orthogonalized by Newton-Schulz per matrix parameter, then
+    scaled by the step size (ATLAS eq. 30).
 
-    Equation: s_t = theta_t s_{t-1} + b_t g_t,  u_t = NewtonSchulz_k(s_t), k = 5
-    """
+    Equation: s_t = theta_t s_{t-1} + g_t,  u_t = b_t NewtonSchulz_k(s_t), k = 5
+
+    The step size b_t (gate `lr`, ATLAS's eta_t) multiplies the orthogonalized direction: inside
+    the momentum it would be normalized away, since NewtonSchulz(c s) = NewtonSchulz(s) for any
+    c > 0. Each singular value of u_t is then about b_t."""
 
     kind: Literal["muon"] = "muon"
-    lr: gate_or(POSITIVE) = "gate"
+    lr: gate_or(NONNEGATIVE) = "gate"
     momentum: gate_or(HALF_OPEN_UNIT) = "gate"
     ns_steps: number(Range(1, 10, lo_closed=True, hi_closed=True), integer=True) = 5
-    gateable: ClassVar[dict[str, Range]] = {"lr": POSITIVE, "momentum": HALF_OPEN_UNIT}
+    gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE, "momentum": HALF_OPEN_UNIT}
     stateful: ClassVar[bool] = True
 
     def update(
@@ -49,14 +60,19 @@ class Muon(Optimizer):
         lr: torch.Tensor,
         momentum: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`grad`, `state`: [..., m, n]. Returns (u_t, s_t)."""
-        s = lr * grad if state is None else momentum * state + lr * grad
-        return newton_schulz(s, self.ns_steps), s
+        """`grad`, `state`: [..., m, n]; `lr`, `momentum` broadcast against them. Returns
+        (u_t, s_t)."""
+        s = grad if state is None else momentum * state + grad
+        return lr * newton_schulz(s, self.ns_steps), s
 
     def update_lines(self) -> list:
-        from miras.components.optimizer.momentum import surprise_lines
-        from miras.terms import Call, Line, Name, sym
+        from miras.terms import Call, Line, Name, Plus, scalar, sym, times
 
         n = self.ns_steps
         newton_schulz = Name(f"NewtonSchulz{n}", rf"\operatorname{{NewtonSchulz}}_{{{n}}}")
-        return [*surprise_lines(self), Line(sym("u_t"), Call(newton_schulz, (sym("S_t"),)))]
+        surprise = times(scalar(self.momentum, "momentum"), sym("S_{t-1}"))
+        direction = Call(newton_schulz, (sym("S_t"),))
+        return [
+            Line(sym("S_t"), Plus((surprise, sym("g_t")))),
+            Line(sym("u_t"), times(scalar(self.lr, "lr"), direction)),
+        ]
