@@ -271,6 +271,9 @@ def train(
     progress: Annotated[
         bool, typer.Option(help="Show progress on stderr (plain lines off a terminal).")
     ] = True,
+    early_stop: Annotated[
+        float | None, typer.Option(help=_setting("early_stop"), show_default=False)
+    ] = DEFAULTS.early_stop,
     precision: Annotated[
         str | None, typer.Option(help=_setting("precision"), show_default=False)
     ] = DEFAULTS.precision,
@@ -316,6 +319,7 @@ def train(
             eval_every=eval_every,
             eval_batches=eval_batches,
             log_every=log_every,
+            early_stop=early_stop,
             out_dir=directory,
             resume=resume,
             extend=extend,
@@ -526,11 +530,8 @@ def search(
         f"in {summary.seconds:.0f} s; storage {summary.storage}",
         highlight=False,
     )
-    if summary.best is not None:
-        values = ", ".join(f"{v:.4g}" for v in summary.best.values)
-        out.print(
-            f"best: trial {summary.best.number} ({values}) {summary.best.params}", highlight=False
-        )
+    if summary.table is not None and not summary.table.empty:
+        print_summary(out, summary.table, definition.metrics, top=10, name=summary.name)
     out.print(
         f"next: miras report {study}" + (f" --storage {storage}" if storage else ""),
         highlight=False,
@@ -567,19 +568,16 @@ def report(
     except (StudyError, SearchError) as error:
         raise _fail(error) from None
     board = result.leaderboard
-    table = Table(
-        title=f"study {handle.study_name}: best {min(top, len(board))} of {len(board)} finished",
-        title_justify="left",
-    )
-    # The terminal gets the objectives, the parameters and the reason; the CSV has everything.
-    measures = {"loss", "accuracy", "state_size", "state_bytes", "params", "throughput"}
-    measures |= {"seconds", "retry_of"}
-    shown = [c for c in board.columns if c not in measures or c in definition.metrics]
-    for column in shown:
-        table.add_column(str(column), overflow="fold")
-    for _, row in board.head(top).iterrows():
-        table.add_row(*(_cell(row[c]) for c in shown))
-    out.print(table)
+    print_summary(out, result.summary, definition.metrics, top=top, name=handle.study_name)
+    # Why trials were pruned, one line per reason (the leaderboard CSV has every column).
+    pruned = board[board["state"] == "pruned"] if not board.empty else board
+    reasons: dict[str, list[str]] = {}
+    for _, row in pruned.iterrows():
+        reasons.setdefault(str(row.get("reason") or "no reason recorded"), []).append(
+            str(row["trial"])
+        )
+    for reason, numbers in reasons.items():
+        out.print(f"pruned (trial {', '.join(numbers)}): {reason}", highlight=False)
     for note in result.notes:
         out.print(f"note: {note}", highlight=False)
     out.print(
@@ -587,10 +585,58 @@ def report(
     )
 
 
-def _cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and value != value):  # None or NaN
-        return ""
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+SUMMARY_WIDTH = 100  # the terminal summary's most columns, at any terminal width
+
+
+def _interval(row, metric: str, bracket: bool) -> str:
+    """`mean [low, high]` (bracket) or `mean ±half`; the mean alone without an interval."""
+    mean, low, high = row[metric], row[f"{metric}_low"], row[f"{metric}_high"]
+    if low != low or high != high:  # NaN: one seed
+        return f"{mean:.4g}"
+    if bracket:
+        return f"{mean:.3g} [{low:.3g}, {high:.3g}]"
+    return f"{mean:.3g} ±{max(high - mean, mean - low):.2g}"
+
+
+def print_summary(console: Console, frame, metrics: list[str], *, top: int, name: str) -> None:
+    """The compact summary of a study (miras.search.report.summary_data): one row per
+    configuration, each objective's mean [95% t interval over the seeds], and whether Welch's
+    test separates it from the best on the first objective; at most SUMMARY_WIDTH columns."""
+    from rich import box
+
+    width = min(console.width, SUMMARY_WIDTH)
+    intervals = frame[[f"{m}_low" for m in metrics]].notna().to_numpy().any()
+    bracket = len(metrics) <= 2
+    what = "mean [95% t interval over the seeds]" if bracket else "mean ±95% t half-width"
+    table = Table(
+        title=f"study {name}: best {min(top, len(frame))} of {len(frame)} complete"
+        + (f"; {what}" if intervals else ""),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    # Narrow consoles fold the label first, then break a number from its interval; nothing
+    # is cut short.
+    table.add_column("trial", justify="right", no_wrap=True, min_width=5)
+    table.add_column("configuration", overflow="fold", min_width=12)
+    for metric in metrics:
+        table.add_column(metric, justify="right", overflow="fold")
+    if intervals:
+        table.add_column("differs", no_wrap=True, min_width=7)
+    for _, row in frame.head(top).iterrows():
+        cells = [str(row["trial"]), str(row["configuration"])]
+        cells += [_interval(row, m, bracket) for m in metrics]
+        if intervals:
+            differs = row["differs"]
+            cells.append("best" if differs is None else ("yes" if differs else "no"))
+        table.add_row(*cells)
+    console.print(table, width=width)
+    if intervals:
+        console.print(
+            f"differs: Welch's t-test against the best on {metrics[0]}, p < 0.05",
+            highlight=False,
+            width=width,
+        )
 
 
 @app.command()

@@ -331,6 +331,7 @@ def train(
     clean: int | None = start  # the step whose state the model holds, None mid-update
     rng = rng_state()
     requested = False  # a Ctrl-C on any rank, as of the last step's all-reduce
+    stopped: int | None = None  # the evaluation step at which early_stop ended the run
 
     def interrupted() -> TrainingInterrupted:
         """Save the state at `clean` when it is newer than the checkpoint on disk."""
@@ -427,6 +428,11 @@ def train(
                     bar.evaluated(step, metrics)
                     if callback is not None and _callback_stopped(ranks, callback, step, metrics):
                         break  # rank 0's callback raised: the other ranks end here
+                    if reached(config.early_stop, task, metrics):
+                        # Every rank holds the shared record, so all stop at this step.
+                        stopped = step
+                        record({"step": step, "split": "run", "event": "early_stop"})
+                        break
                 if out_of_time:
                     break
     except KeyboardInterrupt as error:
@@ -440,6 +446,8 @@ def train(
     finally:
         ranks.close()
     final = {k: v for k, v in history[-1].items() if k not in ("step", "split", "seconds")}
+    if stopped is not None:
+        final["stopped_at"] = float(stopped)  # early_stop: the step whose evaluation reached it
     return TrainResult(
         metrics=final,
         history=history,
@@ -449,6 +457,15 @@ def train(
         seconds=time.perf_counter() - began,
         out_dir=out,
     )
+
+
+def reached(threshold: float | None, task: Task, metrics: dict[str, float]) -> bool:
+    """Whether an evaluation's primary metric reached the early-stopping `threshold` in the
+    task's direction (None: never; a missing or NaN metric: not reached)."""
+    value = metrics.get(task.primary_metric, math.nan)
+    if threshold is None or not math.isfinite(value):
+        return False
+    return value >= threshold if task.higher_is_better else value <= threshold
 
 
 def _callback_stopped(ranks, callback, step: int, metrics: dict[str, float]) -> bool:

@@ -51,6 +51,13 @@ class TrainConfig(BaseModel):
     )
     eval_batches: int = Field(4, ge=1, description="Validation batches per evaluation.")
     log_every: int = Field(10, ge=1, description="Steps between training records.")
+    early_stop: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="Stop at the first evaluation whose primary metric (validation) reaches "
+        "this value, in the task's direction (>= for accuracy, <= for perplexity); "
+        "default: off.",
+    )
     precision: Literal["fp32", "bf16"] | None = Field(
         None,
         description="fp32, or bf16: autocast for the projections, the memory state and loss "

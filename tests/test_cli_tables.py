@@ -81,8 +81,9 @@ def test_report_keeps_a_long_reason_on_one_line(monkeypatch, tmp_path):
     handle = SimpleNamespace(study_name="tiny")
     definition = SimpleNamespace(metrics=["accuracy"])
     written = SimpleNamespace(
-        leaderboard=board, notes=[], csv=tmp_path / "a.csv", html=tmp_path / "a.html", figures=[]
-    )
+        leaderboard=board, notes=[], csv=tmp_path / "a.csv", html=tmp_path / "a.html", figures=[],
+        summary=report.summary_data([], ["accuracy"], ["maximize"]),
+    )  # fmt: skip
     monkeypatch.setattr(storage, "open_existing", lambda *args: (handle, definition))
     monkeypatch.setattr(report, "write_report", lambda *args: written)
     result = cli("report", "tiny")

@@ -9,6 +9,15 @@ What a finished trial keeps (Optuna user attributes, all JSON):
   reason     why a trial was pruned: 'invalid: ...' (the sampled combination is impossible),
              'diverged: ...', or 'pruned at step N' (the pruner)
   worker     host:pid of the process that ran it
+
+A study with sweeps (`train: {lr: {sweep: [...]}}`) runs every grid point on every seed inside
+the trial (`run_sweep`) and keeps besides:
+  sweep      one record per (point, seed), {point, values, seed, valid, test, seconds}, written
+             as each finishes: the validation and test metrics of that run (`valid` holds
+             `diverged` instead when training diverged)
+  selected   {point, values, valid}: the point with the best mean validation value of the
+             first objective over the seeds (ties: the earlier point)
+Its `replicates`, `metrics` and `train` are then the selected point's, scored on the test split.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import inspect
 import math
 import os
 import socket
+import tempfile
 import time
 from typing import Any
 
@@ -25,7 +35,7 @@ import optuna
 from miras.errors import DerivationError, SpecError, TrainingDiverged
 from miras.rule import compile as compile_rule
 from miras.search.space import sample
-from miras.search.study import Objective, StudyDef
+from miras.search.study import MEASURES, Objective, StudyDef
 from miras.spec import Spec, load_spec
 from miras.training_config import TrainConfig
 
@@ -37,20 +47,38 @@ class TrialInvalid(optuna.TrialPruned):
     """The sampled combination cannot be built (the spec or the model rejects it)."""
 
 
+class SeedDiverged(optuna.TrialPruned):
+    """Training one seed diverged (a NaN loss, a non-finite objective)."""
+
+
 def trial_spec(study: StudyDef, trial: optuna.Trial) -> dict[str, Any]:
     """The spec of this trial as a dict (the sampled values in the template)."""
     return {"name": f"{study.name}-t{trial.number}", **sample(study.spec_space, trial)}
 
 
-def trial_train(study: StudyDef, trial: optuna.Trial) -> dict[str, Any]:
-    """The trial's training settings, step-dependent defaults resolved (miras.TrainConfig)."""
-    return TrainConfig.model_validate(sample(study.train_space, trial)).resolved()
+def trial_train(
+    study: StudyDef,
+    trial: optuna.Trial,
+    point: dict[str, Any] | None = None,
+    primary_metric: str | None = None,
+) -> dict[str, Any]:
+    """The trial's training settings, step-dependent defaults resolved (miras.TrainConfig):
+    at sweep `point` (one of `study.sweep_points`), with the study's default early stop for a
+    task scored by `primary_metric`."""
+    settings = sample(study.train_space, trial, point)
+    threshold = study.early_stop(primary_metric or "")
+    if threshold is not None:
+        settings.setdefault("early_stop", threshold)
+    return TrainConfig.model_validate(settings).resolved()
 
 
-def build(study: StudyDef, trial: optuna.Trial) -> tuple[Spec, dict[str, Any]]:
-    """Sample, validate and compile; an impossible combination prunes the trial with its reason."""
+def build(
+    study: StudyDef, trial: optuna.Trial, primary_metric: str | None = None
+) -> tuple[Spec, dict[str, Any]]:
+    """Sample, validate and compile; an impossible combination prunes the trial with its reason.
+    The training settings returned are the first sweep point's."""
     data = trial_spec(study, trial)
-    train = trial_train(study, trial)
+    train = trial_train(study, trial, study.sweep_points[0], primary_metric)
     try:
         spec = load_spec(data)
         compile_rule(spec)  # derived and checked against autograd; cached per process
@@ -72,11 +100,12 @@ def run_trial(study: StudyDef, task: Any, trial: optuna.Trial) -> float | list[f
     the first seed feed the pruner (single objective); each seed's result is stored as it
     finishes, and seeds a retried trial inherited are not run again."""
     trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-    spec, args = build(study, trial)
+    if study.sweeps:
+        return run_sweep(study, task, trial)
+    spec, args = build(study, trial, task.primary_metric)
     records = {r["seed"]: r for r in trial.user_attrs.get("replicates", [])}
     seeds = [args["seed"] + r for r in range(study.replicates)]
-    state = state_size(spec, task.seq_len)
-    sizes = {"state_size": float(state), "state_bytes": float(state * STATE_BYTES_PER_FLOAT)}
+    sizes = sizes_of(spec, task)
     for seed in seeds:
         if seed in records:
             continue
@@ -94,6 +123,126 @@ def run_trial(study: StudyDef, task: Any, trial: optuna.Trial) -> float | list[f
     return values[0] if len(values) == 1 else values
 
 
+def sizes_of(spec: Spec, task: Any) -> dict[str, float]:
+    """The recurrent state per sequence at the task's length, in floats and in bytes."""
+    state = state_size(spec, task.seq_len)
+    return {"state_size": float(state), "state_bytes": float(state * STATE_BYTES_PER_FLOAT)}
+
+
+def _mean(records: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each metric every record holds."""
+    names = [name for name in records[0] if all(name in r for r in records)]
+    return {name: sum(r[name] for r in records) / len(records) for name in names}
+
+
+def run_sweep(study: StudyDef, task: Any, trial: optuna.Trial) -> float | list[float]:
+    """A trial with sweeps: every grid point on every seed, the point with the best mean
+    validation value of the first objective selected (ties: the earlier point), and that
+    point's test-split metrics, averaged over the seeds, returned. Each (point, seed) run is
+    stored as it finishes; the runs a retried trial inherited are not run again. Only the
+    first point's first seed reports to the pruner, so a pruned trial stops its whole sweep.
+    A diverged run scores nothing; the trial is pruned when every point has one."""
+    spec, _ = build(study, trial, task.primary_metric)
+    points = study.sweep_points
+    runs = {(r["point"], r["seed"]): r for r in trial.user_attrs.get("sweep", [])}
+    sizes = sizes_of(spec, task)
+    seeds: list[int] = []
+    settings: list[dict[str, Any]] = []
+    for i, point in enumerate(points):
+        args = trial_train(study, trial, point, task.primary_metric)
+        settings.append(args)
+        seeds = [args["seed"] + r for r in range(study.replicates)]
+        for seed in seeds:
+            if (i, seed) in runs:
+                continue
+            began = time.perf_counter()
+            first = i == 0 and seed == seeds[0]
+            try:
+                valid, test = sweep_run(study, task, trial, spec, {**args, "seed": seed}, first)
+                valid, test = {**valid, **sizes}, {**test, **sizes}
+            except SeedDiverged as err:
+                valid, test = {"diverged": str(err)}, {}
+            seconds = time.perf_counter() - began
+            record = {"point": i, "values": point, "seed": seed, "valid": valid, "test": test}
+            runs[(i, seed)] = {**record, "seconds": seconds}
+            trial.set_user_attr("sweep", [runs[key] for key in sorted(runs)])
+    first, sign = study.metrics[0], (1 if study.directions[0] == "minimize" else -1)
+    scores = {}
+    for i in range(len(points)):
+        done = [runs[(i, seed)]["valid"] for seed in seeds]
+        if all(first in v and math.isfinite(v[first]) for v in done):
+            scores[i] = sum(v[first] for v in done) / len(done)
+    diverged = len(points) - len(scores)
+    if not scores:
+        trial.set_user_attr("reason", f"diverged: every one of the {len(points)} sweep points")
+        raise optuna.TrialPruned("every sweep point diverged")
+    chosen = min(scores, key=lambda i: (sign * scores[i], i))
+    trial.set_user_attr(
+        "selected", {"point": chosen, "values": points[chosen], "valid": scores[chosen]}
+    )
+    trial.set_user_attr(
+        "reason", f"{diverged} of {len(points)} sweep points diverged" if diverged else ""
+    )
+    picked = [runs[(chosen, seed)] for seed in seeds]
+    trial.set_user_attr(
+        "replicates",
+        [{"seed": r["seed"], "metrics": r["test"], "seconds": r["seconds"]} for r in picked],
+    )
+    metrics = _mean([r["test"] for r in picked])
+    metrics[f"valid_{first}"] = scores[chosen]
+    trial.set_user_attr("metrics", metrics)
+    trial.set_user_attr("train", settings[chosen])
+    trial.set_user_attr("seconds", sum(r["seconds"] for r in runs.values()))
+    values = [metrics[name] for name in study.metrics]
+    return values[0] if len(values) == 1 else values
+
+
+def sweep_run(
+    study: StudyDef,
+    task: Any,
+    trial: optuna.Trial,
+    spec: Spec,
+    args: dict[str, Any],
+    prunes: bool,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """One (point, seed) run of a sweep: (validation metrics, test metrics). Both hold the
+    measures (params, throughput, each probe, `stopped_at` after an early stop); the task's
+    metrics of the test split come from the model as training left it."""
+    if not study.trains:
+        valid = replicate(study, task, trial, spec, args, prunes)
+        return valid, dict(valid)
+    with tempfile.TemporaryDirectory(prefix="miras-sweep-") as folder:
+        valid = replicate(study, task, trial, spec, args, prunes, out_dir=folder)
+        scored = test_metrics(folder, task, args)
+    kept = {k: v for k, v in valid.items() if k in MEASURES or k == "stopped_at"}
+    kept |= {o.metric: valid[o.metric] for o in study.objectives if o.probe is not None}
+    return valid, {**kept, **scored}
+
+
+def test_metrics(run_dir: str, task: Any, args: dict[str, Any]) -> dict[str, float]:
+    """The task's metrics on `eval_batches` test batches, of the model in `run_dir`'s
+    checkpoint: overall and per slice (`accuracy_n64`, miras.training.evaluate_model)."""
+    import torch
+
+    from miras.checkpoint import load_checkpoint
+    from miras.models.model import build_model
+    from miras.training import evaluate_model
+
+    data = load_checkpoint(run_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build_model(load_spec(data["spec"]), task.vocab_size).to(device)
+    model.load_state_dict(data["model"])
+    return evaluate_model(
+        model,
+        task,
+        batches=args["eval_batches"],
+        batch_size=args["batch_size"],
+        device=device,
+        precision=args["precision"],
+        split="test",
+    )
+
+
 def replicate(
     study: StudyDef,
     task: Any,
@@ -101,9 +250,11 @@ def replicate(
     spec: Spec,
     args: dict[str, Any],
     prunes: bool,
+    out_dir: str | None = None,
 ) -> dict[str, float]:
     """One seed's metrics: the final evaluation and throughput (when the study trains), the
-    parameter count, and each probe objective. `prunes`: report evaluations to the pruner."""
+    parameter count, and each probe objective. `prunes`: report evaluations to the pruner;
+    `out_dir`: where the run writes its checkpoint (none by default)."""
     import torch  # torch and the models: only in processes that train
 
     from miras.launcher import train_on_ranks
@@ -136,10 +287,10 @@ def replicate(
                     callback=report,
                 )
             else:
-                result = train(spec, task, **args, callback=report, progress=False)
+                result = train(spec, task, **args, callback=report, progress=False, out_dir=out_dir)
         except TrainingDiverged as err:
             trial.set_user_attr("reason", f"diverged (seed {seed}): {err}")
-            raise optuna.TrialPruned(str(err)) from None
+            raise SeedDiverged(str(err)) from None
         except optuna.TrialPruned:
             raise
         except ValueError as err:
@@ -160,7 +311,7 @@ def replicate(
     bad = [name for name in study.metrics if not math.isfinite(metrics.get(name, 0.0))]
     if bad:
         trial.set_user_attr("reason", f"diverged (seed {seed}): {', '.join(bad)} is not finite")
-        raise optuna.TrialPruned(f"{', '.join(bad)} is not finite")
+        raise SeedDiverged(f"{', '.join(bad)} is not finite")
     return metrics
 
 

@@ -105,6 +105,76 @@ def interval_figure(data: pd.DataFrame, metric: str, direction: str) -> go.Figur
     return fig
 
 
+def _error_y(data: pd.DataFrame) -> dict[str, Any]:
+    return {
+        "type": "data",
+        "symmetric": False,
+        "array": data["high"] - data["mean"],
+        "arrayminus": data["mean"] - data["low"],
+    }
+
+
+def state_size_figure(data: pd.DataFrame, metric: str, size: str = "state_bytes") -> go.Figure:
+    """The objective against the state size (log), one line per model family, the 95%
+    interval over the seeds as error bars."""
+    fig = go.Figure()
+    for family, part in data.groupby("family", sort=True):
+        part = part.sort_values(size)
+        fig.add_scatter(
+            x=part[size],
+            y=part["mean"],
+            mode="markers+lines",
+            name=str(family),
+            error_y=_error_y(part),
+            text=[f"trial {n}" for n in part["trial"]],
+        )
+    fig.update_layout(**LAYOUT, xaxis={"type": "log", "title": size}, yaxis_title=metric)
+    return fig
+
+
+def slice_figure(data: pd.DataFrame, metric: str) -> go.Figure:
+    """The objective per slice of the test split (x, in the task's order), one line per
+    configuration, the 95% interval over the seeds as error bars."""
+    order = list(dict.fromkeys(data["slice"]))
+    fig = go.Figure()
+    for (_, label), part in data.groupby(["trial", "configuration"], sort=False):
+        fig.add_scatter(
+            x=part["slice"], y=part["mean"], mode="markers+lines", name=str(label),
+            error_y=_error_y(part),
+        )  # fmt: skip
+    fig.update_layout(
+        **LAYOUT,
+        yaxis_title=metric,
+        xaxis={"title": "slice", "categoryorder": "array", "categoryarray": order},
+    )
+    return fig
+
+
+def sweep_figure(data: pd.DataFrame, field: str, metric: str) -> go.Figure:
+    """The validation metric against one swept value, one line per trial (other swept values
+    at the trial's selected point), the selected point circled."""
+    fig = go.Figure()
+    for trial, part in data.groupby("trial", sort=True):
+        chosen = part[part["selected"]]
+        others = [c for c in data.columns if c not in (field, "trial", "point", "valid", "test")]
+        others = [c for c in others if c != "selected"]
+        if not chosen.empty:
+            for column in others:
+                part = part[part[column] == chosen.iloc[0][column]]
+        part = part.sort_values(field)
+        fig.add_scatter(x=part[field], y=part["valid"], mode="markers+lines", name=f"trial {trial}")
+        if not chosen.empty:
+            fig.add_scatter(
+                x=chosen[field], y=chosen["valid"], mode="markers", showlegend=False,
+                marker={"size": 14, "symbol": "circle-open"}, name=f"trial {trial}: selected",
+            )  # fmt: skip
+    numbers = pd.to_numeric(data[field], errors="coerce")
+    log = bool(numbers.notna().all() and (numbers > 0).all() and numbers.max() > 10 * numbers.min())
+    xaxis = {"title": field, **({"type": "log"} if log else {})}
+    fig.update_layout(**LAYOUT, xaxis=xaxis, yaxis_title=f"validation {metric}")
+    return fig
+
+
 def component_figure(data: pd.DataFrame, parameter: str, metric: str) -> go.Figure:
     fig = go.Figure()
     for option, part in data.groupby("option", sort=True):

@@ -64,6 +64,8 @@ def trials_frame(trials: list[FrozenTrial], metrics: list[str]) -> pd.DataFrame:
         for name, value in (t.user_attrs.get("metrics") or {}).items():
             row.setdefault(name, value)
         row.update(t.params)
+        selected = t.user_attrs.get("selected") or {}
+        row.update({f"train.{k}": v for k, v in (selected.get("values") or {}).items()})
         row["seconds"] = t.user_attrs.get("seconds")
         row["reason"] = t.user_attrs.get("reason") or t.user_attrs.get("error") or ""
         row["retry_of"] = t.system_attrs.get("failed_trial")
@@ -102,8 +104,138 @@ def leaderboard(
     return frame
 
 
+def _number(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else _text(value)
+
+
+def config_labels(trials: list[FrozenTrial]) -> dict[int, str]:
+    """A short label per trial from its searched parameters and selected sweep values,
+    `bias=l2 n_heads=4 lr=0.003`: each name's last part, or the whole name where two
+    parameters share that part."""
+    names: list[str] = []
+    for t in trials:
+        values = (t.user_attrs.get("selected") or {}).get("values") or {}
+        for name in [*t.params, *(f"train.{k}" for k in values)]:
+            if name not in names:
+                names.append(name)
+    tails = [n.rsplit(".", 1)[-1] for n in names]
+    short = {n: tail if tails.count(tail) == 1 else n for n, tail in zip(names, tails, strict=True)}
+    labels = {}
+    for t in trials:
+        values = (t.user_attrs.get("selected") or {}).get("values") or {}
+        pairs = {**t.params, **{f"train.{k}": v for k, v in values.items()}}
+        labels[t.number] = " ".join(f"{short[n]}={_number(v)}" for n, v in pairs.items()) or (
+            f"trial {t.number}"
+        )
+    return labels
+
+
+def summary_data(
+    trials: list[FrozenTrial], metrics: list[str], directions: list[str]
+) -> pd.DataFrame:
+    """The compact summary: complete trials, best first (as on the leaderboard), with
+    `trial`, `configuration` (config_labels), per objective its mean and, with replicates,
+    the 95% t interval over the seeds (`<metric>_low`, `_high`), and `differs`: True when
+    Welch's test separates the trial from the best on the first objective (p < 0.05), False
+    when it does not, None for the best itself and without replicates."""
+    board = leaderboard([t for t in trials if t.state == TrialState.COMPLETE], metrics, directions)
+    columns = ["trial", "configuration"]
+    for m in metrics:
+        columns += [m, f"{m}_low", f"{m}_high"]
+    if board.empty:
+        return pd.DataFrame(columns=[*columns, "differs"])
+    labels = config_labels(trials)
+    frame = pd.DataFrame({"trial": board["trial"]})
+    frame["configuration"] = [labels[n] for n in board["trial"]]
+    for m in metrics:
+        frame[m] = board[m].astype(float)
+        for end in ("low", "high"):
+            name = f"{m}_{end}"
+            frame[name] = board[name].astype(float) if name in board else math.nan
+    if "p_vs_best" in board:
+        frame["differs"] = [
+            None if p is None or (isinstance(p, float) and math.isnan(p)) else bool(d)
+            for p, d in zip(board["p_vs_best"], board["differs"], strict=True)
+        ]
+    else:
+        frame["differs"] = None
+    return frame.reset_index(drop=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Figure data
+
+
+def _seed_interval(trial: FrozenTrial, metric: str) -> tuple[float, float, float] | None:
+    seeds = seed_values(trial, metric)
+    return confidence_interval(seeds) if seeds else None
+
+
+def state_size_data(
+    trials: list[FrozenTrial], metric: str, family: list[str], size: str = "state_bytes"
+) -> pd.DataFrame:
+    """Per complete trial: its model `family` (the values of the `family` parameters, as
+    `bias=l2 retention=none`), its state size (`size`, from the trial's metrics), and the
+    objective `metric` as the mean over seeds with its 95% t interval (`low`, `high`; the
+    mean itself for one seed). Sorted by family, then size."""
+    rows = []
+    for t in trials:
+        if t.state != TrialState.COMPLETE or size not in (t.user_attrs.get("metrics") or {}):
+            continue
+        interval = _seed_interval(t, metric)
+        if interval is None:
+            value = (t.user_attrs.get("metrics") or {}).get(metric)
+            if value is None:
+                continue
+            interval = (value, value, value)
+        name = " ".join(f"{p}={_number(t.params.get(p))}" for p in family) or "all"
+        rows.append([t.number, name, float(t.user_attrs["metrics"][size]), *interval])
+    frame = pd.DataFrame(rows, columns=["trial", "family", size, "mean", "low", "high"])
+    return frame.sort_values(["family", size, "trial"], ignore_index=True)
+
+
+def slice_data(trials: list[FrozenTrial], metric: str) -> pd.DataFrame:
+    """Per complete trial and slice of the test split: the slice's `metric` (the records'
+    `<metric>_<slice>`, e.g. accuracy_n64), the mean over seeds with its 95% t interval.
+    Empty when no trial recorded per-slice metrics."""
+    labels = config_labels(trials)
+    rows = []
+    prefix = f"{metric}_"
+    for t in trials:
+        if t.state != TrialState.COMPLETE:
+            continue
+        records = t.user_attrs.get("replicates") or []
+        names = [n for n in (records[0]["metrics"] if records else {}) if n.startswith(prefix)]
+        for name in names:
+            interval = _seed_interval(t, name)
+            if interval is not None:
+                label = labels[t.number]
+                rows.append([t.number, label, name[len(prefix) :], *interval])
+    columns = ["trial", "configuration", "slice", "mean", "low", "high"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def sweep_data(trials: list[FrozenTrial], metric: str) -> pd.DataFrame:
+    """Every sweep point of every complete trial: its swept values (one column each), the
+    mean over seeds of `metric` on validation (`valid`; NaN where a seed diverged) and on
+    test (`test`), and `selected` for the point the trial reports."""
+    rows = []
+    for t in trials:
+        runs = t.user_attrs.get("sweep") or []
+        if t.state != TrialState.COMPLETE or not runs:
+            continue
+        chosen = (t.user_attrs.get("selected") or {}).get("point")
+        points: dict[int, list[dict[str, Any]]] = {}
+        for run in runs:
+            points.setdefault(run["point"], []).append(run)
+        for index, group in sorted(points.items()):
+            row: dict[str, Any] = {"trial": t.number, "point": index, **group[0]["values"]}
+            for split in ("valid", "test"):
+                values = [r[split].get(metric, math.nan) for r in group]
+                row[split] = sum(values) / len(values) if values else math.nan
+            row["selected"] = index == chosen
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def history_data(trials: list[FrozenTrial], direction: str, index: int = 0) -> pd.DataFrame:
@@ -250,6 +382,7 @@ class Report:
     html: Path
     figures: list[str]  # titles of the figures drawn, in page order
     notes: list[str]  # figures left out, and why
+    summary: pd.DataFrame = field(default_factory=pd.DataFrame)  # summary_data, for a terminal
 
 
 def write_report(handle: optuna.Study, study: StudyDef, out_dir: str | Path) -> Report:
@@ -293,6 +426,20 @@ def write_report(handle: optuna.Study, study: StudyDef, out_dir: str | Path) -> 
             tables.append(("Pareto-optimal configurations", optimal))
     for name, frame in component_data(trials).items():
         figures.append((f"{metrics[0]} by {name}", plots.component_figure(frame, name, metrics[0])))
+    sized = state_size_data(trials, metrics[0], study.family_params())
+    if not sized.empty:
+        title = f"{metrics[0]} against state size, per model family"
+        figures.append((title, plots.state_size_figure(sized, metrics[0])))
+    slices = slice_data(trials, metrics[0])
+    if not slices.empty:
+        title = f"{metrics[0]} per slice of the test split"
+        figures.append((title, plots.slice_figure(slices, metrics[0])))
+    swept = sweep_data(trials, metrics[0])
+    if not swept.empty:
+        for field_name in study.sweep_points[0]:
+            title = f"validation {metrics[0]} against {field_name} (the sweep inside each trial)"
+            figures.append((title, plots.sweep_figure(swept, field_name, metrics[0])))
+        tables.append(("Sweep points (mean over the seeds; selected on validation)", swept))
 
     html = out / "report.html"
     counts = board["state"].value_counts().to_dict() if not board.empty else {}
@@ -303,7 +450,8 @@ def write_report(handle: optuna.Study, study: StudyDef, out_dir: str | Path) -> 
     )
     tables.append(("Leaderboard", board))
     html.write_text(plots.page(f"miras study {handle.study_name}", heading, figures, tables, notes))
-    return Report(board, csv, html, [title for title, _ in figures], notes)
+    summary = summary_data(trials, metrics, directions)
+    return Report(board, csv, html, [title for title, _ in figures], notes, summary)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -34,6 +34,7 @@ from optuna.storages import fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
 from miras.search.objective import run_trial
+from miras.search.report import summary_data
 from miras.search.storage import (
     SearchError,
     default_storage,
@@ -301,6 +302,8 @@ class Summary:
     counts: Counts
     best: FrozenTrial | None
     seconds: float
+    trials: list[FrozenTrial] = field(default_factory=list)  # every trial, as stored at the end
+    table: Any = None  # miras.search.report.summary_data of the trials (a pandas frame)
 
 
 def search(
@@ -349,7 +352,13 @@ def search(
         _run_processes(options, report)
     trials_now = handle.get_trials(deepcopy=False)
     return Summary(
-        name, url, count(trials_now), best(trials_now, study.directions), time.monotonic() - began
+        name,
+        url,
+        count(trials_now),
+        best(trials_now, study.directions),
+        time.monotonic() - began,
+        trials_now,
+        summary_data(trials_now, study.metrics, study.directions),
     )
 
 

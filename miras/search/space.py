@@ -14,6 +14,13 @@ parameter names are the dotted paths, with the option's label inserted below a c
 
 An option's label is its `kind` (components), its own value (scalars), an explicit `label:` key
 (removed before the value is used), or else its compact JSON text.
+
+A `train:` value may also be a sweep, run inside each trial rather than searched:
+
+    lr: {sweep: [1.0e-3, 3.0e-3, 1.0e-2, 3.0e-2]}   # every value, in this order
+
+Several sweeps form their grid (`grid`, the product in template order); `sample(node, trial,
+point)` puts one grid point's values in place (miras.search.objective runs them all).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from miras.errors import Problem, did_you_mean
 from miras.validation import float_text_hint
 
 DISTRIBUTIONS = ("choices", "int", "float")
+SWEEP = "sweep"
 RANGE_OPTIONS = ("log", "step")
 # Values Optuna stores as categorical choices.
 Label = str | int | float | bool | None
@@ -79,11 +87,20 @@ class Range:
 
 
 @dataclass(frozen=True)
+class Sweep:
+    """Fixed values all run inside one trial (not an Optuna parameter): `values` in order."""
+
+    path: str
+    spec_path: str
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
 class Broken:
     """A malformed distribution (its problems are reported); probes leave it out."""
 
 
-Node = Fixed | Group | Choice | Range | Broken
+Node = Fixed | Group | Choice | Range | Sweep | Broken
 Distribution = Choice | Range
 
 
@@ -96,6 +113,8 @@ def parse(raw: Any, path: str, spec_path: str = "", name: str = "") -> tuple[Nod
 
     `path` is where `raw` sits in the study file (e.g. 'spec.bias'); `spec_path` where its value
     lands in the section ('bias'); `name` the parameter-name prefix."""
+    if isinstance(raw, dict) and SWEEP in raw:
+        return _parse_sweep(raw, path, spec_path)
     if is_distribution(raw):
         kinds = [key for key in DISTRIBUTIONS if key in raw]
         if len(kinds) > 1:
@@ -219,19 +238,73 @@ def _parse_range(raw: dict, kind: str, path: str, spec_path: str, name: str):
     return Range(name, path, spec_path, kind, low, high, log is True, step), problems
 
 
+def _parse_sweep(raw: dict, path: str, spec_path: str) -> tuple[Node, list[Problem]]:
+    """A non-empty list of distinct fixed values (each checked like a fixed value later, by
+    the section's probes)."""
+    problems = [
+        Problem(f"{path}.{key}", f"unknown key of a sweep; allowed: {SWEEP}")
+        for key in raw
+        if key != SWEEP
+    ]
+    values = raw[SWEEP]
+    if not isinstance(values, list) or not values:
+        message = f"expected a non-empty list of values, got {values!r}"
+        return Broken(), [*problems, Problem(f"{path}.{SWEEP}", message)]
+    seen: list[str] = []
+    for i, value in enumerate(values):
+        where = f"{path}.{SWEEP}[{i}]"
+        if isinstance(value, (dict, list)):
+            message = f"expected a fixed value (a number, text, true/false or null), got {value!r}"
+            problems.append(Problem(where, message))
+            continue
+        text = json.dumps(value)
+        if text in seen:
+            message = f"{value!r} appears twice (it is also {SWEEP}[{seen.index(text)}])"
+            problems.append(Problem(where, message))
+        seen.append(text)
+    return Sweep(path, spec_path, tuple(values)), problems
+
+
+def sweeps(node: Node) -> Iterator[Sweep]:
+    """Every sweep in the template, in template order (options of choices included)."""
+    if isinstance(node, Group):
+        for child in node.fields.values():
+            yield from sweeps(child)
+    elif isinstance(node, Choice):
+        for option in node.options:
+            yield from sweeps(option)
+    elif isinstance(node, Sweep):
+        yield node
+
+
+def grid(node: Node) -> list[dict[str, Any]]:
+    """The sweep points of a template: the product of its sweeps, the first sweep varying
+    slowest, each point {spec_path: value}. One empty point when the template has no sweep."""
+    points: list[dict[str, Any]] = [{}]
+    for sweep in sweeps(node):
+        points = [{**point, sweep.spec_path: value} for point in points for value in sweep.values]
+    return points
+
+
 # ---------------------------------------------------------------------------------------------
 # Sampling
 
 
-def sample(node: Node, trial: Any) -> Any:
+def sample(node: Node, trial: Any, point: dict[str, Any] | None = None) -> Any:
     """The value of the template for one Optuna trial (`trial.suggest_*` for each distribution
-    on the way; the options not picked are not visited, so their parameters do not exist)."""
+    on the way; the options not picked are not visited, so their parameters do not exist).
+    `point`: the values of the sweeps (one of `grid(node)`); a template with a sweep needs it."""
     if isinstance(node, Fixed):
         return _copy(node.value)
     if isinstance(node, Group):
-        return {key: sample(child, trial) for key, child in node.fields.items()}
+        return {key: sample(child, trial, point) for key, child in node.fields.items()}
+    if isinstance(node, Sweep):
+        if point is None or node.spec_path not in point:
+            raise ValueError(f"{node.path}: a sweep needs its grid point's value to sample")
+        return _copy(point[node.spec_path])
     if isinstance(node, Choice):
-        return sample(node.option(trial.suggest_categorical(node.name, list(node.labels))), trial)
+        label = trial.suggest_categorical(node.name, list(node.labels))
+        return sample(node.option(label), trial, point)
     if node.kind == "int":
         return trial.suggest_int(node.name, node.low, node.high, step=node.step or 1, log=node.log)
     return trial.suggest_float(node.name, node.low, node.high, step=node.step, log=node.log)
@@ -309,6 +382,10 @@ def _varied(node: Node) -> Iterator[Probe]:
     elif isinstance(node, Range):
         for i, bound in enumerate((node.low, node.high)):
             yield Probe(bound, f"{node.path}.{node.kind}[{i}]", node.spec_path)
+    elif isinstance(node, Sweep):
+        for i, value in enumerate(node.values):
+            if not isinstance(value, (dict, list)):  # those are refused by _parse_sweep
+                yield Probe(value, f"{node.path}.{SWEEP}[{i}]", node.spec_path)
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -322,7 +399,7 @@ def check_template(
 
     `validate` takes one value of the section and returns its problems, with paths inside the
     section ('bias.kind')."""
-    searched = [d.spec_path for d in distributions(node)]
+    searched = [d.spec_path for d in (*distributions(node), *sweeps(node))]
     found: dict[tuple[str, str], Problem] = {}
     for probe in probes(node):
         value = probe.value if isinstance(probe.value, dict) else {}

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from miras.errors import Problem, SpecError, did_you_mean
-from miras.search.space import Node, check_template, parse
+from miras.search.space import Node, check_template, distributions, grid, parse, sweeps
 from miras.spec import load_spec
 from miras.training_config import TrainConfig
 from miras.validation import SOURCE_DICT, Slug, read_mapping, translate
@@ -59,6 +59,8 @@ DIRECTIONS: dict[str, str] = {
     "throughput": "maximize",  # training tokens per second
 }
 SIZES = ("state_size", "state_bytes", "params")  # read off the spec: no training needed
+MAX_SWEEP_POINTS = 64  # grid points of a trial's sweeps, each trained on every seed
+EARLY_STOP = 0.99  # the default threshold of a sweep on an accuracy task (docs/search.md)
 MEASURES = (*SIZES, "throughput")  # computed by the search, not by the task
 
 
@@ -152,6 +154,16 @@ class HeartbeatDef(BaseModel):
         return self
 
 
+class ReportDef(BaseModel):
+    """What the report groups by. `family`: the parameters (leaderboard names, `spec.` in
+    front allowed) whose values make a model family in the accuracy-against-state-size figure;
+    default: every searched spec parameter outside `model`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    family: list[str] | None = None
+
+
 class StudyDef(BaseModel):
     """A validated study. Build it with `load_study` to get every problem as one StudyError."""
 
@@ -172,6 +184,7 @@ class StudyDef(BaseModel):
     trials: int = Field(20, ge=1)
     timeout: float | None = Field(None, gt=0)
     heartbeat: HeartbeatDef = HeartbeatDef()
+    report: ReportDef = ReportDef()
 
     @cached_property
     def spec_space(self) -> Node:
@@ -180,6 +193,28 @@ class StudyDef(BaseModel):
     @cached_property
     def train_space(self) -> Node:
         return parse(_settings(self.train), "train", name="train")[0]
+
+    @cached_property
+    def sweep_points(self) -> list[dict[str, Any]]:
+        """The grid of the train section's sweeps, [{field: value}] (one empty point: none)."""
+        return grid(self.train_space)
+
+    @property
+    def sweeps(self) -> bool:
+        return bool(next(sweeps(self.train_space), None))
+
+    def early_stop(self, primary_metric: str) -> float | None:
+        """The early-stopping threshold a trial trains with when `train.early_stop` is not
+        given: EARLY_STOP for a study with a sweep on a task scored by accuracy, else off."""
+        if "early_stop" in self.train:
+            return None  # the template holds it (a value, null, a sweep or a distribution)
+        return EARLY_STOP if self.sweeps and primary_metric == "accuracy" else None
+
+    def family_params(self) -> list[str]:
+        """The parameter names that make a model family (report.family, or the default)."""
+        if self.report.family is not None:
+            return [_param_name(name) for name in self.report.family]
+        return [d.name for d in distributions(self.spec_space) if not d.name.startswith("model.")]
 
     @property
     def ranks(self) -> int:
@@ -264,6 +299,8 @@ def _validate(data: dict[str, Any], source: str) -> StudyDef:
             problems += _check_templates(spec, train)
         raise StudyError(source, problems) from None
     problems = _check_templates(study.spec, study.train)
+    problems += _sweep_problems(study)
+    problems += _report_problems(study)
     problems += _check_task_and_objectives(study)
     if problems:
         raise StudyError(source, problems)
@@ -303,6 +340,63 @@ def _check_templates(spec: dict[str, Any], train: dict[str, Any]) -> list[Proble
         problems.append(Problem("spec.name", message))
     problems += check_template(spec_node, "spec", _spec_problems)
     problems += check_template(train_node, "train", _train_problems)
+    return problems
+
+
+def _sweep_problems(study: StudyDef) -> list[Problem]:
+    """Sweeps sit on `train:` fields (not in the spec, not inside a choice, not the seed), and
+    their grid holds at most MAX_SWEEP_POINTS points."""
+    problems = [
+        Problem(s.path, "a sweep runs over train: settings only; search a spec value with choices")
+        for s in sweeps(study.spec_space)
+    ]
+    found = list(sweeps(study.train_space))
+    for s in found:
+        if s.path != f"train.{s.spec_path}":
+            message = "a sweep is a whole train: value, not an option of a choice"
+            problems.append(Problem(s.path, message))
+        elif s.spec_path == "seed":
+            message = "the seeds are the replicates (replicates: N), not a sweep"
+            problems.append(Problem(s.path, message))
+    points = 1
+    for s in found:
+        points *= len(s.values)
+    if points > MAX_SWEEP_POINTS:
+        sizes = " x ".join(f"{s.spec_path} {len(s.values)}" for s in found)
+        message = (
+            f"the sweeps make {points} points ({sizes}); at most {MAX_SWEEP_POINTS}, each "
+            "trained on every seed"
+        )
+        problems.append(Problem("train", message))
+    if found and study.ranks > 1:
+        message = (
+            "a sweep scores each point on the test split in the search's own process; "
+            "train it on one rank (remove ranks)"
+        )
+        problems.append(Problem("train.ranks", message))
+    return problems
+
+
+def _param_name(name: str) -> str:
+    """`spec.bias` -> `bias` (the leaderboard's name); other names as written."""
+    return name.removeprefix("spec.")
+
+
+def _report_problems(study: StudyDef) -> list[Problem]:
+    if study.report.family is None:
+        return []
+    known = [d.name for d in (*distributions(study.spec_space), *distributions(study.train_space))]
+    problems = []
+    for i, name in enumerate(study.report.family):
+        if _param_name(name) not in known:
+            allowed = ", ".join(known) or "none (the study searches no parameter)"
+            problems.append(
+                Problem(
+                    f"report.family[{i}]",
+                    f"{name!r} is not a searched parameter; allowed: {allowed}"
+                    f"{did_you_mean(_param_name(name), known)}",
+                )
+            )
     return problems
 
 
