@@ -10,7 +10,9 @@ convention (docs/ops.md).
 fla's convention, against the rule's own (`MemoryRule.__call__`):
 - q, k [B, T, H, K], v [B, T, H, V], as in miras;
 - `g` is the log of the decay gate (miras takes the decay itself: exp(g)); `beta` is the
-  learning-rate gate `lr`; any other gate goes by name in `gates`, natural space;
+  learning-rate gate `lr`; any other gate goes by name in `gates`, natural space. As in fla,
+  beta may be 0 and g as low as -inf (a decay of 0, the state's reset: `_decay_of`); an error
+  about either names `g` or `beta`;
 - `scale` multiplies q (default K^-0.5, like fla; miras applies none);
 - a matrix state is [B, H, K, V] (miras: [B, H, V, K], the transpose; `state_v_first=True`
   takes and returns miras's layout); a dict state (momentum, deep memories) has no fla
@@ -33,7 +35,8 @@ import torch
 
 import miras
 from miras.rule import MemoryRule
-from miras.runtime import run
+from miras.runtime import per_channel_gates, run
+from miras.runtime.inputs import inside_range
 from miras.spec import Spec
 
 Gate = torch.Tensor | float | None
@@ -89,14 +92,16 @@ def _check_scalar_or_tensor(name: str, x) -> None:
     raise ValueError(f"{name}: expected a tensor, a Python float or None, got {type(x).__name__}")
 
 
-def _fla_gates(rule: MemoryRule, q: torch.Tensor, g: Gate, beta: Gate, gates) -> dict:
-    """fla's (g, beta, other gates) -> miras's natural-space gate dict, in q's dtype."""
+def _fla_gates(rule: MemoryRule, q: torch.Tensor, v, g: Gate, beta: Gate, gates) -> dict:
+    """fla's (g, beta, other gates) -> miras's natural-space gate dict, in q's dtype. `g` and
+    `beta` are checked here, so that an error names them rather than the gate they become."""
     _check_scalar_or_tensor("g", g)
     _check_scalar_or_tensor("beta", beta)
     if gates is not None and not isinstance(gates, dict):
         raise ValueError(f"gates: expected a dict name -> tensor, got {type(gates).__name__}")
     out = dict(gates or {})
     takes = rule.gates
+    infos = {info.name: info for info in rule.plan.gates}
     for name, value, fla_name, meaning in (
         ("decay", g, "g", "the log of the decay gate"),
         ("lr", beta, "beta", "the learning-rate gate"),
@@ -118,10 +123,71 @@ def _fla_gates(rule: MemoryRule, q: torch.Tensor, g: Gate, beta: Gate, gates) ->
                 f"{fla_name}: spec '{rule.spec.name}' has no {name} gate (its gates: {listed}); "
                 f"pass {fla_name}=None"
             )
-        if name == "decay":
-            value = math.exp(value) if not isinstance(value, torch.Tensor) else value.exp()
-        out[name] = value.to(q.dtype) if isinstance(value, torch.Tensor) else value
+        allowed = infos[name].allowed
+        if isinstance(value, torch.Tensor):
+            _check_fla_shape(rule, fla_name, name, value, q, v)
+            natural = value if name == "lr" else _decay_of(fla_name, value, allowed, q.dtype)
+            out[name] = natural.to(q.dtype)
+        else:  # a constant: checked as a one-element tensor, passed on as a Python float
+            one = torch.tensor(float(value), dtype=torch.float64)
+            natural = one if name == "lr" else _decay_of(fla_name, one, allowed, q.dtype)
+            out[name] = natural.item()
+        what = "values" if name == "lr" else "exp(g)"
+        _check_fla_range(fla_name, what, out[name], allowed, f"the {name} gate", q.dtype)
     return {n: v.to(q.dtype) if isinstance(v, torch.Tensor) else v for n, v in out.items()}
+
+
+def _check_fla_shape(rule: MemoryRule, fla_name: str, name: str, value, q, v) -> None:
+    """`g` / `beta`: a floating tensor [B, T, H], or [B, T, H, V] where the rule takes the gate
+    per value channel (miras.runtime.per_channel_gates)."""
+    if not value.dtype.is_floating_point:
+        raise ValueError(f"{fla_name}: expected a floating tensor, got {_dtype_name(value)}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        return  # q's own check names it
+    head = list(q.shape[:3])
+    shapes = [head]
+    if name in per_channel_gates(rule) and isinstance(v, torch.Tensor) and v.dim() == 4:
+        shapes.append([*head, v.shape[-1]])
+    if list(value.shape) not in shapes:
+        allowed = " or ".join(f"[B, T, H{', V' if len(s) == 4 else ''}] = {s}" for s in shapes)
+        raise ValueError(f"{fla_name}: expected {allowed}, got {list(value.shape)}")
+
+
+def _dtype_name(x: torch.Tensor) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
+def _first_bad(x: torch.Tensor, bad: torch.Tensor) -> float:
+    return x.detach()[bad].flatten()[0].item()
+
+
+def _check_fla_range(fla_name: str, what: str, natural, allowed, meaning: str, dtype) -> None:
+    """The gate that `fla_name` becomes, in the inputs' dtype, must lie in the rule's range."""
+    value = natural.detach() if isinstance(natural, torch.Tensor) else torch.tensor(natural)
+    value = value.to(dtype)
+    bad = ~inside_range(value, allowed)
+    if bool(bad.any()):
+        raise ValueError(
+            f"{fla_name}: {what} must lie in {allowed} ({meaning}), found {_first_bad(value, bad):g}"
+        )
+
+
+def _decay_of(fla_name: str, g: torch.Tensor, allowed, dtype: torch.dtype) -> torch.Tensor:
+    """exp(g), the rule's decay gate, as it will be in `dtype`. A log-decay so low that exp(g)
+    is 0 in `dtype` (g below about -104 in float32, -92 in bfloat16, and -inf) is fla's decay of exactly 0: the
+    state resets. The rule's decay lies in (0, 1], since its chunk-start form works with log a,
+    so such a decay becomes the dtype's smallest normal number (1.2e-38 in float32), with no
+    gradient to g, as fla's exp(g) = 0 has none."""
+    bad = g.detach().isnan() | (g.detach() > 0)
+    if bool(bad.any()):
+        raise ValueError(
+            f"{fla_name}: expected log-decays g <= 0 (the decay exp(g) in (0, 1]), found "
+            f"{_first_bad(g, bad):g}"
+        )
+    decay = g.exp()  # in g's precision, then rounded once to the inputs' dtype
+    if allowed.lo == 0 and not allowed.lo_closed:
+        decay = torch.where(decay.to(dtype) > 0, decay, torch.finfo(dtype).tiny)
+    return decay
 
 
 def _check_scale(scale, q: torch.Tensor) -> float:
@@ -156,7 +222,7 @@ def call(
     if not isinstance(q, torch.Tensor):
         raise ValueError(f"q: expected a tensor [B, T, H, K], got {type(q).__name__}")
     scale = _check_scale(scale, q)
-    natural = _fla_gates(rule, q, g, beta, gates)
+    natural = _fla_gates(rule, q, v, g, beta, gates)
 
     def layout(state):  # fla's [.., K, V] <-> miras's [.., V, K], for a tensor state
         if state_v_first or not isinstance(state, torch.Tensor):

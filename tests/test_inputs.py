@@ -115,7 +115,7 @@ BAD = [
     ("decay_1.5", "gdn", set_gate("decay", lambda a: gate_like(a, 1.5)), ["gates['decay']", "(0, 1]", "1.5"]),
     ("decay_0", "gdn", set_gate("decay", lambda a: gate_like(a, 0.0)), ["gates['decay']", "(0, 1]"]),
     ("decay_nan", "gdn", set_gate("decay", lambda a: gate_like(a, float("nan"))), ["gates['decay']", "(0, 1]"]),
-    ("lr_negative", "gdn", set_gate("lr", lambda a: gate_like(a, -0.1)), ["gates['lr']", "(0, inf)"]),
+    ("lr_negative", "gdn", set_gate("lr", lambda a: gate_like(a, -0.1)), ["gates['lr']", "[0, inf)"]),
     ("momentum_1", "titans_matrix", set_gate("momentum", lambda a: gate_like(a, 1.0)), ["gates['momentum']", "[0, 1)"]),
     ("chunk_size_0", "gdn", set_arg("chunk_size", lambda a: 0), ["chunk_size", "positive"]),
     ("chunk_size_-3", "gdn", set_arg("chunk_size", lambda a: -3), ["chunk_size", "-3"]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import POSITIVE, Optimizer, Range, gate_or
+from miras.components.base import NONNEGATIVE, Optimizer, Range, gate_or
 
 if TYPE_CHECKING:
     import torch  # annotations only; imported where used (loading a spec needs no torch)
@@ -17,8 +17,8 @@ class GD(Optimizer):
     """
 
     kind: Literal["gd"] = "gd"
-    lr: gate_or(POSITIVE) = "gate"
-    gateable: ClassVar[dict[str, Range]] = {"lr": POSITIVE}
+    lr: gate_or(NONNEGATIVE) = "gate"
+    gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE}
     linear_form: ClassVar[str | None] = "step"
 
     def update(

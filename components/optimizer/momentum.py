@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import HALF_OPEN_UNIT, POSITIVE, Optimizer, Range, gate_or
+from miras.components.base import HALF_OPEN_UNIT, NONNEGATIVE, Optimizer, Range, gate_or
 
 if TYPE_CHECKING:
     import torch  # annotations only; imported where used (loading a spec needs no torch)
@@ -17,9 +17,9 @@ class Momentum(Optimizer):
     """
 
     kind: Literal["momentum"] = "momentum"
-    lr: gate_or(POSITIVE) = "gate"
+    lr: gate_or(NONNEGATIVE) = "gate"
     momentum: gate_or(HALF_OPEN_UNIT) = "gate"
-    gateable: ClassVar[dict[str, Range]] = {"lr": POSITIVE, "momentum": HALF_OPEN_UNIT}
+    gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE, "momentum": HALF_OPEN_UNIT}
     stateful: ClassVar[bool] = True
     linear_form: ClassVar[str | None] = "momentum"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from miras.components.base import HALF_OPEN_UNIT, POSITIVE, Optimizer, Range, gate_or
+from miras.components.base import HALF_OPEN_UNIT, NONNEGATIVE, Optimizer, Range, gate_or
 
 
 class Nesterov(Optimizer):
@@ -15,9 +15,9 @@ class Nesterov(Optimizer):
     """
 
     kind: Literal["nesterov"] = "nesterov"
-    lr: gate_or(POSITIVE) = "gate"
+    lr: gate_or(NONNEGATIVE) = "gate"
     momentum: gate_or(HALF_OPEN_UNIT) = "gate"
-    gateable: ClassVar[dict[str, Range]] = {"lr": POSITIVE, "momentum": HALF_OPEN_UNIT}
+    gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE, "momentum": HALF_OPEN_UNIT}
     stateful: ClassVar[bool] = True
 
     def update(self, grad: Any, state: Any, lr: Any, momentum: Any) -> tuple[Any, Any]:
