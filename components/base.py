@@ -41,9 +41,14 @@ class Range:
     def __str__(self) -> str:
         left = "[" if self.lo_closed else "("
         right = "]" if self.hi_closed else ")"
-        lo = "-inf" if self.lo == -math.inf else f"{self.lo:g}"
-        hi = "inf" if self.hi == math.inf else f"{self.hi:g}"
+        lo = "-inf" if self.lo == -math.inf else _bound(self.lo)
+        hi = "inf" if self.hi == math.inf else _bound(self.hi)
         return f"{left}{lo}, {hi}{right}"
+
+
+def _bound(value: float) -> str:
+    """A bound as written in docs/spec.md: 1048576, not 1.04858e+06."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 POSITIVE = Range(0, math.inf)
@@ -54,6 +59,22 @@ HALF_OPEN_UNIT = Range(0, 1, lo_closed=True)  # a momentum factor theta_t in [0,
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# A fixed value becomes an exact rational constant of the derived rule (sympy's nsimplify), and
+# the emitted torch code multiplies tensors by its numerator and denominator: past these
+# magnitudes they outgrow a 64-bit integer (OverflowError in torch) or the float32 range.
+MAGNITUDE = (1e-12, 1e12)
+
+
+def check_magnitude(value: float) -> None:
+    """Refuse a fixed non-integer value whose magnitude is outside MAGNITUDE (0 is allowed)."""
+    lo, hi = MAGNITUDE
+    if value != 0 and not lo <= abs(value) <= hi:
+        raise ValueError(
+            f"expected a magnitude between {lo:g} and {hi:g} (or 0), got {value!r}: a fixed "
+            "value becomes an exact constant of the derived rule"
+        )
 
 
 def gate_or(allowed: Range) -> Any:
@@ -67,6 +88,7 @@ def gate_or(allowed: Range) -> Any:
             raise ValueError(f"expected 'gate' or a number in {allowed}, got {value!r}{hint}")
         if value not in allowed or math.isnan(value):
             raise ValueError(f"expected a number in {allowed} or 'gate', got {value!r}")
+        check_magnitude(value)
         return float(value)
 
     schema = {"anyOf": [{"const": "gate"}, {"type": "number"}]}
@@ -78,11 +100,16 @@ def number(allowed: Range, integer: bool = False) -> Any:
     what = "an integer" if integer else "a number"
 
     def check(value: Any) -> float | int:
-        if not _is_number(value) or (integer and float(value) != int(value)):
+        # isfinite before int(): int(inf) raises OverflowError, int(nan) a message of its own.
+        whole = _is_number(value) and math.isfinite(value) and float(value) == int(value)
+        if not _is_number(value) or (integer and not whole):
             raise ValueError(f"expected {what} in {allowed}, got {value!r}")
         if value not in allowed or math.isnan(value):
             raise ValueError(f"expected {what} in {allowed}, got {value!r}")
-        return int(value) if integer else float(value)
+        if integer:
+            return int(value)
+        check_magnitude(value)
+        return float(value)
 
     schema = {"type": "integer" if integer else "number"}
     return Annotated[int if integer else float, PlainValidator(check), WithJsonSchema(schema)]

@@ -74,14 +74,24 @@ def one_of(field: str) -> Any:
     return Annotated[union, BeforeValidator(_component_short_form(field))]
 
 
+# The longest window and sequence a spec names: 1M tokens (`window: global` has no bound).
+MAX_WINDOW = 1 << 20
+
+
 def _window_size(value: Any) -> int | str:
-    """c: an integer >= 1, or "global" (the whole prefix)."""
+    """c: an integer in [1, MAX_WINDOW], or "global" (the whole prefix)."""
     if value == "global":
         return "global"
     number_ = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not number_ or not math.isfinite(value) or value != int(value) or value < 1:
         raise ValueError(
-            f"expected an integer in [1, inf) or 'global' (the whole prefix), got {value!r}"
+            f"expected an integer in [1, {MAX_WINDOW}] or 'global' (the whole prefix), "
+            f"got {value!r}"
+        )
+    if value > MAX_WINDOW:
+        raise ValueError(
+            f"expected an integer in [1, {MAX_WINDOW}] or 'global' (the whole prefix), got "
+            f"{value!r}: a window of c tokens keeps c keys and values per sequence"
         )
     return int(value)
 
@@ -89,7 +99,9 @@ def _window_size(value: Any) -> int | str:
 WindowSize = Annotated[
     Union[int, Literal["global"]],  # noqa: UP007 (as `one_of`)
     PlainValidator(_window_size),
-    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": "global"}]}),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_WINDOW}, {"const": "global"}]}
+    ),
 ]
 
 
@@ -139,22 +151,22 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    d_model: number(Range(1, math.inf, lo_closed=True), integer=True) = 64
+    d_model: number(Range(1, 65536, lo_closed=True, hi_closed=True), integer=True) = 64
     n_layers: number(Range(1, 64, lo_closed=True, hi_closed=True), integer=True) = 2
-    n_heads: number(Range(1, math.inf, lo_closed=True), integer=True) = 2
+    n_heads: number(Range(1, 4096, lo_closed=True, hi_closed=True), integer=True) = 2
     variant: Literal["lmm", "mal", "mag", "mac", "attention", "swa"] = "lmm"
-    swa_window: number(Range(1, math.inf, lo_closed=True), integer=True) = 64
-    mac_segment: number(Range(1, math.inf, lo_closed=True), integer=True) = 32
-    persistent_tokens: number(Range(0, math.inf, lo_closed=True), integer=True) = 0
+    swa_window: number(Range(1, MAX_WINDOW, lo_closed=True, hi_closed=True), integer=True) = 64
+    mac_segment: number(Range(1, MAX_WINDOW, lo_closed=True, hi_closed=True), integer=True) = 32
+    persistent_tokens: number(Range(0, 4096, lo_closed=True, hi_closed=True), integer=True) = 0
     # None: 64 // window.c where the rule gets the exact chunk form, 16 for the chunk-start form
     # (`exact_chunk.default_chunk_size`).
-    chunk_size: number(Range(1, math.inf, lo_closed=True), integer=True) | None = None
+    chunk_size: number(Range(1, 65536, lo_closed=True, hi_closed=True), integer=True) | None = None
     backend: Literal["chunk", "recurrent", "triton"] = "chunk"
     # "auto": exact chunks where the rule is affine in its memory, else chunk-start; "start",
     # "exact": force one (docs/chunking.md).
     chunk_mode: Literal["auto", "start", "exact"] = "auto"
     conv_size: number(Range(0, 16, lo_closed=True, hi_closed=True), integer=True) = 4
-    gate_rank: number(Range(1, math.inf, lo_closed=True), integer=True) = 16
+    gate_rank: number(Range(1, 65536, lo_closed=True, hi_closed=True), integer=True) = 16
     mlp_expansion: number(Range(0, 64, hi_closed=True)) = 4.0
     positions: Literal["rotary", "conv", "none"] = "rotary"
 

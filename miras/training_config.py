@@ -29,6 +29,9 @@ TRAJECTORY = (
     "precision",
 )
 RANK_TIMEOUT = 300.0  # seconds a rank waits for the others under torchrun (not a setting)
+# Upper bounds (docs/spec.md, Limits): far past any run, short of an int64 or a day's allocation.
+MAX_STEPS = 10**9
+MAX_BATCH = 1 << 16
 
 
 class TrainConfig(BaseModel):
@@ -37,20 +40,25 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    steps: int = Field(1000, ge=1, description="Optimizer steps.")
-    batch_size: int = Field(32, ge=1, description="Sequences per step.")
-    lr: float = Field(3e-3, gt=0, description="Peak learning rate (AdamW).")
+    steps: int = Field(1000, ge=1, le=MAX_STEPS, description="Optimizer steps.")
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH, description="Sequences per step.")
+    lr: float = Field(3e-3, gt=0, allow_inf_nan=False, description="Peak learning rate (AdamW).")
     warmup: int | None = Field(
-        None, ge=0, description="Linear warmup steps; default: a tenth of the steps."
+        None, ge=0, le=MAX_STEPS, description="Linear warmup steps; default: a tenth of the steps."
     )
-    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay.")
-    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
-    seed: int = Field(0, ge=0, description="Seed of the model's initialization.")
+    weight_decay: float = Field(0.1, ge=0, allow_inf_nan=False, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, allow_inf_nan=False, description="Gradient-norm clip.")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the model's initialization.")
     eval_every: int | None = Field(
-        None, ge=1, description="Steps between evaluations; default: a tenth of the steps."
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="Steps between evaluations; default: a tenth of the steps.",
     )
-    eval_batches: int = Field(4, ge=1, description="Validation batches per evaluation.")
-    log_every: int = Field(10, ge=1, description="Steps between training records.")
+    eval_batches: int = Field(
+        4, ge=1, le=MAX_BATCH, description="Validation batches per evaluation."
+    )
+    log_every: int = Field(10, ge=1, le=MAX_STEPS, description="Steps between training records.")
     early_stop: float | None = Field(
         None,
         allow_inf_nan=False,

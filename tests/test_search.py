@@ -100,7 +100,7 @@ def test_every_problem_at_once_with_paths_and_hints():
     fixed.pop("trails")
     fixed["train"] = TINY["train"]
     text = "\n".join(problems_of(fixed))
-    assert "spec.model.d_model.int[0]: expected an integer in [1, inf), got 0" in text
+    assert "spec.model.d_model.int[0]: expected an integer in [1, 65536], got 0" in text
     assert "objectives[0].metric: task mqar does not report 'acuracy'" in text
     assert "did you mean 'accuracy'" in text
 

@@ -278,7 +278,7 @@ BAD = [
         ["true or false"],
         id="bad-bool",
     ),
-    pytest.param({"window": 0}, "window.c", ["[1, inf)", "got 0"], id="window-zero"),
+    pytest.param({"window": 0}, "window.c", ["[1, 1048576]", "got 0"], id="window-zero"),
     pytest.param({"window": "four"}, "window", ["integer c >= 1", "'four'"], id="window-text"),
     pytest.param(
         {"window": {"c": 2, "gamma": -1}}, "window.gamma", ["(0, inf)"], id="window-gamma"

@@ -65,7 +65,7 @@ def test_a_wrong_literal_names_the_allowed_values():
 
 def test_a_wrong_type_says_what_was_expected_and_what_came():
     (spec,) = spec_problems({"name": "x", "model": {"d_model": "big"}})
-    assert spec == "model.d_model: expected an integer in [1, inf), got 'big'"  # its range too
+    assert spec == "model.d_model: expected an integer in [1, 65536], got 'big'"  # its range too
     (study,) = study_problems({**TINY, "trials": "many"})
     assert study == "trials: expected an integer, got 'many'"
     assert task_message("mqar", seq_len="long") == (

@@ -19,7 +19,9 @@ class LpBias(Bias):
     """
 
     kind: Literal["lp"] = "lp"
-    p: number(Range(1, math.inf, lo_closed=True)) = 3.0
+    # At most 64: the derivation expands |e|^p as a polynomial of degree p (a p of 1e6 runs
+    # out of memory), and |e|^(p-1) of an error of 4 is 2^126, the edge of float32, at 64.
+    p: number(Range(1, 64, lo_closed=True, hi_closed=True)) = 3.0
     # Smoothing of |x| as sqrt(x^2 + eps). None: exact |x| for p >= 2, eps = 1e-6 below,
     # where |e|^p is not twice differentiable at 0 (MIRAS Remark 5).
     eps: number(Range(0, math.inf, lo_closed=True)) | None = None

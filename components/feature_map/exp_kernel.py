@@ -25,7 +25,7 @@ class ExpKernelMap(FeatureMap):
     # exponential's own Taylor coefficients); the kernel weighs degree p by a_p^2.
     gating: bool = False
     # The largest feature width Dphi = C(d + P, P) allowed; a matrix memory is [Dv, Dphi].
-    max_features: number(Range(1, math.inf, lo_closed=True), integer=True) = 4096
+    max_features: number(Range(1, 1 << 20, lo_closed=True, hi_closed=True), integer=True) = 4096
 
     def output_dim(self, d: int) -> int:
         return math.comb(d + self.order, self.order)

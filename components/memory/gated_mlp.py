@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Literal
 
-from miras.components.base import POSITIVE, Memory, number
+from miras.components.base import Memory, Range, number
 from miras.components.memory.mlp import Activation, activation_functions
 
 if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
@@ -19,7 +19,7 @@ class GatedMLPMemory(Memory):
     """
 
     kind: Literal["gated_mlp"] = "gated_mlp"
-    expansion: number(POSITIVE) = 4.0
+    expansion: number(Range(0, 64, hi_closed=True)) = 4.0  # hidden width / input width
     activation: Activation = "silu"
 
     def parameter_shapes(self, d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:

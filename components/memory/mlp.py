@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Literal
 
-from miras.components.base import POSITIVE, Memory, Range, number
+from miras.components.base import Memory, Range, number
 
 if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
     import sympy as sp
@@ -38,7 +38,7 @@ class MLPMemory(Memory):
 
     kind: Literal["mlp"] = "mlp"
     depth: number(Range(1, 8, lo_closed=True, hi_closed=True), integer=True) = 2
-    expansion: number(POSITIVE) = 4.0
+    expansion: number(Range(0, 64, hi_closed=True)) = 4.0  # hidden width / input width
     activation: Activation = "gelu"
     residual_norm: bool = False  # MIRAS's x + LN(MLP(x)); needs Dv = Dphi
 

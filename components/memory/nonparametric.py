@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar, Literal
 
 from miras.components.base import Memory, Range, number
@@ -16,7 +15,7 @@ class NonparametricMemory(Memory):
 
     kind: Literal["nonparametric"] = "nonparametric"
     parametric: ClassVar[bool] = False
-    window: number(Range(1, math.inf, lo_closed=True), integer=True) | None = None
+    window: number(Range(1, 1 << 20, lo_closed=True, hi_closed=True), integer=True) | None = None
 
     def parameter_shapes(self, d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
         return {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from miras.components.base import UNIT, Range, Retention, gate_or, number
@@ -18,7 +17,7 @@ class LqRetention(Retention):
     """
 
     kind: Literal["lq"] = "lq"
-    q: number(Range(1, math.inf)) = 4.0
+    q: number(Range(1, 64, hi_closed=True)) = 4.0  # ||A||_q^(q-2): as lp's p, at most 64
     decay: gate_or(UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
     decay_gate: ClassVar[str | None] = "decay"

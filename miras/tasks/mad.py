@@ -68,15 +68,15 @@ class MAD(Task):
     higher_is_better: ClassVar[bool] = True
 
     subtask: Subtask = "in_context_recall"
-    vocab_size: int = Field(ge=4)
-    seq_len: int = Field(ge=4)
+    vocab_size: int = Field(ge=4, le=1 << 20)
+    seq_len: int = Field(ge=4, le=1 << 20)
     seed: int = Field(0, ge=0)
     # Options of some subtasks only (None elsewhere).
-    noise_vocab_size: int | None = Field(None, ge=1)
+    noise_vocab_size: int | None = Field(None, ge=1, le=1 << 20)
     frac_noise: float | None = Field(None, ge=0, lt=1)
-    k_motif_size: int | None = Field(None, ge=1)
-    v_motif_size: int | None = Field(None, ge=1)
-    num_tokens_to_copy: int | None = Field(None, ge=1)
+    k_motif_size: int | None = Field(None, ge=1, le=1 << 20)
+    v_motif_size: int | None = Field(None, ge=1, le=1 << 20)
+    num_tokens_to_copy: int | None = Field(None, ge=1, le=1 << 20)
     # MAD trains the recall tasks on every next token and scores only the recalled values;
     # "answers" labels only the values in both splits.
     train_labels: Literal["next_token", "answers"] | None = None

@@ -32,9 +32,9 @@ class MQAR(Task):
     primary_metric: ClassVar[str] = "accuracy"
     higher_is_better: ClassVar[bool] = True
 
-    vocab_size: int = Field(256, ge=4, description="V: keys 1..V/2-1, values V/2..V-1")
-    seq_len: int = Field(128, ge=4, description="T, context and queries")
-    num_pairs: int = Field(16, ge=1, description="N key-value pairs, each queried once")
+    vocab_size: int = Field(256, ge=4, le=1 << 20, description="V: keys 1..V/2-1, values V/2..V-1")
+    seq_len: int = Field(128, ge=4, le=1 << 16, description="T, context and queries")
+    num_pairs: int = Field(16, ge=1, le=1 << 14, description="N key-value pairs, each queried once")
     power_a: float = Field(0.01, gt=0, le=1, description="power law of the query gaps")
     seed: int = Field(0, ge=0)
 

@@ -89,7 +89,7 @@ def _tuple(value: Any) -> Any:
     return value
 
 
-Lengths = Annotated[tuple[Annotated[int, Field(ge=1)], ...], BeforeValidator(_tuple)]
+Lengths = Annotated[tuple[Annotated[int, Field(ge=1, le=1 << 20)], ...], BeforeValidator(_tuple)]
 Depths = Annotated[tuple[Annotated[float, Field(ge=0, le=1)], ...], BeforeValidator(_tuple)]
 
 

@@ -60,7 +60,7 @@ class Text(Task):
     primary_metric: ClassVar[str] = "perplexity"
     higher_is_better: ClassVar[bool] = False
 
-    seq_len: int = Field(128, ge=1, description="T bytes per window")
+    seq_len: int = Field(128, ge=1, le=1 << 20, description="T bytes per window")
     valid_fraction: float = Field(0.1, gt=0, lt=0.5, description="the corpus's tail kept apart")
     seed: int = Field(0, ge=0)
 
