@@ -54,7 +54,7 @@ def test_a_wrong_literal_names_the_allowed_values():
     (study,) = study_problems({**TINY, "sampler": "tpee"})
     assert (
         study
-        == "sampler.kind: expected one of tpe, nsga2, random, got 'tpee' (did you mean 'tpe'?)"
+        == "sampler.kind: expected one of tpe, nsga2, random, grid, got 'tpee' (did you mean 'tpe'?)"
     )
     task = task_message("mad", train_labels="answer")
     assert task == (

@@ -70,7 +70,10 @@ def trials_frame(trials: list[FrozenTrial], metrics: list[str]) -> pd.DataFrame:
         row["reason"] = t.user_attrs.get("reason") or t.user_attrs.get("error") or ""
         row["retry_of"] = t.system_attrs.get("failed_trial")
         rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if not frame.empty:  # a trial number or missing: not a float with NaN (3.0 in the CSV)
+        frame["retry_of"] = frame["retry_of"].astype("Int64")
+    return frame
 
 
 def leaderboard(

@@ -328,6 +328,11 @@ def search(
     timeout = timeout if timeout is not None else study.timeout
     if workers < 1 or threads < 1:
         raise SearchError(f"workers, threads: expected integers >= 1, got {workers}, {threads}")
+    if study.sampler_def().kind == "grid" and budget > study.grid_size:
+        raise SearchError(
+            f"trials: the grid has {study.grid_size} configurations and each is tried once; "
+            f"got {budget}"
+        )
     # Open once here: an unreachable storage or a mismatched study fails before any worker.
     handle = open_study(
         study, open_storage(url, study.heartbeat.interval, study.heartbeat.grace), name

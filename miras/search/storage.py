@@ -22,6 +22,7 @@ import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial
 
+from miras.search.grid_sampler import grid_sampler
 from miras.search.study import StudyDef, load_study, resolve_directions
 
 MAX_RETRY = 3  # a trial that kills its worker three times is not tried again
@@ -152,10 +153,14 @@ def _sqlite_wal(path: str) -> None:
 
 
 def make_sampler(study: StudyDef, seed: int | None) -> optuna.samplers.BaseSampler:
-    """TPE (grouped: conditional parameters are modelled per branch), NSGA-II or random."""
+    """TPE (grouped: conditional parameters are modelled per branch), NSGA-II, random, or the
+    grid of every configuration."""
     spec = study.sampler_def()
     if spec.kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    if spec.kind == "grid":
+        with quiet():
+            return grid_sampler(seed)
     if spec.kind == "nsga2":
         size = spec.population_size or max(4, min(50, study.trials // 3))
         return optuna.samplers.NSGAIISampler(population_size=size, seed=seed)

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from miras.errors import Problem, SpecError, did_you_mean
+from miras.search.grid_sampler import grid_problems, grid_size
 from miras.search.space import Node, check_template, distributions, grid, parse, sweeps
 from miras.spec import load_spec
 from miras.training_config import TrainConfig
@@ -110,11 +111,12 @@ class Objective(BaseModel):
 
 
 class SamplerDef(BaseModel):
-    """TPE (default for one objective), NSGA-II (default for several) or random search."""
+    """TPE (default for one objective), NSGA-II (default for several), random search, or a grid
+    of every configuration (miras.search.grid_sampler)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["tpe", "nsga2", "random"]
+    kind: Literal["tpe", "nsga2", "random", "grid"]
     seed: int | None = 0
     startup_trials: int | None = Field(None, ge=0)  # TPE's random start (Optuna's default 10)
     population_size: int | None = Field(None, ge=2)  # NSGA-II's generation size
@@ -244,6 +246,11 @@ class StudyDef(BaseModel):
     def sampler_def(self) -> SamplerDef:
         return self.sampler or SamplerDef(kind="nsga2" if self.multi_objective else "tpe")
 
+    @property
+    def grid_size(self) -> int:
+        """The configurations of the spec and train templates (what `sampler: grid` tries)."""
+        return grid_size(self.spec_space) * grid_size(self.train_space)
+
     def pruner_def(self) -> PrunerDef:
         # Optuna prunes on one reported value, so several objectives cannot prune.
         return self.pruner or PrunerDef(kind="none" if self.multi_objective else "median")
@@ -300,10 +307,13 @@ def _validate(data: dict[str, Any], source: str) -> StudyDef:
         raise StudyError(source, problems) from None
     problems = _check_templates(study.spec, study.train)
     problems += _sweep_problems(study)
+    problems += _grid_problems(study)
     problems += _report_problems(study)
     problems += _check_task_and_objectives(study)
     if problems:
         raise StudyError(source, problems)
+    if study.sampler_def().kind == "grid" and "trials" not in study.model_fields_set:
+        return study.model_copy(update={"trials": study.grid_size})  # each configuration once
     return study
 
 
@@ -374,6 +384,21 @@ def _sweep_problems(study: StudyDef) -> list[Problem]:
             "train it on one rank (remove ranks)"
         )
         problems.append(Problem("train.ranks", message))
+    return problems
+
+
+def _grid_problems(study: StudyDef) -> list[Problem]:
+    """`sampler: grid`: every distribution lists its values, and `trials` is at most the grid."""
+    if study.sampler_def().kind != "grid":
+        return []
+    problems = grid_problems(study.spec_space) + grid_problems(study.train_space)
+    given = "trials" in study.model_fields_set  # else the trials are the grid (_validate)
+    if not problems and given and study.trials > study.grid_size:
+        message = (
+            f"the grid has {study.grid_size} configurations and each is tried once; give "
+            f"trials <= {study.grid_size}, or leave trials out to try them all"
+        )
+        problems.append(Problem("trials", message))
     return problems
 
 
