@@ -147,11 +147,13 @@ def check(
 ) -> None:
     """Check every derived piece against autograd or a numerical argmin, then the whole rule
     end to end on every backend against an autograd oracle; exit 1 on a failure."""
+    from miras.resources import ResourceError, check_fits
     from miras.rule import compile as compile_spec
 
     try:
         rule = compile_spec(load_spec(spec), checked=False)
-    except (SpecError, DerivationError) as error:
+        check_fits(rule)  # before the check allocates its traces
+    except (SpecError, DerivationError, ResourceError) as error:
         raise _fail(error) from None
     results = rule.check(seed=seed)
     table = Table(title=f"checks of {rule.spec.name} (float64, seed {seed})", title_justify="left")
@@ -719,6 +721,7 @@ def probe(
     error with its 95% interval over the seeds, and a plotly figure (docs/probes.md)."""
     from miras.probes import PROBES
     from miras.probes.plots import draw
+    from miras.resources import probe_estimate, require
 
     if name not in PROBES:
         raise _fail(ValueError(f"unknown probe {name!r}; allowed: {', '.join(PROBES)}"), 2)
@@ -728,6 +731,9 @@ def probe(
         fixed = _key_values(gate, "--gate") or None
         for path in specs:
             spec = load_spec(path)
+            need = probe_estimate(spec, options)
+            if need is not None:  # before the probe allocates its states
+                require(need, f"probe {name} of {path}")
             try:
                 results.append(PROBES[name](spec, seeds=seeds, seed=seed, gates=fixed, **options))
             except TypeError as error:  # an option the probe does not take

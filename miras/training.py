@@ -54,6 +54,7 @@ from miras.checkpoint import (
 )
 from miras.errors import TrainingDiverged
 from miras.models.model import LanguageModel, build_model
+from miras.resources import require, training_estimate
 from miras.spec import Spec, load_spec
 from miras.training_config import RANK_TIMEOUT, TrainConfig
 
@@ -248,6 +249,14 @@ def train(
     precision = config.precision_name
     ranks, device = distributed.join(device, rank_timeout)
     rows = ranks.shard(config.batch_size)  # this rank's rows of every global batch
+    # Refuse, with the sizes to lower, a run whose model, states and activations would not fit.
+    need = training_estimate(
+        spec,
+        batch_size=len(range(config.batch_size)[rows]),
+        seq_len=task.seq_len,
+        vocab_size=task.vocab_size,
+    )
+    require(need, "training", device)
     torch.manual_seed(config.seed)
     model = build_model(spec, task.vocab_size).to(device)
     optimizer = make_optimizer(model, config)
