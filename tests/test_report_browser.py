@@ -130,3 +130,73 @@ def test_report_renders_in_headless_chromium(browser, tmp_path, objectives, titl
     assert rendered(browser, declared) == declared
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def made_up_sweep_study(trials: int = 8) -> tuple[optuna.Study, object]:
+    """Replicated trials of a study with an lr sweep inside each: the selected point's test
+    records hold per-slice accuracies, and every trial records its state size."""
+    train = {**TINY["train"], "lr": {"sweep": [1.0e-3, 1.0e-2]}}
+    definition = load_study({**TINY, "train": train, "replicates": 2, "pruner": None})
+    handle = optuna.create_study(directions=definition.directions, study_name="made-up-sweep")
+    rng = random.Random(1)
+    distributions = {
+        "bias": CategoricalDistribution(["l2", "dot"]),
+        "model.chunk_size": CategoricalDistribution([16, 32]),
+    }
+    for i in range(trials):
+        params = {"bias": rng.choice(["l2", "dot"]), "model.chunk_size": rng.choice([16, 32])}
+        sweep, tests = [], []
+        for point, lr in enumerate((1.0e-3, 1.0e-2)):
+            for seed in (0, 1):
+                valid = {"accuracy": rng.random()}
+                test = {"accuracy": rng.random(), "accuracy_n4": rng.random()}
+                test["accuracy_n8"] = rng.random()
+                sweep.append({"point": point, "values": {"lr": lr}, "seed": seed})
+                sweep[-1] |= {"valid": valid, "test": test, "seconds": 1.0}
+                if point == 1:
+                    tests.append(test)
+        mean = sum(t["accuracy"] for t in tests) / 2
+        handle.add_trial(
+            create_trial(
+                state=TrialState.COMPLETE,
+                values=[mean],
+                params=params,
+                distributions=distributions,
+                user_attrs={
+                    "spec": "name: x\n",
+                    "sweep": sweep,
+                    "selected": {"point": 1, "values": {"lr": 1.0e-2}, "valid": 0.5},
+                    "replicates": [
+                        {"seed": s, "metrics": t, "seconds": 1.0} for s, t in enumerate(tests)
+                    ],
+                    "metrics": {"accuracy": mean, "state_bytes": 256.0 * (1 + i % 4)},
+                },
+            )
+        )
+    return handle, definition
+
+
+def test_sweep_state_size_and_slice_figures_render(browser, tmp_path):
+    handle, definition = made_up_sweep_study()
+    report = write_report(handle, definition, tmp_path)
+    expected = {
+        "accuracy against state size, per model family",
+        "accuracy per slice of the test split",
+        "validation accuracy against lr (the sweep inside each trial)",
+    }
+    assert expected <= set(report.figures), report.figures
+    browser.get(report.html.resolve().as_uri())
+    declared = int(browser.find_element("css selector", "body").get_attribute("data-figures"))
+    assert declared == len(report.figures)
+    assert rendered(browser, declared) == declared
+    # The state-size figure: one line per family (bias), x on a log axis, error bars drawn.
+    index = report.figures.index("accuracy against state size, per model family")
+    traces = browser.execute_script(
+        f"const d = document.getElementById('figure-{index}');"
+        "return [d.data.map(t => t.name), d.layout.xaxis.type,"
+        f" document.querySelectorAll('#figure-{index} .errorbar').length];"
+    )
+    assert sorted(traces[0]) == ["bias=dot", "bias=l2"] and traces[1] == "log"
+    assert traces[2] > 0
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
