@@ -20,7 +20,9 @@ fla's convention, against the rule's own (`MemoryRule.__call__`):
 - `cu_seqlens` [N + 1] packs N sequences along T with B = 1; the states are [N, ...].
 Gates are cast to q's dtype (fla takes float32 gates with bfloat16 inputs); a Python float is a
 constant gate. The aliases run the chunk backend; its "auto" mode is the exact chunk form for
-these models, so they equal fla's recurrences at every chunk size.
+these models, so they equal fla's recurrences at every chunk size. A spec without an exact
+chunk form runs its chunk-start approximation only when `chunk_mode` asks for it
+(`chunk_options`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 import miras
 from miras.rule import MemoryRule
 from miras.runtime import per_channel_gates, run
+from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size, resolve_mode
 from miras.runtime.inputs import inside_range
 from miras.spec import Spec
 
@@ -198,6 +201,37 @@ def _check_scale(scale, q: torch.Tensor) -> float:
     return float(scale)
 
 
+def chunk_options(
+    rule: MemoryRule, backend: str, chunk_mode: str | None, chunk_size: int | None
+) -> tuple[str, int]:
+    """(chunk_mode, chunk_size) for a call on `backend`. fla's ops are exact, so the chunk-start
+    approximation is never taken unasked: where the spec has no exact chunk form (a deep memory,
+    a nonlinear bias or retention, muon: docs/chunking.md), the chunk and triton backends need
+    `chunk_mode` ("auto": the compiled form, or "start"), else a ValueError says so. Without
+    `chunk_mode` an exact spec runs "auto", its exact form. Without `chunk_size`, the layer's
+    default for the form (`default_chunk_size`): 64 // c in the exact form, 16 in the
+    chunk-start and dual forms."""
+    form = rule.plan.chunk_form
+    if chunk_mode is None:
+        if backend != "recurrent" and form.form != "exact":
+            start = START_CHUNK_SIZE if chunk_size is None else chunk_size
+            raise ValueError(
+                f"chunk_mode: spec '{rule.spec.name}' has no exact chunk form ({form.reason}), so "
+                f"backend={backend!r} would run the chunk-start approximation (every gradient "
+                "of a chunk taken at the chunk's start state, as in Titans and ATLAS), which "
+                "differs from the recurrence and can diverge where it does not (a chunk adds "
+                f"up chunk_size gradients taken at one state). Choose it: chunk_mode='auto' "
+                f"(its compiled form, {form.form!r}) or 'start' (at chunk_size={start}; the "
+                "layer starts the learning rate at 0.5 / chunk_size for it), or pass "
+                "backend='recurrent' for the exact recurrence"
+            )
+        chunk_mode = "auto"
+    if chunk_size is None:
+        mode = resolve_mode(chunk_mode, form, rule.spec.name)
+        chunk_size = default_chunk_size(mode, rule.spec.window.c)
+    return chunk_mode, chunk_size
+
+
 def call(
     rule: MemoryRule | Spec | str | Path | dict,
     q: torch.Tensor,
@@ -213,12 +247,14 @@ def call(
     gates: dict[str, Gate] | None = None,
     state_v_first: bool = False,
     backend: str = "chunk",
-    chunk_size: int = 64,
-    chunk_mode: str = "auto",
+    chunk_size: int | None = None,
+    chunk_mode: str | None = None,
 ):
     """Run `rule` with fla's calling convention (the module docstring); returns (o, state),
-    state None unless `output_final_state`."""
+    state None unless `output_final_state`. `chunk_mode` and `chunk_size` as in
+    `chunk_options`."""
     rule = _as_rule(rule)
+    chunk_mode, chunk_size = chunk_options(rule, backend, chunk_mode, chunk_size)
     if not isinstance(q, torch.Tensor):
         raise ValueError(f"q: expected a tensor [B, T, H, K], got {type(q).__name__}")
     scale = _check_scale(scale, q)
@@ -249,16 +285,19 @@ def functional(
     rule: MemoryRule | Spec | str | Path | dict,
     *,
     backend: str = "chunk",
-    chunk_size: int = 64,
-    chunk_mode: str = "auto",
+    chunk_size: int | None = None,
+    chunk_mode: str | None = None,
 ) -> Callable:
     """The fla-style op of any spec or compiled rule:
 
-        op = functional("specs/titans.yaml")
+        op = functional("specs/titans.yaml", chunk_mode="auto")  # the chunk-start form
         o, state = op(q, k, v, g=log_decay, beta=lr, gates={"momentum": m})
 
-    The signature is `call`'s without `rule` and the backend options, which are fixed here."""
+    The signature is `call`'s without `rule` and the backend options, which are fixed here
+    (`chunk_options`: a spec without an exact chunk form needs `chunk_mode` on the chunk and
+    triton backends, checked here, before any call)."""
     rule = _as_rule(rule)
+    chunk_mode, chunk_size = chunk_options(rule, backend, chunk_mode, chunk_size)
 
     def op(
         q,

@@ -199,3 +199,59 @@ def test_per_channel_beta_is_taken_where_the_rule_takes_it():
     o, _ = ops.chunk_delta_rule(q, k, v, per_channel, chunk_size=8)
     o_head, _ = ops.chunk_delta_rule(q, k, v, beta, chunk_size=8)
     torch.testing.assert_close(o, o_head, rtol=1e-6, atol=1e-6)
+
+
+# chunk_mode and chunk_size of `functional` and `call` ------------------------------------------
+
+TITANS = "specs/titans.yaml"  # mlp memory: no exact chunk form (its compiled form is "dual")
+
+
+def titans_inputs(seed=7):
+    gen = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(1, 24, 2, 4, generator=gen), dim=-1)
+    k = F.normalize(torch.randn(1, 24, 2, 4, generator=gen), dim=-1)
+    v = torch.randn(1, 24, 2, 4, generator=gen)
+    gates = {"momentum": torch.full((1, 24, 2), 0.5)}
+    g, beta = torch.full((1, 24, 2), math.log(0.95)), torch.full((1, 24, 2), 0.05)
+    return q, k, v, g, beta, gates
+
+
+@pytest.mark.parametrize("backend", ["chunk", "triton"])
+def test_a_spec_without_an_exact_chunk_form_needs_chunk_mode(backend):
+    """fla's ops are exact: the chunk-start approximation is never taken unasked."""
+    with pytest.raises(ValueError) as err:
+        ops.functional(TITANS, backend=backend)
+    message = str(err.value)
+    for piece in ["chunk_mode", "'titans'", "chunk-start", "'auto'", "'start'", "'recurrent'"]:
+        assert piece in message, message
+    q, k, v, g, beta, gates = titans_inputs()
+    with pytest.raises(ValueError, match="chunk_mode"):
+        ops.call(TITANS, q, k, v, g, beta, gates=gates, chunk_size=8)  # a size is not a mode
+
+
+def test_chosen_chunk_start_form_runs_at_the_layers_chunk_size():
+    q, k, v, g, beta, gates = titans_inputs()
+    rule = ops._as_rule(TITANS)
+    natural = {"decay": g.exp(), "lr": beta, **gates}
+    exact, _ = rule(q * 0.5, k, v, natural, backend="recurrent")
+    o_rec, _ = ops.functional(TITANS, backend="recurrent")(q, k, v, g, beta, gates=gates)
+    torch.testing.assert_close(o_rec, exact, rtol=0, atol=0)  # the recurrence needs no mode
+    for mode in ("auto", "start"):
+        o, _ = ops.functional(TITANS, chunk_mode=mode)(q, k, v, g, beta, gates=gates)
+        want, _ = rule(q * 0.5, k, v, natural, backend="chunk", chunk_size=16, chunk_mode=mode)
+        torch.testing.assert_close(o, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "spec, chunk_mode, expected",
+    [
+        ("specs/gated_deltanet.yaml", None, ("auto", 64)),  # exact: 64 rows per chunk
+        ("specs/omeganet.yaml", None, ("auto", 16)),  # exact, window c = 4: 64 // c
+        ("specs/titans.yaml", "auto", ("auto", 16)),  # dual: the layer's chunk-start size
+        ("specs/atlas.yaml", "start", ("start", 16)),
+    ],
+)
+def test_default_chunk_size_follows_the_form(spec, chunk_mode, expected):
+    rule = ops._as_rule(spec)
+    assert ops.chunk_options(rule, "chunk", chunk_mode, None) == expected
+    assert ops.chunk_options(rule, "chunk", chunk_mode, 8) == (expected[0], 8)
