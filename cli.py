@@ -431,10 +431,13 @@ def evaluate_command(
             show_default=False,
         ),
     ] = None,
-    batches: Annotated[int, typer.Option(help="Validation batches.")] = 8,
+    batches: Annotated[int, typer.Option(help="Batches (of each slice).")] = 8,
     batch_size: Annotated[
         int | None, typer.Option(help="Default: the training batch size.")
     ] = None,
+    split: Annotated[
+        str, typer.Option(help="valid, or test (per slice: MQAR's test_grid).")
+    ] = "valid",
 ) -> None:
     """Score a checkpoint on a task's validation batches (by default the run's own task)."""
     from miras.training import evaluate, load_checkpoint, recorded_task
@@ -445,7 +448,7 @@ def evaluate_command(
         the_task, notes = recorded_task(data, task, options)
         for note in notes:
             err.print(f"note: {note}", highlight=False, markup=False)
-        metrics = evaluate(data, the_task, batches=batches, batch_size=batch_size)
+        metrics = evaluate(data, the_task, batches=batches, batch_size=batch_size, split=split)
     except (ValueError, FileNotFoundError) as error:
         raise _fail(error) from None
     shown = ", ".join(f"{key}={value}" for key, value in the_task.options().items())

@@ -42,7 +42,44 @@ def task_info(task: Task) -> dict[str, Any]:
     options = getattr(task, "options", None)
     if callable(options):
         info["options"] = dict(options())
+    io = io_options(task)
+    if io is not None:
+        info["io"] = dict(io)
     return info
+
+
+def task_io(task: Task, d_model: int) -> Any:
+    """The task's (input layer, output layer) for a model of width `d_model` (`model_io`), or
+    None: token ids through the model's embedding and tied head (also for a task without the
+    hook). The layers are rebuilt from the task, never read from a checkpoint: their frozen
+    tables are not in its state dict."""
+    hook = getattr(task, "model_io", None)
+    return hook(d_model) if callable(hook) else None
+
+
+def io_options(task: Task) -> dict[str, Any] | None:
+    hook = getattr(task, "io_options", None)
+    return hook() if callable(hook) else None
+
+
+def check_io(checkpoint: dict[str, Any], task: Task) -> None:
+    """A model trained with a task's own io (frozen embeddings) scores only a task with the
+    same io options; one trained on token ids only token-id tasks."""
+    trained, scored = checkpoint["task"].get("io"), io_options(task)
+    if trained == scored:
+        return
+
+    def said(io: dict[str, Any] | None) -> str:
+        if io is None:
+            return "token ids"
+        return "the embeddings of " + ", ".join(f"{k}={v}" for k, v in io.items())
+
+    name = getattr(task, "name", type(task).__name__)
+    raise ValueError(
+        f"task: the checkpoint's model was trained on {said(trained)} (task "
+        f"'{checkpoint['task']['name']}'); task '{name}' gives {said(scored)}: score it on a "
+        "task with the same inputs"
+    )
 
 
 def save_atomic(payload: dict[str, Any], path: Path) -> None:

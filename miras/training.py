@@ -41,6 +41,7 @@ from miras.checkpoint import (
     CHECKPOINT,
     METRICS,
     append_json,
+    check_io,
     check_resumable,
     load_checkpoint,
     previous_checkpoint,
@@ -50,6 +51,7 @@ from miras.checkpoint import (
     save_atomic,
     set_rng_state,
     task_info,
+    task_io,
     truncate_metrics,
 )
 from miras.errors import TrainingDiverged
@@ -75,7 +77,9 @@ IGNORE = -100  # labels of unscored positions
 
 
 class Task(Protocol):
-    """What training needs from a task (miras.tasks): seeded batches by index and a metric."""
+    """What training needs from a task (miras.tasks): seeded batches by index and a metric.
+    `slices(split)` and `model_io(d_model)`, where a task has them, split its scoring and give
+    the model's input and output layers (miras.tasks.Task)."""
 
     vocab_size: int
     seq_len: int
@@ -154,19 +158,31 @@ def evaluate_model(
     batch_size: int,
     device="cpu",
     precision: str = "fp32",
+    split: str = "valid",
 ) -> dict[str, float]:
-    """The mean of `task.metrics` over validation batches 0..batches-1 (logits in float32)."""
+    """The mean of `task.metrics` over batches 0..batches-1 of `split` (logits in float32),
+    for each of the split's slices (`task.slices(split)`, {"": task} for a task without
+    them). Several slices: the mean over slices under each metric's name, and every slice's
+    own as f"{metric}_{label}" ("accuracy_n64")."""
     was_training = model.training
     model.eval()
-    totals: dict[str, float] = {}
-    for i in range(batches):
-        inputs, labels = _inputs(task.batch("valid", i, batch_size), device)
-        with autocast(precision, device):
-            logits = model(inputs)
-        for name, value in task.metrics(logits.float(), labels).items():
-            totals[name] = totals.get(name, 0.0) + float(value)
+    slices = task.slices(split) if hasattr(task, "slices") else {"": task}
+    scores: dict[str, dict[str, float]] = {}
+    for label, part in slices.items():
+        totals: dict[str, float] = {}
+        for i in range(batches):
+            inputs, labels = _inputs(part.batch(split, i, batch_size), device)
+            with autocast(precision, device):
+                logits = model(inputs)
+            for name, value in part.metrics(logits.float(), labels).items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+        scores[label] = {name: value / batches for name, value in totals.items()}
     model.train(was_training)
-    return {name: value / batches for name, value in totals.items()}
+    if len(scores) == 1:
+        return next(iter(scores.values()))
+    names = list(next(iter(scores.values())))
+    overall = {name: sum(s[name] for s in scores.values()) / len(scores) for name in names}
+    return overall | {f"{n}_{label}": v for label, s in scores.items() for n, v in s.items()}
 
 
 # Training -----------------------------------------------------------------------------------
@@ -258,7 +274,7 @@ def train(
     )
     require(need, "training", device)
     torch.manual_seed(config.seed)
-    model = build_model(spec, task.vocab_size).to(device)
+    model = build_model(spec, task.vocab_size, task_io(task, spec.model.d_model)).to(device)
     optimizer = make_optimizer(model, config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, warmup, config.steps)
@@ -397,7 +413,7 @@ def train(
                 step += 1
                 if step == start + 1:
                     begin()
-                speed = batch.inputs.numel() / max(time.perf_counter() - tick, 1e-9)
+                speed = batch.labels.numel() / max(time.perf_counter() - tick, 1e-9)  # B T
                 if step % log_every == 0:
                     # The metric of rank 0's rows of the training batch.
                     train_metrics = task.metrics(logits.detach().float(), labels)
@@ -550,11 +566,12 @@ def evaluate(
     batches: int = 8,
     batch_size: int | None = None,
     device: str | None = None,
+    split: str = "valid",
 ) -> dict[str, float]:
     """Score the model of a checkpoint (a file, its directory or the loaded dict) on `batches`
-    validation batches of `task` (the batch size it trained with by default). Without `task`,
-    the one it trained on, with the recorded options (`recorded_task`; its notes become
-    warnings)."""
+    batches of `split` of `task` (the batch size it trained with by default), per slice as
+    `evaluate_model`. Without `task`, the one it trained on, with the recorded options
+    (`recorded_task`; its notes become warnings)."""
     data = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     if task is None:
         task, notes = recorded_task(data)
@@ -565,13 +582,21 @@ def evaluate(
         raise ValueError(
             f"task: its vocabulary has {task.vocab_size} tokens, the checkpoint's model {vocab}"
         )
+    check_io(data, task)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = build_model(load_spec(data["spec"]), vocab).to(device)
+    spec = load_spec(data["spec"])
+    model = build_model(spec, vocab, task_io(task, spec.model.d_model)).to(device)
     model.load_state_dict(data["model"])
     size = batch_size or data["config"]["batch_size"]
     precision = recorded_setting(data, "precision")
     return evaluate_model(
-        model, task, batches=batches, batch_size=size, device=device, precision=precision
+        model,
+        task,
+        batches=batches,
+        batch_size=size,
+        device=device,
+        precision=precision,
+        split=split,
     )
 
 

@@ -139,7 +139,8 @@ def test_other_study_fields():
     assert any("spec.name" in p for p in problems_of({**TINY, "spec": {"name": "x"}}))
     found = problems_of({**TINY, "task": {"name": "mqarr"}})
     assert found == [
-        "task: unknown task 'mqarr'; allowed: mqar, mad, niah, text (did you mean 'mqar'?)"
+        "task: unknown task 'mqarr'; allowed: mqar, forgetting_mqar, continuous_mqar, mad, "
+        "niah, text (did you mean 'mqar'?)"
     ]
 
 

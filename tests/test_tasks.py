@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [
     ("mqar", {}),
     ("mqar", {"vocab_size": 64, "seq_len": 64, "num_pairs": 8, "power_a": 1.0}),
+    ("mqar", {"random_non_queries": True}),
+    ("forgetting_mqar", {}),
     *[("mad", {"subtask": s}) for s in SUBTASKS],
     ("mad", {"subtask": "in_context_recall", "train_labels": "answers"}),
     ("niah", {"kind": "passkey", "lengths": [160, 200], "depths": [0.0, 0.5, 1.0]}),
@@ -46,8 +48,8 @@ def rows(batch: Batch) -> set[tuple[int, ...]]:
 # --- the registry and the interface -------------------------------------------------------
 
 
-def test_registry_lists_the_four_training_tasks():
-    assert list(TASKS) == ["mqar", "mad", "niah", "text"]
+def test_registry_lists_the_training_tasks():
+    assert list(TASKS) == ["mqar", "forgetting_mqar", "continuous_mqar", "mad", "niah", "text"]
     for name, cls in TASKS.items():
         task = make_task(name)
         assert cls.name == name and isinstance(task, cls)
@@ -95,7 +97,7 @@ def test_train_and_valid_never_share_a_sequence(name, options):
 
 @pytest.mark.parametrize(
     ("split", "index", "batch_size", "named"),
-    [("test", 0, 2, "split"), ("train", -1, 2, "index"), ("valid", 0, 0, "batch_size")],
+    [("tset", 0, 2, "split"), ("train", -1, 2, "index"), ("valid", 0, 0, "batch_size")],
 )
 def test_bad_batch_arguments_are_named(split, index, batch_size, named):
     with pytest.raises(ValueError, match=named):

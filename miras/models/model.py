@@ -5,7 +5,8 @@
                   -> norm -> logits [B, T, V] = x E^T   (the head is the embedding, tied)
 
 `build_model(spec, vocab_size)` picks the mixer of every block from the spec's `model:` section
-(docs/models.md).
+(docs/models.md). A task whose inputs are not token ids gives its own input and output layers
+(`build_model(spec, V, io=task.model_io(d_model))`): they replace the embedding and the head.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ class Block(nn.Module):
 
 
 class LanguageModel(nn.Module):
-    """tokens [B, T] int64 -> logits [B, T, V].
+    """tokens [B, T] int64 -> logits [B, T, V] (with a task's `io`: its inputs, e.g. vectors
+    [B, T, E], through its input layer, and its readout for the head).
 
     `model(tokens)` runs in parallel. Decoding: `cache = model.empty_cache(B)`, then
     `logits, cache = model.decode(tokens_t, cache)` for tokens_t [B, 1] (or any [B, T]).
@@ -112,14 +114,23 @@ class LanguageModel(nn.Module):
     lengths, then decode all rows at once (`generate`).
     """
 
-    def __init__(self, spec: Spec | str | dict, vocab_size: int):
+    def __init__(
+        self,
+        spec: Spec | str | dict,
+        vocab_size: int,
+        io: tuple[nn.Module, nn.Module] | None = None,
+    ):
         super().__init__()
         self.spec = load_spec(spec)
         config = self.spec.model
         if vocab_size < 2:
             raise ValueError(f"vocab_size: expected at least 2, got {vocab_size}")
         self.vocab_size = vocab_size
-        self.embed = nn.Embedding(vocab_size, config.d_model)
+        # io: the task's (input layer [B, T, ...] -> [B, T, D], readout [B, T, D] -> logits).
+        if io is None:
+            self.embed, self.readout = nn.Embedding(vocab_size, config.d_model), None
+        else:
+            self.embed, self.readout = io
         self.blocks = nn.ModuleList(
             Block(build_mixer(self.spec, config), config.d_model, config.mlp_expansion)
             for _ in range(config.n_layers)
@@ -130,7 +141,8 @@ class LanguageModel(nn.Module):
     def _init_weights(self) -> None:
         """Normal(0, 0.02) for the embedding and every projection; the memory layers' gate
         biases, conv weights and initial states keep their own initialization."""
-        nn.init.normal_(self.embed.weight, std=INIT_STD)
+        if isinstance(self.embed, nn.Embedding):
+            nn.init.normal_(self.embed.weight, std=INIT_STD)
         for module in self.modules():
             if isinstance(module, nn.Linear) and module.bias is None:
                 nn.init.normal_(module.weight, std=INIT_STD)
@@ -138,13 +150,15 @@ class LanguageModel(nn.Module):
     def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None):
         """tokens [B, T] -> logits [B, T, V]; at padding (attention_mask 0) they are don't-care."""
         if attention_mask is not None:
-            token_mask(attention_mask, tokens.shape)  # a bad mask fails before any work
+            token_mask(attention_mask, tokens.shape[:2])  # a bad mask fails before any work
         x = self.embed(tokens)
         for block in self.blocks:
             x, _ = block(x, attention_mask=attention_mask)
         return self.head(x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
+        if self.readout is not None:
+            return self.readout(self.norm(x))
         return self.norm(x) @ self.embed.weight.T  # tied
 
     def empty_cache(self, batch: int) -> list[Cache]:
@@ -154,7 +168,7 @@ class LanguageModel(nn.Module):
         """tokens [B, T] continuing `cache` -> (logits [B, T, V], the new cache). With
         `attention_mask`, each row continues from its own last token: padding is skipped."""
         if attention_mask is not None:
-            token_mask(attention_mask, tokens.shape)
+            token_mask(attention_mask, tokens.shape[:2])
         x = self.embed(tokens)
         new = []
         for block, block_cache in zip(self.blocks, cache, strict=True):
@@ -180,6 +194,10 @@ class LanguageModel(nn.Module):
         return torch.cat(generated, dim=1)
 
 
-def build_model(spec: Spec | str | dict, vocab_size: int) -> LanguageModel:
-    """The model a spec describes (its `model:` section) for a vocabulary of `vocab_size`."""
-    return LanguageModel(spec, vocab_size)
+def build_model(
+    spec: Spec | str | dict, vocab_size: int, io: tuple[nn.Module, nn.Module] | None = None
+) -> LanguageModel:
+    """The model a spec describes (its `model:` section) for a vocabulary of `vocab_size`;
+    `io`, a task's (input layer, output layer) (`Task.model_io`), replaces the token embedding
+    and the tied head."""
+    return LanguageModel(spec, vocab_size, io)

@@ -4,6 +4,7 @@
     task = make_task("mqar", num_pairs=32, seq_len=256)
     batch = task.batch("train", index=0, batch_size=64)   # Batch(inputs, labels), [B, T]
     task.metrics(logits, batch.labels)                     # {"loss", "accuracy"}
+    task.slices("test")                                    # {"n64": ..., "n128": ...}
 
 The capacity probe is not a training task: `miras.tasks.capacity.capacity_curve`.
 """
@@ -15,7 +16,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from miras.errors import did_you_mean
-from miras.tasks.base import IGNORE, Batch, Task
+from miras.tasks.base import IGNORE, SPLITS, Batch, Task
+from miras.tasks.continuous_mqar import ContinuousMQAR
+from miras.tasks.forgetting_mqar import ForgettingMQAR
 from miras.tasks.mad import MAD
 from miras.tasks.mqar import MQAR
 from miras.tasks.niah import NIAH
@@ -24,12 +27,14 @@ from miras.validation import translate
 
 TASKS: dict[str, type[Task]] = {
     "mqar": MQAR,
+    "forgetting_mqar": ForgettingMQAR,
+    "continuous_mqar": ContinuousMQAR,
     "mad": MAD,
     "niah": NIAH,
     "text": Text,
 }
 
-__all__ = ["IGNORE", "TASKS", "Batch", "Task", "make_task"]
+__all__ = ["IGNORE", "SPLITS", "TASKS", "Batch", "Task", "make_task"]
 
 
 def make_task(name: str, **options: Any) -> Task:

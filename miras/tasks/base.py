@@ -6,10 +6,15 @@ generator and a metric:
     task = make_task("mqar", num_pairs=32)
     batch = task.batch("train", index=0, batch_size=64)   # inputs, labels [B, T] int64
     task.metrics(logits, batch.labels)                     # logits [B, T, V]
+    task.slices("test")                                    # {"n64": sub-task, ...}: scored apart
 
 Labels are already aligned with the logits: the model's prediction at position t is scored
 against `labels[:, t]`, and positions that are not scored hold `IGNORE` (-100, the
 `ignore_index` of `torch.nn.functional.cross_entropy`).
+
+Three splits, each its own generator stream: train, valid (scored during training) and test
+(scored once at the end; by default the distribution of valid). A task whose model does not
+read token ids (continuous MQAR) gives the model's input and output layers (`model_io`).
 """
 
 from __future__ import annotations
@@ -23,15 +28,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
+from torch import nn
 
 IGNORE = -100
-Split = Literal["train", "valid"]
-SPLITS: dict[str, int] = {"train": 0, "valid": 1}
+Split = Literal["train", "valid", "test"]
+SPLITS: dict[str, int] = {"train": 0, "valid": 1, "test": 2}
 
 
 @dataclass(frozen=True)
 class Batch:
-    """inputs [B, T] int64 token ids; labels [B, T] int64, IGNORE where not scored."""
+    """inputs [B, T] int64 token ids (or [B, T, E] float32 embeddings, for a task with its own
+    `model_io`); labels [B, T] int64, IGNORE where not scored."""
 
     inputs: torch.Tensor
     labels: torch.Tensor
@@ -50,7 +57,25 @@ class Task(BaseModel, ABC):
     @abstractmethod
     def batch(self, split: Split, index: int, batch_size: int) -> Batch:
         """Batch number `index` of `split`: [B, T] inputs and labels. The same arguments give
-        the same batch; train and valid draw from different generator streams."""
+        the same batch; train, valid and test draw from different generator streams."""
+
+    def slices(self, split: Split) -> dict[str, Task]:
+        """The sub-tasks `split` is scored on, by a short label ("n64"); each is scored on its
+        own batches of `split` and the split's score is their mean. One, labelled "", unless
+        the task has a grid (MQAR's `test_grid`)."""
+        check_split(split)
+        return {"": self}
+
+    def model_io(self, d_model: int) -> tuple[nn.Module, nn.Module] | None:
+        """The model's input layer (inputs [B, T, ...] -> [B, T, d_model]) and output layer
+        ([B, T, d_model] -> logits [B, T, V]) when the task's inputs are not token ids; None:
+        the model's token embedding and its tied head."""
+        return None
+
+    def io_options(self) -> dict | None:
+        """The options `model_io` depends on (a checkpoint records them: its model scores only
+        a task with the same); None when the task has no io of its own."""
+        return None
 
     def metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """logits [B, T, V], labels [B, T] -> {"loss", "accuracy"} over labelled positions."""
@@ -68,9 +93,14 @@ class Task(BaseModel, ABC):
         return np.random.default_rng(np.random.SeedSequence([self.seed, SPLITS[split], index]))
 
 
-def check_batch_args(split: str, index: int, batch_size: int) -> None:
+def check_split(split: str) -> None:
     if split not in SPLITS:
-        raise ValueError(f"split: expected 'train' or 'valid', got {split!r}")
+        allowed = ", ".join(repr(s) for s in SPLITS)
+        raise ValueError(f"split: expected one of {allowed}, got {split!r}")
+
+
+def check_batch_args(split: str, index: int, batch_size: int) -> None:
+    check_split(split)
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"index: expected an integer >= 0, got {index!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
