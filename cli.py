@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -537,10 +538,10 @@ def search(
     )
     if summary.table is not None and not summary.table.empty:
         print_summary(out, summary.table, definition.metrics, top=10, name=summary.name)
-    out.print(
-        f"next: miras report {study}" + (f" --storage {storage}" if storage else ""),
-        highlight=False,
-    )
+    # The same study in the same storage: a search under --name is reported under it too.
+    where = [f"--storage {shlex.quote(storage)}"] if storage else []
+    where += [f"--name {shlex.quote(name)}"] if name else []
+    out.print(" ".join(["next: miras report", shlex.quote(study), *where]), highlight=False)
 
 
 @app.command()

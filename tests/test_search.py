@@ -83,7 +83,8 @@ def test_every_problem_at_once_with_paths_and_hints():
     found = problems_of(bad)
     text = "\n".join(found)
     assert (
-        "sampler.kind: expected one of tpe, nsga2, random, got 'tpee' (did you mean 'tpe'?)" in text
+        "sampler.kind: expected one of tpe, nsga2, random, grid, got 'tpee' (did you mean 'tpe'?)"
+        in text
     )
     assert "unknown field 'trails'" in text and "did you mean 'trials'" in text
     # Template problems are reported together; the objective is checked once they are fixed.
@@ -251,6 +252,17 @@ def test_leaderboard_and_history():
     assert pick_trial(trials, ["minimize"]).number == 4
 
 
+def test_the_leaderboard_csv_writes_a_retry_origin_as_a_trial_number(tmp_path):
+    """`retry_of` is a trial number, or empty where the trial is no retry (not 1.0 and NaN)."""
+    trials = _finished_study()
+    trials[3].system_attrs["failed_trial"] = 1  # trial 3 re-ran trial 1's parameters
+    board = leaderboard(trials, ["accuracy"], ["maximize"])
+    board.to_csv(tmp_path / "leaderboard.csv", index=False)
+    lines = (tmp_path / "leaderboard.csv").read_text().splitlines()
+    column = lines[0].split(",").index("retry_of")
+    assert [line.split(",")[column] for line in lines[1:]] == ["1", "", "", "", "", ""]
+
+
 def test_parallel_component_importance_and_pareto_data():
     trials = _finished_study()
     dims = {d.name: d for d in parallel_data(trials, "accuracy")}
@@ -384,6 +396,20 @@ def test_a_study_made_from_another_definition_is_not_resumed(tmp_path):
     result = invoke("search", changed, "--storage", storage, cwd=tmp_path)
     assert result.exit_code == 1 and "made from another definition" in result.stderr
     assert "--name" in result.stderr and "Traceback" not in result.output
+
+
+def test_the_next_hint_after_a_named_search_reports_that_study(tmp_path):
+    """`search --name X` stores study X; the printed `next:` command must name it, or it
+    reports the YAML's name, which this storage does not hold."""
+    study = write_study(tmp_path, objectives=["state_size"], trials=1)  # no training
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    result = invoke("search", study, "--storage", storage, "--name", "other", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    (hint,) = [line for line in result.stdout.splitlines() if line.startswith("next:")]
+    assert hint == f"next: miras report {study} --storage {storage} --name other"
+    command = hint.removeprefix("next: miras ").split()
+    report = invoke(*command, "-o", tmp_path / "report", cwd=tmp_path)
+    assert report.exit_code == 0, report.output
 
 
 @pytest.mark.slow  # worker processes, 30 s or more on 2 cores
