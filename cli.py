@@ -724,7 +724,8 @@ def probe(
     """Run a probe of the bare rule (no training) on each spec: a table of the mean recall
     error with its 95% interval over the seeds, and a plotly figure (docs/probes.md)."""
     from miras.probes import PROBES
-    from miras.probes.plots import draw
+    from miras.probes.base import SCALE
+    from miras.probes.plots import page
     from miras.resources import probe_estimate, require
 
     if name not in PROBES:
@@ -747,7 +748,9 @@ def probe(
     first = results[0]
     table = Table(
         title=f"probe {name}: recall error, mean and 95% interval over {seeds} seeds",
+        caption=f"recall error ||M(phi(k)) - v|| / ||v||: {SCALE}",
         title_justify="left",
+        caption_justify="left",
     )
     for column in ("spec", "gates", first.x_name, "mean", "95% interval"):
         table.add_column(column, overflow="fold")
@@ -760,9 +763,12 @@ def probe(
             x = f"{row[first.x_name]:g}"
             table.add_row(result.spec, gates, x, f"{row['mean']:.4g}", interval)
     out.print(table)
+    for result in results:
+        for note in result.notes():
+            out.print(f"note: {note}", highlight=False, markup=False)
     path = output or Path("runs") / f"probe-{name}.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    draw(results).write_html(path, include_plotlyjs=True)
+    path.write_text(page(results), encoding="utf-8")
     out.print(f"wrote {path}", highlight=False)
 
 

@@ -36,6 +36,8 @@ GATE_GRID: dict[str, tuple[float, ...]] = {
     "threshold": (0.001, 0.01),
     "gamma": (1.0,),
 }
+# What the recall error means, for every table and figure of a probe.
+SCALE = "0 is exact recall; 1 is no better than reading zero"
 
 
 @dataclass
@@ -68,8 +70,10 @@ class Point:
 
 @dataclass
 class ProbeResult:
-    """A probe's curve for one rule: `points` over the sweep `x_name`, the tuned gates and the
-    tuning score (mean error over the sweep on the tuning seed) of every configuration tried."""
+    """A probe's curve for one rule: `points` over the sweep `x_name`, the tuned gates, the
+    tuning score (mean error over the sweep on the tuning seed) of every configuration tried,
+    and `edges`: each tuned gate whose value is the smallest or largest its grid tried, where
+    the gate's range goes on ({'lr': 'largest'}): the best value may lie past the grid."""
 
     probe: str
     spec: str
@@ -78,6 +82,20 @@ class ProbeResult:
     gates: dict[str, float]
     tuning: list[tuple[dict[str, float], float]] = field(default_factory=list)
     settings: dict = field(default_factory=dict)
+    edges: dict[str, str] = field(default_factory=dict)
+
+    def notes(self) -> list[str]:
+        """One line per gate in `edges`, naming the values tried and how to widen them."""
+        lines = []
+        for name, side in self.edges.items():
+            tried = sorted({config[name] for config, _ in self.tuning})
+            values = ", ".join(f"{v:g}" for v in tried)
+            lines.append(
+                f"{self.spec}: {name}={self.gates[name]:g} is the {side} value the tuning tried "
+                f"({values}); the best may lie beyond: widen it with --option "
+                f"grid={{{name}: [...]}}, or fix it with --gate {name}=VALUE"
+            )
+        return lines
 
     def rows(self) -> list[dict]:
         """One plain dict per point (what the table and the figure read)."""
@@ -115,6 +133,30 @@ def gate_grid(
     if len(combos) > max_configs:
         combos = random.Random(0).sample(combos, max_configs)
     return combos
+
+
+def grid_edges(
+    rule: MemoryRule, configs: Sequence[dict[str, float]], chosen: dict[str, float]
+) -> dict[str, str]:
+    """The gates of `chosen` at the smallest or largest value `configs` tried, where the gate's
+    range (its component's `gateable`) has room past it: decay = 1 (no forgetting) or
+    momentum = 0 is the end of the range, not of the grid, and is not reported."""
+    ranges = {
+        name: comp.gateable[name]
+        for comp in rule.spec.components().values()
+        for name in comp.gates()
+    }
+    edges = {}
+    for name, value in chosen.items():
+        tried = sorted({config[name] for config in configs})
+        allowed = ranges.get(name)
+        if len(tried) < 2:
+            continue
+        if value == tried[0] and (allowed is None or value > allowed.lo):
+            edges[name] = "smallest"
+        elif value == tried[-1] and (allowed is None or value < allowed.hi):
+            edges[name] = "largest"
+    return edges
 
 
 def recall_errors(
@@ -178,6 +220,7 @@ def run_probe(
         per_config = scores.mean(0)  # [H]: mean over the sweep
         tuning = [(c, float(s)) for c, s in zip(configs, per_config.tolist(), strict=True)]
         chosen = configs[int(torch.argmin(per_config))]
+        edges = grid_edges(rule, configs, chosen)
     else:
         unknown = sorted(set(gates) ^ set(rule.gates))
         if unknown:
@@ -185,6 +228,7 @@ def run_probe(
                 f"gates: expected values for exactly {sorted(rule.gates)}, got {sorted(gates)}"
             )
         chosen = dict(gates)
+        edges = {}  # fixed by the caller: nothing was tuned
     points = []
     for x in xs:
         errors = [
@@ -193,4 +237,4 @@ def run_probe(
         ]
         mean, low, high = confidence_interval(errors)
         points.append(Point(x, errors, mean, low, high))
-    return ProbeResult(name, rule.spec.name, x_name, points, chosen, tuning, settings or {})
+    return ProbeResult(name, rule.spec.name, x_name, points, chosen, tuning, settings or {}, edges)

@@ -1,8 +1,11 @@
-"""Probe figures: the rows of `ProbeResult.rows()` drawn with plotly (imported only here)."""
+"""Probe figures and their page: the rows of `ProbeResult.rows()` drawn with plotly (imported
+only here)."""
 
 from __future__ import annotations
 
-from miras.probes.base import ProbeResult
+import html
+
+from miras.probes.base import SCALE, ProbeResult
 
 LOG_X = {"pairs", "distance"}
 
@@ -37,7 +40,39 @@ def draw(results: list[ProbeResult]):
         title=f"probe {first.probe}: mean over {seeds} seeds, 95% t interval "
         f"({', '.join(f'{k}={v}' for k, v in first.settings.items())})",
         xaxis={"title": first.x_name, "type": "log" if first.x_name in LOG_X else "linear"},
-        yaxis={"title": "mean ||M(phi(k)) - v|| / ||v||"},
+        yaxis={"title": f"mean ||M(phi(k)) - v|| / ||v|| ({SCALE})"},
         template="plotly_white",
     )
     return fig
+
+
+def title(results: list[ProbeResult]) -> str:
+    """`probe capacity: deltanet, linear_attention` (the page's title and heading)."""
+    specs = ", ".join(dict.fromkeys(r.spec for r in results))
+    return f"probe {results[0].probe}: {specs}"
+
+
+def page(results: list[ProbeResult]) -> str:
+    """One self-contained HTML page (plotly.js inline): a title, what the error means, the
+    notes on gates tuned at the edge of their grid, and the figure."""
+    from plotly.offline import get_plotlyjs
+
+    name = html.escape(title(results))
+    notes = [note for result in results for note in result.notes()]
+    figure = draw(results).to_html(
+        full_html=False, include_plotlyjs=False, config={"displaylogo": False}
+    )
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{name}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}</style>",
+        f'<script type="text/javascript">{get_plotlyjs()}</script>',
+        "</head><body>",
+        f"<h1>{name}</h1>",
+        f"<p>Recall error ||M(phi(k)) - v|| / ||v||: {html.escape(SCALE)}.</p>",
+        *(f"<p><em>note: {html.escape(note)}</em></p>" for note in notes),
+        figure,
+        "</body></html>",
+    ]
+    return "\n".join(parts)
