@@ -597,11 +597,11 @@ SUMMARY_WIDTH = 100  # the terminal summary's most columns, at any terminal widt
 def _interval(row, metric: str, bracket: bool) -> str:
     """`mean [low, high]` (bracket) or `mean ±half`; the mean alone without an interval."""
     mean, low, high = row[metric], row[f"{metric}_low"], row[f"{metric}_high"]
-    if low != low or high != high:  # NaN: one seed
+    if low != low or high != high or low == high:  # NaN: one seed; equal: no spread
         return f"{mean:.4g}"
     if bracket:
-        return f"{mean:.3g} [{low:.3g}, {high:.3g}]"
-    return f"{mean:.3g} ±{max(high - mean, mean - low):.2g}"
+        return f"{mean:.4g} [{low:.3g}, {high:.3g}]"
+    return f"{mean:.4g} ±{max(high - mean, mean - low):.2g}"
 
 
 def print_summary(console: Console, frame, metrics: list[str], *, top: int, name: str) -> None:

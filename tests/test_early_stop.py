@@ -98,3 +98,19 @@ def test_a_sweep_on_an_accuracy_task_stops_at_0_99_by_default():
 def test_a_studys_bad_threshold_names_its_path():
     with pytest.raises(StudyError, match=r"train\.early_stop"):
         load_study({**TINY, "train": {**TINY["train"], "early_stop": "soon"}})
+
+
+def test_the_exported_command_leaves_an_unset_threshold_out():
+    from optuna.trial import TrialState, create_trial
+
+    from miras.search.report import export_text
+
+    study = load_study(TINY)
+    for threshold, flag in ((None, None), (0.99, "--early-stop 0.99")):
+        train = {**TrainConfig(steps=20).resolved(), "early_stop": threshold}
+        trial = create_trial(
+            state=TrialState.COMPLETE, values=[0.5], user_attrs={"train": train, "spec": "x\n"}
+        )
+        header = export_text(trial, study, "tiny", "best.yaml")
+        assert "None" not in header
+        assert flag in header if flag else "--early-stop" not in header

@@ -93,8 +93,9 @@ def test_the_table_fits_100_columns_on_a_wide_console_and_the_console_on_a_narro
     assert max(map(len, wide.splitlines())) <= 100
     lines = [line.split() for line in wide.splitlines()]
     row = {line[0]: line for line in lines if line and line[0] in ("0", "1", "2")}
-    assert row["0"] == ["0", *"bias=l2 n_heads=4 retention=none".split()] + [
-        "0.91", "[0.885,", "0.935]", "1.1", "[0.852,", "1.35]", "best"
+    assert row["0"] == [
+        "0", "bias=l2", "n_heads=4", "retention=none",
+        "0.91", "[0.885,", "0.935]", "1.1", "[0.852,", "1.35]", "best",
     ]  # fmt: skip
     assert row["1"][-1] == "yes" and row["2"][-1] == "no"
     assert "…" not in wide
@@ -167,7 +168,17 @@ def test_the_report_family_names_searched_parameters():
     with pytest.raises(StudyError) as caught:
         load_study({**TINY, "report": {"family": ["spec.bais", "retention"]}})
     paths = {p.path: p.message for p in caught.value.problems}
-    assert "allowed: bias, model.chunk_size, train.lr (did you mean 'bias'?)" in paths[
-        "report.family[0]"
-    ]
+    assert (
+        "allowed: bias, model.chunk_size, train.lr (did you mean 'bias'?)"
+        in paths["report.family[0]"]
+    )
     assert "report.family[1]" in paths
+
+
+def test_a_measure_without_spread_prints_its_mean_alone():
+    frame = summary_data(TRIALS, ["accuracy", "loss"], ["maximize", "minimize"])
+    frame["loss_low"] = frame["loss_high"] = frame["loss"] = 1024.0
+    console = Console(width=300, file=io.StringIO(), record=True)
+    print_summary(console, frame, ["accuracy", "loss"], top=10, name="tiny")
+    row = next(line.split() for line in console.export_text().splitlines() if " 0 " in line)
+    assert row[-2:] == ["1024", "best"] and "[0.885," in row

@@ -492,6 +492,7 @@ def export_text(trial: FrozenTrial, study: StudyDef, study_name: str, path: str)
         if isinstance(v, float)
         else f"--{k.replace('_', '-')} {v}"
         for k, v in train.items()
+        if v is not None  # a setting left off (early_stop): the command's default is off too
     )
     header = [
         f"# Trial {trial.number} of study {study_name} ({trial.state.name.lower()}): {values}"
