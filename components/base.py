@@ -289,6 +289,24 @@ class FeatureMap(Component):
     """Feature map phi applied to keys and queries before the memory (ATLAS section 3)."""
 
     family: ClassVar[str] = "feature_map"
+    # DeltaNet's l2 normalization, after the map: phi(x) / ||phi(x)||_2 over the Dphi features
+    # of each head's key and query, so ||phi(k)|| = 1 and the delta rule's step b ||phi(k)||^2
+    # is the learning rate itself, whatever the map.
+    normalize: bool = False
+
+    def phi(self, x: Any, params: dict[str, Any], functions: Any) -> Any:
+        """What the memory sees at run time: `features`, l2-normalized per vector when
+        `normalize` is set. `x` [..., D] -> [..., Dphi]."""
+        y = self.features(x, params, functions)
+        if not self.normalize:
+            return y
+        import torch.nn.functional as F
+
+        return F.normalize(y, dim=-1)  # a zero vector stays zero (the window's padding)
+
+    def spec_equation(self) -> str:
+        base = self.equation()
+        return f"{base}, then phi(x) / ||phi(x)||_2" if self.normalize and base else base
 
     def output_dim(self, d: int) -> int:
         """Dphi for input width d."""

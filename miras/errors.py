@@ -46,11 +46,28 @@ class DerivationError(ValueError):
 
 
 class TrainingDiverged(ValueError):
-    """The training loss (or the gradient norm) became NaN or infinite; `step` names where."""
+    """The training loss, the gradient norm or a memory layer's forward pass became NaN or
+    infinite; `step` names where, `detail` the layer's report (`ForwardDiverged`) if any."""
 
-    def __init__(self, step: int, what: str, value: float):
-        self.step, self.what, self.value = step, what, value
+    def __init__(self, step: int, what: str, value: float, detail: str | None = None):
+        self.step, self.what, self.value, self.detail = step, what, value, detail
+        if step == 1:  # before any update: the model as initialized, not the learning rate
+            advice = (
+                "this is before any update, so the cause is the model at initialization (its "
+                "starting values, or the inputs), not the learning rate"
+            )
+        else:
+            advice = "lower the learning rate, tighten grad_clip, or check the gates' ranges"
+        where = f"; {detail}" if detail else ""
         super().__init__(
-            f"training diverged at step {step}: the {what} is {value}; lower the learning rate, "
-            "tighten grad_clip, or check the gates' ranges"
+            f"training diverged at step {step}: the {what} is {value}; {advice}{where}"
         )
+
+
+class ForwardDiverged(ValueError):
+    """A model's forward pass went non-finite: `token` (the first in time) and the message say
+    where, and the likely cause. Training reports it as `TrainingDiverged`."""
+
+    def __init__(self, message: str, token: int):
+        self.token = token
+        super().__init__(message)

@@ -54,7 +54,7 @@ from miras.checkpoint import (
     task_io,
     truncate_metrics,
 )
-from miras.errors import TrainingDiverged
+from miras.errors import ForwardDiverged, TrainingDiverged
 from miras.models.model import LanguageModel, build_model
 from miras.resources import require, training_estimate
 from miras.spec import Spec, load_spec
@@ -382,8 +382,11 @@ def train(
                 tick = time.perf_counter()
                 batch = task.batch("train", step, config.batch_size)
                 inputs, labels = _inputs(batch, device, rows)
-                with autocast(precision, device):
-                    logits = net(inputs)
+                try:
+                    with autocast(precision, device):
+                        logits = net(inputs)
+                except ForwardDiverged as err:  # a memory layer's output (or input) went non-finite
+                    raise TrainingDiverged(step + 1, "forward pass", math.nan, str(err)) from None
                 # This rank's mean, weighted by its share of the global batch's scored
                 # positions: the ranks' parts add up to the global batch's mean loss.
                 part = loss_of(logits, labels)

@@ -20,11 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from miras.components.base import Range
+from miras.errors import ForwardDiverged
 from miras.ir import GateInfo
 from miras.models.padding import Cache, left_aligned, rows_alone, take
 from miras.rule import MemoryRule
 from miras.rule import compile as compile_rule
 from miras.runtime.exact_chunk import default_chunk_size, resolve_mode
+from miras.runtime.inputs import first_bad
 from miras.spec import Spec, load_spec
 
 
@@ -118,6 +120,23 @@ def unsquash(value: float, allowed: Range, ceiling: float | None = None) -> floa
     return value
 
 
+def feature_norm_bound(rule: MemoryRule, d_key: int, random_keys: int = 64) -> float:
+    """B = the largest ||phi(k)||^2 over unit keys k in R^d_key (the layer l2-normalizes them),
+    measured at the map's initial parameters on probe keys: the one-hot keys +-e_j, the
+    constant keys +-1/sqrt(d) and `random_keys` seeded random unit keys. Exact for the shipped
+    maps (identity 1; polynomial (sum_i a_i)^2 at a one-hot key; taylor, exp_kernel: a
+    function of ||k|| alone) and for an elementwise map whose f(x)^2 is concave in x^2 (elu
+    + 1: d + 2 sqrt(d) + 1 at the constant key); `normalize: true` gives 1."""
+    eye = torch.eye(d_key, dtype=torch.float64)
+    constant = torch.full((1, d_key), d_key**-0.5, dtype=torch.float64)
+    draw = torch.randn(random_keys, d_key, generator=torch.Generator().manual_seed(0))
+    keys = torch.cat([eye, -eye, constant, -constant, draw.to(torch.float64)])
+    keys = F.normalize(keys, dim=-1)[None, None]  # [1, 1, N, d]
+    with torch.no_grad():
+        phi = rule.runtime.feature(keys, rule.default_params(torch.float64))
+    return float(phi.pow(2).sum(-1).max())
+
+
 class GateMaps(nn.Module):
     """Per-token, per-head gates from a low-rank projection of x, each in its valid range.
 
@@ -130,15 +149,25 @@ class GateMaps(nn.Module):
         n_heads: int,
         rank: int,
         summed_steps: int = 1,
+        feature_norm: float = 1.0,
     ):
         """`summed_steps`: how many tokens' gradients the chunk form takes at one state (the
         chunk size in the chunk-start and dual forms, 1 in the exact form); the learning rate
         starts at GATE_START / summed_steps, so a chunk's summed step starts as large as one
         token's. At 0.5 per token, Titans' MLP memory with momentum diverged to NaN within 224
         tokens at chunk 16 on random inputs (keys after SiLU share a direction, so the 16
-        gradients add up)."""
+        gradients add up).
+
+        `feature_norm`: B, the largest ||phi(k)||^2 of a unit key (`feature_norm_bound`). The
+        step a token takes at its own key is lr * ||phi(k)||^2: the delta rule's error there
+        shrinks by 1 - lr ||phi(k)||^2, so it contracts below 2, overwrites at 1 and
+        overshoots between. The start is min(GATE_START, 1 / B) / summed_steps: 0.5 for
+        maps with B <= 2 (identity: B = 1), else the worst key's step is exactly 1. An elu + 1
+        map on heads of 32 has B ~ 44; at 0.5 its step was ~16 and a text model's first layer
+        overflowed to inf by token 33 at initialization."""
         super().__init__()
         self.infos, self.n_heads, self.summed_steps = gates, n_heads, summed_steps
+        self.feature_norm = feature_norm
         if not gates:
             return
         self.down = nn.Linear(d_model, rank, bias=False)
@@ -155,7 +184,7 @@ class GateMaps(nn.Module):
             for h in range(self.n_heads):
                 value = start(h) if callable(start) else start
                 if info.name == "lr":
-                    value /= self.summed_steps
+                    value = min(value, 1.0 / self.feature_norm) / self.summed_steps
                 biases.append(unsquash(value, info.allowed, ceiling))
         return torch.tensor(biases)
 
@@ -260,6 +289,7 @@ class MirasLayer(nn.Module):
         conv_size: int = 4,
         gate_rank: int = 16,
         persistent_tokens: int = 0,
+        check_inputs: bool = True,
     ):
         super().__init__()
         spec = load_spec(spec)
@@ -280,10 +310,12 @@ class MirasLayer(nn.Module):
         self.chunk_size = default if chunk_size is None else chunk_size
         self.backend = backend
         self.chunk_mode = chunk_mode
+        self.check_inputs = check_inputs
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.conv = ShortConv(3 * d_model, conv_size)
         summed = 1 if mode == "exact" else self.chunk_size
-        self.gates = GateMaps(self.rule.plan.gates, d_model, n_heads, gate_rank, summed)
+        bound = feature_norm_bound(self.rule, self.head_dim)
+        self.gates = GateMaps(self.rule.plan.gates, d_model, n_heads, gate_rank, summed, bound)
         self.out_norm = Norm(self.head_dim, eps=1e-6)
         self.out_gate = nn.Linear(d_model, d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
@@ -369,7 +401,18 @@ class MirasLayer(nn.Module):
         return y[:, prefix.shape[1] :], None  # the persistent tokens' outputs are dropped
 
     def run(self, x: torch.Tensor, cache: Cache, backend: str, keep_state: bool = True):
-        """x [B, T, D] from `cache` on `backend` -> (y [B, T, D], the cache after x)."""
+        """x [B, T, D] from `cache` on `backend` -> (y [B, T, D], the cache after x).
+
+        With `check_inputs`, a non-finite x or memory output raises `ForwardDiverged` naming
+        the first token in time (one isfinite reduction each, the search only on failure)."""
+        if self.check_inputs and not bool(torch.isfinite(x.detach()).all()):
+            token, row, _ = first_bad(~torch.isfinite(x.detach()).unsqueeze(-1))
+            raise ForwardDiverged(
+                f"memory layer (spec '{self.rule.spec.name}'): its input x is non-finite from "
+                f"token {token} (batch row {row}), the first in time: an earlier layer or the "
+                "embedding produced it",
+                token,
+            )
         q, k, v, gates, conv_cache = self.memory_inputs(x, cache["conv"])
         o, state = self.rule(
             q,
@@ -382,5 +425,54 @@ class MirasLayer(nn.Module):
             initial_state=cache["memory"],
             output_final_state=keep_state,
             params=self.params(),
+            check_inputs=self.check_inputs,
         )
+        if self.check_inputs and not bool(torch.isfinite(o.detach()).all()):
+            raise self.diverged(q, k, v, gates, cache["memory"], o)
         return self.output(o, x), {"conv": conv_cache, "memory": state}
+
+    @torch.no_grad()
+    def diverged(self, q, k, v, gates, initial_state, o: torch.Tensor) -> ForwardDiverged:
+        """The error for a non-finite memory output o [B, T, H, Dv]: where it starts in time
+        and the likely cause. A chunk form spreads a non-finite value back to its chunk's
+        start, so the first token is found by replaying the exact recurrence."""
+        exact, _ = self.rule(
+            q, k, v, gates, backend="recurrent", initial_state=initial_state,
+            params=self.params(), check_inputs=False,
+        )  # fmt: skip
+        bad = ~torch.isfinite(exact)
+        replayed = bool(bad.any())
+        token, row, head = first_bad(bad if replayed else ~torch.isfinite(o))
+        seen = first_bad(~torch.isfinite(o))[0]
+        text = (
+            f"memory layer (spec '{self.rule.spec.name}'): its output is non-finite from token "
+            f"{token} (batch row {row}, head {head}), the first in time"
+        )
+        if replayed and seen < token:
+            text += f" (the chunk form spreads it back to token {seen}, its chunk's start)"
+        return ForwardDiverged(text + self._likely_cause(k, gates, token, row, head), token)
+
+    def _likely_cause(self, k, gates, token: int, row: int, head: int) -> str:
+        """The per-token step lr * ||phi(k)||^2 of the tokens up to `token` in that row and
+        head, and what to change when it overshoots."""
+        if "lr" not in gates:
+            return ""
+        keys = k[row : row + 1, : token + 1, head : head + 1].transpose(1, 2)  # [1, 1, t, Dk]
+        phi = self.rule.runtime.feature(keys.to(torch.float64), self.params())
+        norm2 = phi.pow(2).sum(-1).flatten()  # [t]
+        lr = gates["lr"][row, : token + 1, head].reshape(token + 1, -1).amax(-1).double()
+        step = lr * norm2
+        at = int(step.argmax())
+        text = (
+            f"; the memory's step lr * ||phi(k)||^2 reaches {step[at].item():.3g} at token {at} "
+            f"(lr {lr[at].item():.3g}, ||phi(k)||^2 {norm2[at].item():.3g})"
+        )
+        if step[at] <= 1:
+            return text
+        text += ": likely cause: the step overshoots (the l2 delta rule diverges above 2)"
+        if norm2.max() > 1 and not self.rule.spec.feature_map.normalize:
+            return text + (
+                "; fix: `normalize: true` on the feature map (phi(k) / ||phi(k)||, so the "
+                "step is the learning rate itself)"
+            )
+        return text + "; fix: a lower learning-rate gate"

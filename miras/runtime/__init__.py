@@ -24,6 +24,7 @@ from miras.runtime.inputs import (
     check_backend,
     check_chunk_size,
     check_cu_seqlens,
+    check_finite,
     check_gates,
     check_qkv,
     inside_range,
@@ -102,12 +103,22 @@ def run(
     output_final_state: bool = False,
     params: dict[str, torch.Tensor] | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    check_inputs: bool = True,
 ):
     shapes = check_qkv(q, k, v)
+    if check_inputs:
+        check_finite(q, k, v)
     backend = check_backend(backend)
     chunk_size = check_chunk_size(chunk_size)
     if cu_seqlens is not None:
-        options = dict(backend=backend, chunk_size=chunk_size, chunk_mode=chunk_mode, params=params)
+        # Checked whole above: token numbers count from the start of the packed sequence.
+        options = dict(
+            backend=backend,
+            chunk_size=chunk_size,
+            chunk_mode=chunk_mode,
+            params=params,
+            check_inputs=False,
+        )
         return _run_packed(
             rule, q, k, v, gates, cu_seqlens, shapes, initial_state, output_final_state, options
         )

@@ -111,7 +111,7 @@ class Runtime:
 
     # The feature map ------------------------------------------------------------------------
     def feature(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.spec.feature_map.features(x, params, self.functions)
+        return self.spec.feature_map.phi(x, params, self.functions)
 
     # State ----------------------------------------------------------------------------------
     def shapes(self, d_phi: int, d_v: int) -> dict[str, tuple[int, ...]]:

@@ -48,6 +48,44 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Shapes:
     return Shapes(b, t, h, dk, v.shape[-1], q.dtype, q.device)
 
 
+def check_finite(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Every entry of q, k, v finite. One reduction per tensor and one host sync on the fast
+    path; the first bad token is located only on failure. Unchecked, a NaN or inf spreads
+    through the state to every later token, and the chunk forms also spread it back to the
+    start of its chunk (a chunk is solved as one block)."""
+    ok = torch.stack([torch.isfinite(t.detach()).all() for t in (q, k, v)])
+    if bool(ok.all()):
+        return
+    for name, t, fine in zip("qkv", (q, k, v), ok.tolist(), strict=True):
+        if not fine:
+            where = _first_nonfinite(t.detach())
+            raise ValueError(f"{name}: found the non-finite value {where}; {NONFINITE_HINT}")
+
+
+NONFINITE_HINT = (
+    "the rule's inputs must be finite (check_inputs=False skips this check: a NaN then spreads "
+    "through the memory to every later token, and in the chunk forms back to its chunk's start)"
+)
+
+
+def first_bad(bad: torch.Tensor) -> tuple[int, int, int]:
+    """(token, batch row, head) of the earliest True entry in time of bad [B, T, H, ...]:
+    the smallest token, then the smallest row and head there."""
+    per_token = bad.flatten(2).any(-1)  # [B, T]
+    token = int(per_token.any(0).float().argmax())
+    row = int(per_token[:, token].float().argmax())
+    head = int(bad[row, token].flatten(1).any(-1).float().argmax())
+    return token, row, head
+
+
+def _first_nonfinite(x: torch.Tensor) -> str:
+    """Where the earliest non-finite entry of x [B, T, H, D] lies, as text."""
+    bad = ~torch.isfinite(x)
+    token, row, head = first_bad(bad)
+    value = x[row, token, head][bad[row, token, head]][0].item()
+    return f"{value} at token {token} (batch row {row}, head {head}), the first in time"
+
+
 def check_gates(
     gates: dict[str, torch.Tensor] | None,
     expected: tuple[GateInfo, ...],
@@ -107,10 +145,12 @@ def check_gates(
             )
         bad = ~inside_range(g.detach(), info.allowed)
         if bool(bad.any()):
-            value = g.detach()[bad].flatten()[0].item()
+            token, row, head = first_bad(bad)
+            value = g.detach()[row, token, head][bad[row, token, head]][0].item()
             raise ValueError(
                 f"gates[{info.name!r}]: values must lie in {info.allowed} (natural space), "
-                f"found {value:g}"
+                f"found {value:g} at token {token} (batch row {row}, head {head}), the first "
+                "in time"
             )
         out[info.name] = g
     return out
