@@ -3,7 +3,8 @@
 spec = miras.load_spec("specs/gated_deltanet.yaml")   # a path, a dict, or YAML text
 rule = miras.compile(spec)                            # derived, checked, cached
 print(rule.derivation())
-result = miras.train(spec, task, steps=1000)          # a model from the spec's `model:` section
+result = miras.train(spec, task, steps=1000, out_dir="runs/x")  # the spec's `model:` section
+model = miras.load_model("runs/x")                    # the trained model, in eval mode
 
 `import miras` loads nothing heavy: each public name is imported from its module on first use
 (the table below), so validating a spec never pays for torch.
@@ -30,6 +31,7 @@ LAZY: dict[str, str] = {
     "TrainConfig": "miras.training_config",
     "TrainResult": "miras.training",
     "evaluate": "miras.training",
+    "load_model": "miras.checkpoint",
     "train": "miras.training",
 }
 
@@ -46,6 +48,7 @@ __all__ = [
     "__version__",
     "compile",
     "evaluate",
+    "load_model",
     "load_spec",
     "train",
 ]
@@ -64,6 +67,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from miras.checkpoint import load_model
     from miras.errors import DerivationError, FormulaError, SpecError, TrainingDiverged
     from miras.rule import Derivation, MemoryRule, compile
     from miras.spec import Spec, load_spec

@@ -2,6 +2,7 @@
 checks (docs/training.md).
 
     data = load_checkpoint("runs/x")          # a run directory or its checkpoint.pt
+    model = load_model("runs/x")              # the trained model, in eval mode
     task, notes = recorded_task(data)         # the task it trained on, rebuilt
 """
 
@@ -18,6 +19,7 @@ from miras.spec import Spec
 from miras.training_config import TrainConfig
 
 if TYPE_CHECKING:
+    from miras.models.model import LanguageModel
     from miras.training import Task
 
 CHECKPOINT = "checkpoint.pt"
@@ -104,6 +106,25 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint: no such file {path}")
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> LanguageModel:
+    """The trained model of a run (its directory or its checkpoint.pt), in eval mode on
+    `device`: the spec's model rebuilt for the recorded vocabulary, with the checkpoint's
+    weights. A run whose task gave the model its own input and output layers rebuilds them
+    from the recorded task."""
+    from miras.models.model import build_model
+    from miras.spec import load_spec
+
+    data = load_checkpoint(run_dir)
+    spec = load_spec(data["spec"])
+    io = None
+    if data["task"].get("io") is not None:  # the layers are rebuilt, not stored
+        task, _ = recorded_task(data)
+        io = task.model_io(spec.model.d_model)
+    model = build_model(spec, data["task"]["vocab_size"], io)
+    model.load_state_dict(data["model"])
+    return model.to(device).eval()
 
 
 def rng_state() -> dict[str, Any]:

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -149,6 +151,7 @@ class LanguageModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None):
         """tokens [B, T] -> logits [B, T, V]; at padding (attention_mask 0) they are don't-care."""
+        check_length(tokens)
         if attention_mask is not None:
             token_mask(attention_mask, tokens.shape[:2])  # a bad mask fails before any work
         x = self.embed(tokens)
@@ -167,6 +170,7 @@ class LanguageModel(nn.Module):
     def decode(self, tokens: torch.Tensor, cache: list[Cache], attention_mask=None):
         """tokens [B, T] continuing `cache` -> (logits [B, T, V], the new cache). With
         `attention_mask`, each row continues from its own last token: padding is skipped."""
+        check_length(tokens)
         if attention_mask is not None:
             token_mask(attention_mask, tokens.shape[:2])
         x = self.embed(tokens)
@@ -179,12 +183,17 @@ class LanguageModel(nn.Module):
     @torch.no_grad()
     def generate(self, prompts: torch.Tensor, steps: int, attention_mask=None) -> torch.Tensor:
         """Greedy decoding of all rows at once: prompts [B, T] (padded, with `attention_mask`,
-        when their lengths differ) -> the next `steps` tokens of each row, [B, steps]."""
+        when their lengths differ) -> the next `steps` tokens of each row, [B, steps] (steps
+        = 0: [B, 0], nothing run)."""
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+            raise ValueError(f"steps: expected an integer >= 0 (tokens to generate), got {steps!r}")
         spans = [(0, prompts.shape[1])] * prompts.shape[0]
         if attention_mask is not None:
             spans = padding_spans(attention_mask, prompts.shape)
         if any(stop == start for start, stop in spans):
             raise ValueError("prompts: every row needs at least one token to continue")
+        if steps == 0:
+            return prompts.new_zeros(len(spans), 0)
         logits, cache = self.decode(prompts, self.empty_cache(len(spans)), attention_mask)
         last = logits[torch.arange(len(spans)), [stop - 1 for _, stop in spans]]  # [B, V]
         generated = [last.argmax(-1, keepdim=True)]
@@ -192,6 +201,18 @@ class LanguageModel(nn.Module):
             logits, cache = self.decode(generated[-1], cache)
             generated.append(logits[:, -1].argmax(-1, keepdim=True))
         return torch.cat(generated, dim=1)
+
+
+def check_length(tokens: torch.Tensor) -> None:
+    """The model's input [B, T, ...]: at least one token (the short conv and every mixer need
+    one; an empty prompt has nothing to continue)."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
+        shape = list(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens: expected a tensor [B, T], got {shape}")
+    if tokens.shape[1] < 1:
+        raise ValueError(
+            f"tokens: expected at least one token (T >= 1), got shape {list(tokens.shape)}"
+        )
 
 
 def build_model(
