@@ -33,7 +33,7 @@ test: lint
 	bash scripts/ensure-test-services.sh
 	$(BIN)/python -m pytest
 
-# The main job: the quickstart study (about 5 minutes on 2 cores), its report, the best spec.
+# The main job: the quickstart study, its report, the best spec (its time: README.md).
 demo: $(STAMP)
 	$(BIN)/miras search studies/quickstart.yaml
 	$(BIN)/miras report studies/quickstart.yaml -o runs/quickstart-report
