@@ -6,8 +6,9 @@ fla's results, and a bad one is a ValueError that names `g` or `beta`, the argum
 - g so low that exp(g) is 0 in the inputs' dtype (g <= -104 in float32, -inf) is fla's decay of
   exactly 0, the state's reset.
 Both are compared with fla's pure-torch recurrences (fla-core 0.6, float32 inputs, as fla sees
-them), forward and backward, on the chunk backend's exact form and the recurrence; the
-chunk-start form, which works with log a, must stay finite and equal the limit of small decays.
+them), forward and backward, on the chunk backend's exact form, the recurrence and the Triton
+kernel; the chunk-start form, which works with log a, must stay finite and equal the limit of
+small decays.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def leaves_of(tensors):
     return [x.clone().requires_grad_(True) for x in tensors]
 
 
-@pytest.mark.parametrize("backend", ["chunk", "recurrent"])
+@pytest.mark.parametrize("backend", ["chunk", "recurrent", "triton"])
 def test_gated_delta_rule_with_zero_beta_and_zero_decay_matches_fla(backend):
     q, k, v, beta, g, h0 = leaves = leaves_of(inputs(0))
     assert bool((g.exp() == 0).any()) and bool((beta == 0).any())
