@@ -135,11 +135,14 @@ def test_accuracy_against_state_size_per_family():
 
 def test_per_slice_data_reads_the_slice_metrics_of_the_records():
     records = [{"accuracy": 0.8, "accuracy_n4": 0.9, "accuracy_n8": 0.7, "loss": 1.0}] * 2
-    trial = made(5, {"bias": "l2"}, records)
-    frame = slice_data([trial, *TRIALS], "accuracy")
+    run = {"point": 0, "values": {"lr": 1e-3}, "seed": 0, "valid": {}, "test": records[0]}
+    selected = {"point": 0, "values": {"lr": 1e-3}, "valid": 0.8}
+    trial = made(5, {"bias": "l2"}, records, sweep=[run], selected=selected)
+    validation_only = made(6, {"bias": "dot"}, records)  # no sweep: its records are validation
+    frame = slice_data([trial, validation_only, *TRIALS], "accuracy")
     assert list(frame["slice"]) == ["n4", "n8"] and set(frame["trial"]) == {5}
     assert list(frame["mean"]) == pytest.approx([0.9, 0.7])
-    assert frame.loc[0, "configuration"] == "bias=l2"
+    assert frame.loc[0, "configuration"] == "bias=l2 lr=0.001"
     assert slice_data(TRIALS, "accuracy").empty
 
 

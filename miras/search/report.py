@@ -198,14 +198,15 @@ def state_size_data(
 
 
 def slice_data(trials: list[FrozenTrial], metric: str) -> pd.DataFrame:
-    """Per complete trial and slice of the test split: the slice's `metric` (the records'
-    `<metric>_<slice>`, e.g. accuracy_n64), the mean over seeds with its 95% t interval.
-    Empty when no trial recorded per-slice metrics."""
+    """Per complete trial with a sweep and slice of the test split: the slice's `metric` (the
+    selected point's test records, `<metric>_<slice>`, e.g. accuracy_n64), the mean over
+    seeds with its 95% t interval. Empty when no trial recorded per-slice test metrics (a
+    trial without a sweep holds validation metrics only)."""
     labels = config_labels(trials)
     rows = []
     prefix = f"{metric}_"
     for t in trials:
-        if t.state != TrialState.COMPLETE:
+        if t.state != TrialState.COMPLETE or not t.user_attrs.get("sweep"):
             continue
         records = t.user_attrs.get("replicates") or []
         names = [n for n in (records[0]["metrics"] if records else {}) if n.startswith(prefix)]
