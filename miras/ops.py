@@ -39,7 +39,7 @@ import miras
 from miras.rule import MemoryRule
 from miras.runtime import per_channel_gates, run
 from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size, resolve_mode
-from miras.runtime.inputs import inside_range
+from miras.runtime.inputs import check_qkv, inside_range
 from miras.spec import Spec
 
 Gate = torch.Tensor | float | None
@@ -255,8 +255,7 @@ def call(
     `chunk_options`."""
     rule = _as_rule(rule)
     chunk_mode, chunk_size = chunk_options(rule, backend, chunk_mode, chunk_size)
-    if not isinstance(q, torch.Tensor):
-        raise ValueError(f"q: expected a tensor [B, T, H, K], got {type(q).__name__}")
+    check_qkv(q, k, v)  # before g and beta are read in q's dtype
     scale = _check_scale(scale, q)
     natural = _fla_gates(rule, q, v, g, beta, gates)
 
