@@ -256,3 +256,9 @@ def test_default_chunk_size_follows_the_form(spec, chunk_mode, expected):
     rule = ops._as_rule(spec)
     assert ops.chunk_options(rule, "chunk", chunk_mode, None) == expected
     assert ops.chunk_options(rule, "chunk", chunk_mode, 8) == (expected[0], 8)
+
+
+def test_an_integer_q_is_named_before_the_gates_are_read():
+    q, k, v, beta, g, _ = inputs(8)
+    with pytest.raises(ValueError, match="q: expected a floating dtype"):
+        ops.chunk_gated_delta_rule(q.long(), k, v, g, beta)
