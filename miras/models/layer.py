@@ -26,7 +26,7 @@ from miras.models.padding import Cache, left_aligned, rows_alone, take
 from miras.rule import MemoryRule
 from miras.rule import compile as compile_rule
 from miras.runtime.exact_chunk import default_chunk_size, resolve_mode
-from miras.runtime.inputs import first_bad
+from miras.runtime.inputs import all_finite, first_bad
 from miras.spec import Spec, load_spec
 
 
@@ -404,8 +404,8 @@ class MirasLayer(nn.Module):
         """x [B, T, D] from `cache` on `backend` -> (y [B, T, D], the cache after x).
 
         With `check_inputs`, a non-finite x or memory output raises `ForwardDiverged` naming
-        the first token in time (one isfinite reduction each, the search only on failure)."""
-        if self.check_inputs and not bool(torch.isfinite(x.detach()).all()):
+        the first token in time (one sum each, the search only on failure)."""
+        if self.check_inputs and not all_finite(x):
             token, row, _ = first_bad(~torch.isfinite(x.detach()).unsqueeze(-1))
             raise ForwardDiverged(
                 f"memory layer (spec '{self.rule.spec.name}'): its input x is non-finite from "
@@ -427,7 +427,7 @@ class MirasLayer(nn.Module):
             params=self.params(),
             check_inputs=self.check_inputs,
         )
-        if self.check_inputs and not bool(torch.isfinite(o.detach()).all()):
+        if self.check_inputs and not all_finite(o):
             raise self.diverged(q, k, v, gates, cache["memory"], o)
         return self.output(o, x), {"conv": conv_cache, "memory": state}
 

@@ -64,6 +64,12 @@ def check_finite(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             raise ValueError(f"{name}: found the non-finite value {where}; {NONFINITE_HINT}")
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """Is every entry of x finite? One sum and one host sync when it is (see check_finite)."""
+    x = x.detach()
+    return bool(torch.isfinite(x.sum(dtype=_sum_dtype(x.dtype)))) or bool(torch.isfinite(x).all())
+
+
 def _sum_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32  # fp16 sums overflow
 
