@@ -222,25 +222,10 @@ def sweep_run(
 def test_metrics(run_dir: str, task: Any, args: dict[str, Any]) -> dict[str, float]:
     """The task's metrics on `eval_batches` test batches, of the model in `run_dir`'s
     checkpoint: overall and per slice (`accuracy_n64`, miras.training.evaluate_model)."""
-    import torch
+    from miras.training import evaluate
 
-    from miras.checkpoint import load_checkpoint
-    from miras.models.model import build_model
-    from miras.training import evaluate_model
-
-    data = load_checkpoint(run_dir)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = build_model(load_spec(data["spec"]), task.vocab_size).to(device)
-    model.load_state_dict(data["model"])
-    return evaluate_model(
-        model,
-        task,
-        batches=args["eval_batches"],
-        batch_size=args["batch_size"],
-        device=device,
-        precision=args["precision"],
-        split="test",
-    )
+    batches, size = args["eval_batches"], args["batch_size"]
+    return evaluate(run_dir, task, batches=batches, batch_size=size, split="test")
 
 
 def replicate(
