@@ -124,8 +124,8 @@ def test_labels_use_the_whole_name_where_two_parameters_end_alike():
 
 
 def test_accuracy_against_state_size_per_family():
-    frame = state_size_data(TRIALS, "accuracy", ["bias"])
-    assert list(frame["family"]) == ["bias=dot", "bias=l2", "bias=l2"]
+    frame = state_size_data(TRIALS, "accuracy", ["bias", "bias.lp.p"])
+    assert list(frame["family"]) == ["bias=dot", "bias=l2", "bias=l2"], "no p: left out"
     assert list(frame["state_bytes"]) == [1024.0, 256.0, 1024.0]
     row = frame[frame["trial"] == 2].iloc[0]
     assert (row["mean"], row["low"], row["high"]) == pytest.approx(

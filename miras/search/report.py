@@ -191,7 +191,8 @@ def state_size_data(
             if value is None:
                 continue
             interval = (value, value, value)
-        name = " ".join(f"{p}={_number(t.params.get(p))}" for p in family) or "all"
+        # A conditional parameter the trial lacks (bias.lp.p under bias=l2) is left out.
+        name = " ".join(f"{p}={_number(t.params[p])}" for p in family if p in t.params) or "all"
         rows.append([t.number, name, float(t.user_attrs["metrics"][size]), *interval])
     frame = pd.DataFrame(rows, columns=["trial", "family", size, "mean", "low", "high"])
     return frame.sort_values(["family", size, "trial"], ignore_index=True)
