@@ -137,3 +137,18 @@ def test_a_short_run_reduces_the_loss_and_its_checkpoint_rebuilds_the_io(tmp_pat
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
         make_task("continuous_mqar", **options)
+
+
+def test_a_study_on_the_task_validates_its_objectives():
+    # The study reads the task's metric names off zero logits [B, T, V]: shaped by the labels,
+    # since the inputs are [B, T, 2 d_e] vectors.
+    from miras.search.study import load_study
+
+    study = {
+        "name": "tiny-continuous",
+        "task": {"name": "continuous_mqar", "options": SMALL},
+        "spec": {"memory": "matrix", "bias": "l2", "model": {"d_model": 16, "conv_size": 0}},
+        "train": {"steps": 2, "batch_size": 4},
+        "objectives": ["accuracy"],
+    }
+    assert load_study(study).task.name == "continuous_mqar"

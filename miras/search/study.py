@@ -539,7 +539,7 @@ def _task_metrics(task: Any) -> list[str]:
     import torch
 
     batch = task.batch("valid", 0, 2)
-    logits = torch.zeros(*batch.inputs.shape, task.vocab_size)
+    logits = torch.zeros(*batch.labels.shape, task.vocab_size)  # [B, T, V]: inputs may be vectors
     return list(task.metrics(logits, batch.labels))
 
 
