@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from miras.spec import Spec
+from miras.spec import Spec, load_spec
 from miras.training_config import TrainConfig
 
 if TYPE_CHECKING:
@@ -114,7 +114,6 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> Langu
     weights. A run whose task gave the model its own input and output layers rebuilds them
     from the recorded task."""
     from miras.models.model import build_model
-    from miras.spec import load_spec
 
     data = load_checkpoint(run_dir)
     spec = load_spec(data["spec"])
@@ -186,7 +185,9 @@ def check_resumable(
     """A resumed run continues exactly only with the same spec, settings and task; `extend`
     lets `steps` grow. Returns the steps the checkpoint's schedule was planned for."""
     problems = []
-    if checkpoint["spec"] != spec.normalized():
+    # Through load_spec: a field added since the checkpoint was written (feature_map.normalize)
+    # takes its default, which the run used.
+    if load_spec(checkpoint["spec"]).normalized() != spec.normalized():
         problems.append("the spec (or its model section) differs from the checkpoint's")
     planned = checkpoint["config"]["steps"]
     for name, value in config.trajectory().items():
