@@ -127,3 +127,51 @@ def test_math_helpers_match_torch():
     names = ["sign", "tanh", "cosh", "sinh", "asinh", "softplus", "soft_threshold"]
     for name, got, expected in zip(names, out, want, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@triton.jit
+def _apply_stable_helpers(x_ptr, y_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    x = tl.load(x_ptr + i)
+    y = tl.load(y_ptr + i)
+    tl.store(out_ptr + 0 * N + i, cm.log1p(x))
+    tl.store(out_ptr + 1 * N + i, cm.expm1(y))
+    tl.store(out_ptr + 2 * N + i, cm.hypot(x, y))
+    tl.store(out_ptr + 3 * N + i, cm.logaddexp(x, y))
+    tl.store(out_ptr + 4 * N + i, cm.acosh(1.0 + tl.abs(x)))
+    tl.store(out_ptr + 5 * N + i, cm.atanh(y / (1.0 + tl.abs(y))))
+    tl.store(out_ptr + 6 * N + i, cm.asinh(x * 1e150))
+
+
+def test_stable_math_helpers_match_torch():
+    """The helpers the stable forms print (log1p, expm1, hypot, logaddexp, acosh, atanh) and
+    asinh at huge |x| (its x^2 overflowed: inf instead of 346), float64 at tiny and huge
+    arguments."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.cat(
+        [
+            torch.logspace(-12, 2, 32, dtype=torch.float64),
+            -torch.logspace(-12, -0.05, 32, dtype=torch.float64),
+        ]
+    )
+    y = torch.cat(
+        [
+            torch.linspace(-30, 30, 32, dtype=torch.float64),
+            torch.logspace(-14, -1, 32, dtype=torch.float64),
+        ]
+    )
+    x, y = x.to(device), y.to(device)
+    out = torch.empty(7, 64, dtype=torch.float64, device=device)
+    _apply_stable_helpers[(1,)](x, y, out, N=64)
+    want = [
+        torch.log1p(x),
+        torch.expm1(y),
+        torch.hypot(x, y),
+        torch.logaddexp(x, y),
+        torch.acosh(1 + x.abs()),
+        torch.atanh(y / (1 + y.abs())),
+        torch.asinh(x * 1e150),
+    ]
+    names = ["log1p", "expm1", "hypot", "logaddexp", "acosh", "atanh", "asinh"]
+    for name, got, expected in zip(names, out, want, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0.0, msg=name)

@@ -3,13 +3,18 @@
 Every construct the printer knows has a `_print_<Class>` method or an entry in `FUNCTIONS`;
 anything else raises `UnsupportedExpression`, so no half-printed code is ever emitted.
 Arguments of emitted functions are tensors that broadcast together; numbers are literals.
+Every expression is first put in its stable forms (`miras.compiler.stabilize`): asinh, log1p,
+expm1, logaddexp, hypot where sympy wrote a cancelling or overflowing shape.
 """
 
 from __future__ import annotations
 
 import sympy as sp
+from sympy.codegen.cfunctions import expm1, hypot, log1p
+from sympy.codegen.numpy_nodes import logaddexp
 from sympy.printing.printer import Printer
 
+from miras.compiler.stabilize import stable_forms
 from miras.symbols import ChannelSum, sigmoid, soft_threshold, softplus
 
 
@@ -29,7 +34,7 @@ class StrictPrinter(Printer):
     FUNCTIONS: dict[type, str] = {}
 
     def doprint(self, expr) -> str:  # type: ignore[override]
-        return self._print(sp.sympify(expr))
+        return self._print(stable_forms(sp.sympify(expr)))
 
     def _print(self, expr, **kwargs) -> str:
         if isinstance(expr, sp.Expr) and expr.is_number and not isinstance(expr, sp.Symbol):
@@ -109,6 +114,10 @@ class TorchPrinter(StrictPrinter):
         sp.cosh: "torch.cosh",
         sp.sinh: "torch.sinh",
         sp.asinh: "torch.asinh",
+        sp.acosh: "torch.acosh",
+        sp.atanh: "torch.atanh",
+        log1p: "torch.log1p",
+        expm1: "torch.expm1",
         sp.atan: "torch.atan",
         sp.sin: "torch.sin",
         sp.cos: "torch.cos",
@@ -185,6 +194,22 @@ class TorchPrinter(StrictPrinter):
     def _print_Heaviside(self, expr) -> str:
         z = self._print(expr.args[0])
         return f"({z} > 0).to({z}.dtype)"
+
+    # Two-argument functions: torch takes tensors only, so a number becomes a 0-dim float64
+    # tensor (it broadcasts on any device, keeps the other argument's dtype, and rounds to it
+    # only there: a float32 0-dim tensor would round 0.001 for float64 inputs too).
+    def _tensor_arg(self, expr: sp.Expr) -> str:
+        if not expr.is_number:
+            return self._print(expr)
+        return f"torch.tensor({self._number(sp.Float(expr))}, dtype=torch.float64)"
+
+    def _print_hypot(self, expr: hypot) -> str:
+        a, b = (self._tensor_arg(x) for x in expr.args)
+        return f"torch.hypot({a}, {b})"
+
+    def _print_logaddexp(self, expr: logaddexp) -> str:
+        a, b = (self._tensor_arg(x) for x in expr.args)
+        return f"torch.logaddexp({a}, {b})"
 
     # miras functions -----------------------------------------------------------------------
     def _print_soft_threshold(self, expr: soft_threshold) -> str:

@@ -14,6 +14,7 @@ import sympy as sp
 
 from miras.compiler.emit import function_source
 from miras.compiler.printer import torch_code
+from miras.compiler.stabilize import stable_forms
 from miras.components.base import Retention
 from miras.symbols import gate_symbol, sigmoid, w
 
@@ -33,6 +34,8 @@ STEP_DOC = "New state from w0 and u [..., Dv, Dphi] (the last axis a row); gates
 
 def _step_source(retention: Retention, step: sp.Expr, gates: tuple[str, ...]) -> str:
     args = ["w0", "u", *gates]
+    # Before common subexpressions are hoisted, which could split log(z + sqrt(z**2 + 1)).
+    step = stable_forms(step)
     if retention.solved_by_newton():
         return _newton_source(retention, step.args[0], args)
     source = function_source(

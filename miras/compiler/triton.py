@@ -27,6 +27,7 @@ import sympy as sp
 
 from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.retention_emit import NORM_FLOOR
+from miras.compiler.stabilize import stable_forms
 from miras.compiler.triton_printer import CHANNEL_MASK, triton_code
 from miras.ir import BiasRule, RetentionRule
 from miras.kernels.templates import general, linear
@@ -149,18 +150,21 @@ def _retention_pieces(rule: RetentionRule, spec: Spec) -> list[str]:
     elementwise on [BV, BK] blocks; then the map after the step and the read before reads."""
     gates = [gate_symbol(n) for n in rule.gates]
     args = ["w0", "u", *rule.gates]
-    lines, (out,) = _cse([rule.step])
+    # The step without sympy's cancelling shapes, before the VJP differentiates it: d/dz of
+    # asinh(z) is 1/hypot(z, 1), of log(z + sqrt(z**2 + 1)) a quotient that cancels too.
+    stable_step = stable_forms(rule.step)
+    lines, (out,) = _cse([stable_step])
     simplex = spec.retention.simplex_rows
     what = "the logits z of W = c softmax(z) per row" if simplex else "the new entry"
     step = _jit(
         "retention_step",
         args,
-        f"retention {rule.kind}, {what}: {rule.step}",
+        f"retention {rule.kind}, {what}: {stable_step}",
         lines,
-        _full(out, rule.step, "w0"),
+        _full(out, stable_step, "w0"),
     )
     # soft_threshold has no derivative in sympy: differentiate its Piecewise form.
-    smooth = rule.step.replace(
+    smooth = stable_step.replace(
         soft_threshold, lambda z, t: soft_threshold(z, t).rewrite(sp.Piecewise)
     )
     outputs = [UPSTREAM * _a_e(sp.diff(smooth, s)) for s in (w0, u, *gates)]
@@ -377,7 +381,10 @@ import triton.language as tl
 
 from miras.kernels.common.intra import decay_matrix, reverse_cumsum
 from miras.kernels.common.io import add_row, add_rows, load_rows, store_rows, zero_block
-from miras.kernels.common.math import asinh, cosh, sign, sinh, soft_threshold, softplus, tanh
+from miras.kernels.common.math import (
+    acosh, asinh, atanh, cosh, expm1, hypot, log1p, logaddexp, sign, sinh, soft_threshold,
+    softplus, tanh,
+)
 from miras.kernels.common.state import lq_read, lq_read_vjp, row_softmax, row_softmax_vjp"""
 
 

@@ -5,7 +5,7 @@ The Triton sibling of `TorchPrinter` (miras/compiler/printer.py): every construc
 so no half-printed kernel is ever emitted. The printed code runs inside a `@triton.jit`
 function on blocks that broadcast together; numbers are literals.
 
-Functions `triton.language` lacks (tanh, cosh, sign, softplus, ...) come from
+Functions `triton.language` lacks (tanh, cosh, sign, softplus, log1p, hypot, ...) come from
 `miras.kernels.common.math`, written with `tl.exp`/`tl.log` so that they run on a GPU and under
 `TRITON_INTERPRET=1` alike. Channel sums reduce the last axis of a block with the channel mask
 `cmask` (a padded channel must not enter a sum): `tl.sum(tl.where(cmask, f, 0.0), axis=1, ...)`.
@@ -14,6 +14,8 @@ Functions `triton.language` lacks (tanh, cosh, sign, softplus, ...) come from
 from __future__ import annotations
 
 import sympy as sp
+from sympy.codegen.cfunctions import expm1, hypot, log1p
+from sympy.codegen.numpy_nodes import logaddexp
 
 from miras.compiler.printer import StrictPrinter, UnsupportedExpression
 from miras.symbols import ChannelSum, sigmoid, soft_threshold, softplus
@@ -45,6 +47,10 @@ class TritonPrinter(StrictPrinter):
         sp.cosh: "cosh",
         sp.sinh: "sinh",
         sp.asinh: "asinh",
+        sp.acosh: "acosh",
+        sp.atanh: "atanh",
+        log1p: "log1p",
+        expm1: "expm1",
         softplus: "softplus",
     }
 
@@ -104,6 +110,14 @@ class TritonPrinter(StrictPrinter):
 
     def _print_Heaviside(self, expr) -> str:
         return f"tl.where({self._print(expr.args[0])} > 0, 1.0, 0.0)"
+
+    def _print_hypot(self, expr: hypot) -> str:
+        a, b = (self._print(x) for x in expr.args)
+        return f"hypot({a}, {b})"
+
+    def _print_logaddexp(self, expr: logaddexp) -> str:
+        a, b = (self._print(x) for x in expr.args)
+        return f"logaddexp({a}, {b})"
 
     # miras functions -----------------------------------------------------------------------
     def _print_soft_threshold(self, expr: soft_threshold) -> str:
