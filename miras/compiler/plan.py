@@ -19,7 +19,7 @@ def _memory_state(spec: Spec) -> list[str]:
     # Nominal widths Dphi = 100, Dv = 1000, so that hidden widths read as factors of Dphi.
     shapes = memory.parameter_shapes(d_in=100, d_out=1000)
     return [
-        f"{name}: [B, H, {', '.join(_width(n) for n in shape)}] float32"
+        f"{name}: [B, H, {', '.join(_width(n) for n in shape)}] float32 (float64 for float64 inputs)"
         for name, shape in shapes.items()
     ]
 

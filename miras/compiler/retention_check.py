@@ -2,26 +2,40 @@
 
 `check_retention` runs the emitted `retention_step` on random inputs and tests it twice: the
 autograd gradient of the printed objective vanishes there (projected for kl, the subgradient
-condition at exact zeros for an l1 term), and it equals a numerical minimizer.
+condition at exact zeros for an l1 term), and it equals a numerical minimizer. Then, in float32
+and in float64, the step at previous states across the whole range the dtype represents (tiny
+and huge magnitudes of both signs, wherever the objective is finite) against a float64
+minimizer: a step that cancels or overflows far from 0 fails there. A soft-thresholding step
+is sampled on each of its branches, and the check says how many entries hit each.
 """
 
 from __future__ import annotations
 
 import math
 
+import sympy as sp
 import torch
 
 from miras.check import CheckResult, max_relative_error
-from miras.compiler.emit import load_module, module_source
+from miras.compiler.emit import function_source, load_module, module_source
 from miras.compiler.retention_emit import objective_source
 from miras.components.base import Retention
+from miras.errors import DerivationError
 from miras.ir import RetentionRule
+from miras.symbols import soft_threshold, u
 
 SHAPE = (3, 4, 5, 6)  # [B, H, Dv, Dphi]: the last axis is a row (KL's simplex)
 # (stationarity, argmin) tolerances: autograd is exact up to rounding; a numerical minimizer
 # of a function that is flat at its minimum finds it to about sqrt(machine epsilon).
 TOLERANCES = {torch.float64: (1e-8, 1e-6), torch.float32: (1e-3, 1e-2)}
 GOLDEN = (math.sqrt(5) - 1) / 2
+# The range check: rows of ROW entries, one magnitude class per row (a row spans a factor 1.5
+# for real states, a decade for positive ones, so kl's rows mix magnitudes).
+ROW = SHAPE[-1]
+RANGE_ROWS = 48  # magnitudes per sign (real) or per end (unit interval)
+RANGE_DTYPES = (torch.float32, torch.float64)
+# soft_threshold(z, t) branches: z = r t with r drawn per third of the entries from these.
+BRANCHES = {"z > t": (1.1, 3.0), "z < -t": (-3.0, -1.1), "|z| <= t (W_t = 0)": (-0.9, 0.9)}
 
 
 def check_retention(
@@ -34,16 +48,19 @@ def check_retention(
     if dtype not in TOLERANCES:
         raise ValueError(f"dtype: expected one of {list(TOLERANCES)}, got {dtype}")
     stationary_tol, argmin_tol = TOLERANCES[dtype]
+    threshold = _threshold_branches(rule)
     module = load_module(
         module_source(
             f"retention {rule.kind}: step and objective",
-            [rule.source, *objective_source(retention, rule.gates)],
+            [rule.source, *objective_source(retention, rule.gates), *threshold],
         )
     )
     gen = torch.Generator().manual_seed(seed)
     w0_ = sample_state(retention, SHAPE, dtype, gen)
     u_ = 0.5 * torch.randn(SHAPE, dtype=dtype, generator=gen)
     gates = list(sample_gates(retention, SHAPE, dtype, gen).values())
+    if threshold:
+        u_ = _branch_updates(module, w0_, gates, gen)
     new = module.retention_step(w0_, u_, *gates)
 
     def objective(x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +100,153 @@ def check_retention(
                 stationary_tol,
             )
         )
+    if threshold:
+        results.append(_branch_counts(new))
+    gen = torch.Generator().manual_seed(seed + 1)
+    results += [
+        _range_check(retention, module, where, range_dtype, gen) for range_dtype in RANGE_DTYPES
+    ]
     return results
+
+
+# Branches of a soft-thresholding step -----------------------------------------------------------
+
+
+def _threshold_branches(rule: RetentionRule) -> list[str]:
+    """For a step soft_threshold(z, t): the source of `check_branch_update(w0, r, *gates)`, the
+    u that puts z at r t (z is affine in u: the objective's <u, W>). Empty for other steps."""
+    if not isinstance(rule.step, soft_threshold):
+        return []
+    z, t = rule.step.args
+    r = sp.Symbol("r", real=True)
+    solutions = sp.solve(z - r * t, u)
+    if len(solutions) != 1:
+        raise DerivationError(
+            f"retention {rule.kind}: the check needs the u that puts {z} at r*{t}; sympy found "
+            f"{len(solutions)} solutions"
+        )
+    args = ["w0", "r", *rule.gates]
+    return [function_source("check_branch_update", args, solutions[0])]
+
+
+def _branch_updates(module, w0_: torch.Tensor, gates, generator) -> torch.Tensor:
+    """u per entry such that a third of the entries fall on each branch of BRANCHES."""
+    flat = torch.rand(w0_.numel(), dtype=w0_.dtype, generator=generator)
+    which = torch.arange(w0_.numel()) % len(BRANCHES)
+    r = torch.empty_like(flat)
+    for i, (lo, hi) in enumerate(BRANCHES.values()):
+        r[which == i] = lo + (hi - lo) * flat[which == i]
+    return module.check_branch_update(w0_, r.reshape(w0_.shape), *gates)
+
+
+def _branch_counts(new: torch.Tensor) -> CheckResult:
+    """How many entries of W_t = soft_threshold(z, t) came from each branch (z > t gives
+    W_t > 0, z < -t gives W_t < 0, |z| <= t gives 0); fails if a branch got none."""
+    counts = [int((new > 0).sum()), int((new < 0).sum()), int((new == 0).sum())]
+    shown = ", ".join(f"{name} at {n}" for name, n in zip(BRANCHES, counts, strict=True))
+    piece = (
+        f"branches: soft_threshold(z, t) sampled on every branch: {shown} of {new.numel()} entries"
+    )
+    return CheckResult(piece, 0.0 if min(counts) > 0 else math.inf, 0.0)
+
+
+# The whole range of states ---------------------------------------------------------------------
+
+
+def range_states(retention: Retention, dtype) -> torch.Tensor:
+    """Previous states [2 RANGE_ROWS, ROW] across what `dtype` represents in the retention's
+    domain: magnitudes log-spaced from 1e-3 to near the largest float (and 1 to 100 linearly),
+    both signs (real); from near the smallest normal float to near the largest (positive);
+    p and 1 - p for p from the smallest normal float to 1/2 (unit interval)."""
+    info = torch.finfo(dtype)
+    top, bottom = math.log10(info.max) - 0.5, math.log10(info.tiny) + 0.5
+    j = torch.arange(ROW, dtype=torch.float64)
+    domain = retention.domain()
+    if domain == "real":
+        half = RANGE_ROWS // 4
+        magnitudes = torch.cat(
+            [
+                torch.logspace(-3, top, RANGE_ROWS - half, dtype=torch.float64),
+                torch.linspace(1, 100, half, dtype=torch.float64),
+            ]
+        )
+        rows = magnitudes[:, None] * (1 + j / 10)
+        states = torch.cat([rows, -rows])
+    elif domain == "positive":
+        # kl's rows lie on the simplex scaled by c: its entries are at most c.
+        if retention.simplex_rows:
+            top = math.log10(retention.row_sum()) - 1
+        magnitudes = torch.logspace(bottom, top - 1, 2 * RANGE_ROWS, dtype=torch.float64)
+        states = magnitudes[:, None] * 10 ** (j / (ROW - 1))
+    else:
+        p = torch.logspace(bottom, math.log10(0.5), RANGE_ROWS, dtype=torch.float64)
+        rows = p[:, None] * (1 - j / (2 * ROW))
+        states = torch.cat([rows, 1 - rows])
+    return states.to(dtype)
+
+
+def _range_check(retention, module, where: str, dtype, generator) -> CheckResult:
+    """The step in `dtype` at `range_states`, against a float64 minimizer of the objective at
+    the same (rounded) inputs, over the rows where the objective is finite in `dtype`."""
+    w0_ = range_states(retention, dtype)
+    shape = w0_.shape
+    u_ = 0.5 * torch.randn(shape, dtype=dtype, generator=generator)
+    # u is not aimed at soft_threshold's branches here: u = a w0 - r t would cancel in the
+    # inputs at large w0 (the core sample covers the branches).
+    gates = list(sample_gates(retention, shape, dtype, generator).values())
+    keep = _representable(retention, module, w0_, u_, gates)
+    name = str(dtype).removeprefix("torch.")
+    tolerance = TOLERANCES[dtype][1]
+    if not bool(keep.any()):
+        piece = f"range ({name}): no previous state where the objective is finite"
+        return CheckResult(piece, math.inf, tolerance)
+    w0_, u_ = w0_[keep], u_[keep]
+    gates = [g[keep] for g in gates]
+    new = module.retention_step(w0_, u_, *gates)
+    wide = [x.double() for x in (w0_, u_, *gates)]
+
+    def objective(x: torch.Tensor) -> torch.Tensor:
+        return module.retention_objective(x, *wide)
+
+    if retention.simplex_rows:
+        numeric = _root_of_rows(objective, wide[0], wide[1], retention.row_sum())
+    else:
+        numeric = _root_of_slope(objective, wide[0], wide[1], retention.domain())
+    method = "bisection on the sign of dJ/dw per entry"
+    if retention.simplex_rows:
+        method += " + mu, and on mu for each row sum"
+    finite = torch.isfinite(new)
+    error = max_relative_error(new.double(), numeric) if bool(finite.all()) else math.inf
+    lo, hi = float(w0_.min()), float(w0_.max())
+    bad = "" if bool(finite.all()) else f"; {int((~finite).sum())} non-finite entries"
+    piece = (
+        f"range ({name}): derived {where} at {w0_.numel()} previous states in "
+        f"[{lo:.3g}, {hi:.3g}] (where the objective is finite in {name}) vs a float64 "
+        f"numerical minimizer ({method}){bad}"
+    )
+    return CheckResult(piece, error, tolerance)
+
+
+def _representable(retention, module, w0_, u_, gates) -> torch.Tensor:
+    """Rows [R] where the objective and its gradient are finite at w0 and at the ends of the
+    minimizer's first bracket (in the check's dtype and in float64)."""
+    spread = 1 + w0_.abs() + u_.abs()
+    points = [w0_]
+    domain = retention.domain()
+    if domain == "real":
+        points += [w0_ - spread, w0_ + spread]
+    elif domain == "positive":
+        points += [w0_ + spread]
+    ok = torch.ones(w0_.shape[0], dtype=torch.bool)
+    for cast in (lambda x: x, torch.Tensor.double):
+        args = [cast(x) for x in (w0_, u_, *gates)]
+        for point in points:
+            x = cast(point).detach().requires_grad_()
+            value = module.retention_objective(x, *args)
+            (grad,) = torch.autograd.grad(value.sum(), x)
+            finite = torch.isfinite(value) & torch.isfinite(grad) & torch.isfinite(x)
+            ok &= finite.all(-1)
+    return ok
 
 
 def sample_state(retention: Retention, shape, dtype, generator) -> torch.Tensor:
@@ -151,24 +314,122 @@ def _golden_section(f, lo: torch.Tensor, hi: torch.Tensor, iterations: int = 120
 
 def _argmin_entries(objective, w0_: torch.Tensor, u_: torch.Tensor, domain: str) -> torch.Tensor:
     """Golden section per entry over the domain, widening the bracket where the minimizer is
-    found at an edge that is not the domain's."""
+    found at an edge that is not the domain's. Positive states are searched in s = log w, from
+    the smallest normal float up: as precise for a minimizer at 1e-30 or 1e30 as at 1 (a
+    bracket [0, 1e55] resolves only 1e30 in 120 steps)."""
     spread = 1 + w0_.abs() + u_.abs()
+    f = objective
     if domain == "unit_interval":
         lo, hi = torch.zeros_like(w0_), torch.ones_like(w0_)
     elif domain == "positive":
-        lo, hi = torch.zeros_like(w0_), w0_ + spread
+        lo = torch.full_like(w0_, math.log(torch.finfo(w0_.dtype).tiny))
+        hi = torch.log(w0_ + spread)
+
+        def f(s: torch.Tensor) -> torch.Tensor:
+            return objective(torch.exp(s))
     else:
         lo, hi = w0_ - spread, w0_ + spread
     with torch.no_grad():
         for _ in range(20):
-            x = _golden_section(objective, lo, hi)
+            x = _golden_section(f, lo, hi)
             width = hi - lo
             low = (x - lo < 1e-3 * width) & (domain == "real")
             high = (hi - x < 1e-3 * width) & (domain != "unit_interval")
             if not (low.any() or high.any()):
                 break
             lo, hi = torch.where(low, lo - width, lo), torch.where(high, hi + width, hi)
-    return x
+    return torch.exp(x) if domain == "positive" else x
+
+
+def _root_of_slope(objective, w0_: torch.Tensor, u_: torch.Tensor, domain: str) -> torch.Tensor:
+    """The minimizer of an elementwise convex objective per entry, as the point where its
+    autograd slope changes sign, by bisection (in s = log w for positive states) to the last
+    bit. Golden section compares values, whose rounding at a large w0 (a constant such as
+    cosh(w0) in every value) hides the minimum; the slope has no such constant."""
+    spread = 1 + w0_.abs() + u_.abs()
+    to_w = (
+        torch.exp
+        if domain == "positive"
+        else (torch.sigmoid if domain == "unit_interval" else None)
+    )
+    if domain == "positive":
+        lo, hi = (
+            torch.full_like(w0_, math.log(torch.finfo(w0_.dtype).tiny)),
+            torch.log(w0_ + spread),
+        )
+    elif domain == "unit_interval":
+        lo, hi = torch.full_like(w0_, -745.0), torch.full_like(w0_, 37.0)  # w in (0, 1)
+    else:
+        lo, hi = w0_ - spread, w0_ + spread
+
+    def slope(s: torch.Tensor) -> torch.Tensor:
+        x = (s if to_w is None else to_w(s)).detach().requires_grad_()
+        (grad,) = torch.autograd.grad(objective(x).sum(), x)
+        return grad
+
+    # Widen (real, and the top of the positive range) until bracketed: by the bracket's width
+    # for real states, by 1, 2, 4, ... in s = log w for positive ones (exp(s + width) would
+    # overflow).
+    step = torch.ones_like(hi)
+    for _ in range(64):
+        below, above = slope(lo) > 0, slope(hi) < 0
+        below &= domain == "real"
+        above &= domain != "unit_interval"
+        if not bool((below | above).any()):
+            break
+        grow = step if domain == "positive" else hi - lo
+        lo, hi = torch.where(below, lo - grow, lo), torch.where(above, hi + grow, hi)
+        step = 2 * step
+    for _ in range(2200):  # a float64 interval halves to one ulp within 2100 steps
+        mid = lo + (hi - lo) / 2
+        if bool(((mid == lo) | (mid == hi)).all()):
+            break
+        positive = slope(mid) > 0
+        lo, hi = torch.where(positive, lo, mid), torch.where(positive, mid, hi)
+    x = lo + (hi - lo) / 2
+    return (x if to_w is None else to_w(x)).detach()
+
+
+def _root_of_rows(objective, w0_: torch.Tensor, u_: torch.Tensor, scale: float) -> torch.Tensor:
+    """KL: the minimizer on each row's simplex sum_j w_j = c, by the multiplier mu of the row
+    sum: w_j(mu) solves dJ/dw_j + mu = 0 per entry (`_root_of_slope`), and
+    g(mu) = log sum_j w_j(mu) - log c, decreasing in mu (and close to linear), is solved by
+    regula falsi with the Illinois modification inside a bracket."""
+
+    def g(mu: torch.Tensor) -> torch.Tensor:
+        w = _root_of_slope(lambda x: objective(x) + mu * x, w0_, u_, "positive")
+        return torch.log(w.sum(-1, keepdim=True)) - math.log(scale)
+
+    # The bracket starts at +-1 around the root of the line through g(-1) and g(1) (g is
+    # close to linear), then widens by 1, 2, 4, ... until g(lo) >= 0 >= g(hi): a wide first
+    # bracket would reach the mu where entries underflow and g is flat.
+    one = torch.ones_like(w0_[..., :1])
+    g_minus, g_plus = g(-one), g(one)
+    guess = torch.where(g_minus > g_plus, 2 * g_minus / (g_minus - g_plus) - 1, 0 * one)
+    lo, hi = guess - 1, guess + 1
+    g_lo, g_hi = g(lo), g(hi)
+    step = one
+    for _ in range(64):
+        small, large = g_lo < 0, g_hi > 0
+        if not bool((small | large).any()):
+            break
+        lo, hi = torch.where(small, lo - step, lo), torch.where(large, hi + step, hi)
+        g_lo, g_hi = g(lo), g(hi)
+        step = 2 * step
+    side = torch.zeros_like(lo)
+    mid = lo
+    for _ in range(100):
+        mid = torch.where(g_lo == g_hi, (lo + hi) / 2, (lo * g_hi - hi * g_lo) / (g_hi - g_lo))
+        g_mid = g(mid)
+        if bool((g_mid.abs() <= 1e-13).all()):  # w to 1e-13, far inside any tolerance
+            break
+        over = g_mid > 0  # mu too small: the root lies in [mid, hi]
+        g_hi = torch.where(over & (side > 0), g_hi / 2, g_hi)  # Illinois: same side twice
+        g_lo = torch.where(~over & (side < 0), g_lo / 2, g_lo)
+        lo, g_lo = torch.where(over, mid, lo), torch.where(over, g_mid, g_lo)
+        hi, g_hi = torch.where(over, hi, mid), torch.where(over, g_hi, g_mid)
+        side = torch.where(over, 1.0, -1.0)
+    return _root_of_slope(lambda x: objective(x) + mid * x, w0_, u_, "positive")
 
 
 def _argmin_rows(objective, w0_: torch.Tensor, scale: float) -> torch.Tensor:
@@ -183,9 +444,13 @@ def _argmin_rows(objective, w0_: torch.Tensor, scale: float) -> torch.Tensor:
         line_search_fn="strong_wolfe",
     )
 
+    # Floored at the smallest normal float: an entry that underflows to 0 would make w log w
+    # NaN (its share of the objective is below rounding anyway).
+    tiny = torch.finfo(w0_.dtype).tiny
+
     def closure() -> torch.Tensor:
         opt.zero_grad()
-        loss = objective(scale * torch.softmax(theta, dim=-1)).sum()
+        loss = objective((scale * torch.softmax(theta, dim=-1)).clamp_min(tiny)).sum()
         loss.backward()
         return loss
 
