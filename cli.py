@@ -157,7 +157,8 @@ def check(
     except (SpecError, DerivationError, ResourceError) as error:
         raise _fail(error) from None
     results = rule.check(seed=seed)
-    table = Table(title=f"checks of {rule.spec.name} (float64, seed {seed})", title_justify="left")
+    title = f"checks of {rule.spec.name} (float64 unless a piece names float32, seed {seed})"
+    table = Table(title=title, title_justify="left")
     for column in ("piece", "max rel. error", "tolerance", "result"):
         table.add_column(column)
     for r in results:
