@@ -36,7 +36,7 @@ def _log_of_sum(arg: sp.Expr) -> sp.Expr | None:
     for t in terms:  # z + sqrt(z**2 +- 1)
         if t.is_Pow and t.exp == HALF:
             z = arg - t
-            rest = sp.expand(t.base - z**2)
+            rest = _square_offset(t.base, z)
             if rest == 1:
                 return sp.asinh(z)
             if rest == -1:
@@ -56,9 +56,28 @@ def _log_of_sum(arg: sp.Expr) -> sp.Expr | None:
     return None
 
 
+# Expanding is the fallback test of base = z**2 + c: only for small expressions (a large
+# solution would take long to expand, and sympy writes the square unexpanded anyway).
+EXPAND_LIMIT = 60
+
+
+def _square_offset(base: sp.Expr, z: sp.Expr) -> sp.Expr | None:
+    """c when base is z**2 + c for a number c, else None: structurally ((+-z)**2 + c), or by
+    expanding base - z**2 when both are small."""
+    c, square = base.as_coeff_Add()
+    if square.is_Pow and square.exp == 2 and (square.base == z or square.base == -z):
+        return c
+    if sp.count_ops(base) + sp.count_ops(z) > EXPAND_LIMIT:
+        return None
+    rest = sp.expand(base - z**2)
+    return rest if rest.is_number else None
+
+
 def _log_of_ratio(arg: sp.Expr) -> sp.Expr | None:
     """log((c + z)/(c - z)) -> 2 atanh(z/c): the ratio of 1 + x and 1 - x, which lose x's
     low bits; a ratio such as w/(1 - w) keeps them and is left alone."""
+    if sp.count_ops(arg) > EXPAND_LIMIT:
+        return None
     numer, denom = arg.as_numer_denom()
     c, z = numer.as_coeff_Add()
     c2, z2 = denom.as_coeff_Add()
