@@ -168,9 +168,10 @@ def training_estimate(spec: Spec, *, batch_size: int, seq_len: int, vocab_size: 
     ]
 
     # Activations the backward keeps, per block and token: norms, projections, the conv, the
-    # features of keys and queries, the SwiGLU's hidden units; then the logits (x3: logits,
-    # log-softmax, their gradient).
-    per_token = 10 * d + 3 * hidden + 2 * h * d_phi
+    # gates, the features of keys and queries, the SwiGLU's hidden units (calibrated: d_model
+    # 256, 4 heads, T = 512, batch 16 and 48 kept 108 KB per token and block, about 27k
+    # floats); then the logits (x3: logits, log-softmax, their gradient).
+    per_token = 64 * d + 6 * hidden + 8 * h * d_phi
     parts.append(Part("activations", FLOAT32 * b * t * n_layers * per_token, {**size, **tokens}))
     parts.append(
         Part("logits", 3 * FLOAT32 * b * t * vocab_size, {**tokens, "vocab_size": vocab_size})
@@ -187,6 +188,14 @@ def training_estimate(spec: Spec, *, batch_size: int, seq_len: int, vocab_size: 
                 "memory states",
                 FLOAT32 * b * h * numel * saved * n_layers,
                 {**_memory_fields(spec), **tokens, "model.chunk_size": chunk},
+            )
+        )
+        # The chunk form's within-chunk matrices, [B, H, T / b, b, b], several of them.
+        parts.append(
+            Part(
+                "chunk matrices",
+                8 * FLOAT32 * b * h * t * min(chunk, t) * n_layers,
+                {"model.chunk_size": chunk, **tokens, "model.n_heads": h},
             )
         )
         reach = _reach(spec, t)
