@@ -13,6 +13,8 @@ number (`e/0`, `log(0)`, `sqrt(-1)`) is refused where it appears, with that term
 from __future__ import annotations
 
 import ast
+import math
+import unicodedata
 from collections.abc import Mapping
 
 import sympy as sp
@@ -21,10 +23,21 @@ from sympy.logic.boolalg import Boolean
 from miras.errors import FormulaError, did_you_mean
 from miras.symbols import ChannelSum, sigmoid, softplus
 
+# Limits, checked on the syntax tree before sympy builds anything: they bound the work that
+# sympy (differentiation, simplification, numeric evaluation) does on a formula. docs/spec.md
+# lists them; each refusal names the one that was passed.
 MAX_LENGTH = 2000  # characters of formula text
 MAX_NODES = 400  # syntax-tree nodes
+MAX_DEPTH = 40  # nesting of the syntax tree (operators and calls)
+MAX_CALL_DEPTH = 4  # functions nested in functions: exp(exp(exp(exp(e)))) is 4
 MAX_EXPONENT = 16  # |n| in x**n, so no formula asks sympy to expand an absurd power
+MAX_DEGREE = 32  # total degree as a polynomial, a call counting as one variable
 MAX_LITERAL = 1e12  # |number| allowed as a literal
+# sympy.simplify's cost grows fast and unpredictably with the expression: the compiler only
+# simplifies an expression derived from a formula of at most this many operations (count_ops),
+# and otherwise keeps it as derived (tanh(tanh(tanh(tanh(e)))): simplify took 90 s).
+MAX_SIMPLIFY_OPS = 60
+FLOAT64_MAX = 1.7976931348623157e308  # a value beyond it overflows in every backend
 NORM_EPS = sp.Rational(1, 10**12)  # norm(e) = sqrt(sum_j e_j^2 + eps): smooth at e = 0
 
 
@@ -95,6 +108,7 @@ def parse_formula(
         raise FormulaError("the formula is empty")
     if len(text) > MAX_LENGTH:
         raise FormulaError(f"the formula is {len(text)} characters long; at most {MAX_LENGTH}")
+    _check_ascii(text)
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as err:
@@ -103,7 +117,106 @@ def parse_formula(
     n_nodes = sum(1 for _ in ast.walk(tree))
     if n_nodes > MAX_NODES:
         raise FormulaError(f"the formula has {n_nodes} syntax nodes; at most {MAX_NODES}")
+    _check_shape(tree.body, text.strip())
     return _Walker(symbols, channel_sums, text.strip()).value(tree.body)
+
+
+def _check_ascii(text: str) -> None:
+    """Refuse any character outside ASCII, naming it: Python reads identifiers in NFKC form,
+    so a ligature 'ﬁ' would be reported as 'fi' and a fullwidth 'ｅ' silently read as e."""
+    for column, ch in enumerate(text, start=1):
+        if ord(ch) > 127:
+            name = unicodedata.name(ch, "unnamed")
+            raise FormulaError(
+                f"the character {ch!r} (U+{ord(ch):04X} {name}) at column {column} is not "
+                "ASCII; formulas are written in ASCII letters, digits and + - * / ** ( ) , . "
+                "< <= > >="
+            )
+
+
+def _short(text: str, keep: int = 24) -> str:
+    """A long literal shortened for a message: its first digits and its length."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]}... ({len(text)} characters)"
+
+
+_SELECTIONS = ("min", "max", "where", "Piecewise", "sum")  # their value is one of their terms
+
+
+def _check_shape(root: ast.AST, text: str) -> None:
+    """Refuse a formula nested deeper than MAX_DEPTH, with functions nested deeper than
+    MAX_CALL_DEPTH, or of total degree above MAX_DEGREE, all measured on the syntax tree before
+    sympy sees it. The degree is that of the formula as a polynomial in its symbols and its
+    calls (each call one more variable): x**n multiplies it by |n|, a product adds, a quotient
+    adds numerator and denominator (sympy may bring it over one denominator), so
+    ((e**2 + 1)**16)**16 has degree 512 though each exponent is 16."""
+
+    def quote(node: ast.AST) -> str:
+        return _short(repr(ast.get_source_segment(text, node) or ast.unparse(node)), 40)
+
+    def number(node: ast.AST) -> float | None:
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            return number(node.operand)
+        value = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value) if abs(value) <= MAX_LITERAL else None  # the walker refuses it
+        return None
+
+    def measure(node: ast.AST, depth: int, calls: int) -> float:  # -> the degree
+        if depth > MAX_DEPTH:
+            raise FormulaError(
+                f"the formula nests operators and calls more than {MAX_DEPTH} levels deep "
+                f"(at {quote(node)}); at most {MAX_DEPTH}"
+            )
+        parts = [part for part in ast.iter_child_nodes(node) if isinstance(part, ast.expr)]
+        if isinstance(node, ast.Call):
+            calls += 1
+            if calls > MAX_CALL_DEPTH:
+                raise FormulaError(
+                    f"functions are nested {calls} deep at {quote(node)}; at most "
+                    f"{MAX_CALL_DEPTH} (exp(exp(exp(exp(e)))) is 4 deep)"
+                )
+            parts = list(node.args)
+        degrees = [measure(part, depth + 1, calls) for part in parts]
+        if isinstance(node, ast.Name):
+            return 0.0 if node.id in CONSTANTS else 1.0
+        if isinstance(node, ast.Constant):
+            return 0.0
+        if isinstance(node, ast.Call):
+            name = node.func.id if isinstance(node.func, ast.Name) else ""
+            if name in _SELECTIONS:
+                return max(degrees, default=0.0)
+            return 1.0 if any(degrees) else 0.0
+        if isinstance(node, ast.BinOp):
+            base, exponent = degrees
+            if isinstance(node.op, ast.Pow):
+                n = number(node.right)
+                if n is not None and abs(n) > MAX_EXPONENT:
+                    shown = ast.get_source_segment(text, node.right) or ast.unparse(node.right)
+                    raise FormulaError(
+                        f"the exponent {_short(shown)} is too large (at most {MAX_EXPONENT} in "
+                        "absolute value)"
+                    )
+                degree = base * math.ceil(abs(n)) if n is not None else base + exponent
+            elif isinstance(node.op, (ast.Mult, ast.Div)):
+                degree = base + exponent
+            else:
+                degree = max(base, exponent)
+            if degree > MAX_DEGREE:
+                raise FormulaError(
+                    f"{quote(node)} has total degree {degree:g} (powers of powers multiply, "
+                    f"products add); at most {MAX_DEGREE}"
+                )
+            return degree
+        return max(degrees, default=0.0)
+
+    measure(root, 1, 0)
+
+
+def bounded_simplify(expr: sp.Expr) -> sp.Expr | None:
+    """sympy.simplify(expr), or None when expr has more than MAX_SIMPLIFY_OPS operations."""
+    if sp.count_ops(expr) > MAX_SIMPLIFY_OPS:
+        return None
+    return sp.simplify(expr)
 
 
 def value_at(expr: sp.Expr, point: Mapping[sp.Symbol, sp.Expr]) -> sp.Expr:
@@ -115,14 +228,51 @@ def value_at(expr: sp.Expr, point: Mapping[sp.Symbol, sp.Expr]) -> sp.Expr:
     # value but searches for sub-expressions too, through sympy's assumption queries (about
     # 70 ms a point for log(cosh(e/a)), most of the time `miras validate` took).
     value = expr.xreplace({symbol: sp.sympify(at) for symbol, at in point.items()})
-    if value.has(sigmoid, softplus):
-        value = value.rewrite(sp.exp)
-    return sp.N(value)
+    try:
+        return _evaluate(value, {})
+    except _Overflow:
+        return OVERFLOW
+
+
+# value_at's value when a term at the point leaves the float64 range (|x| > FLOAT64_MAX).
+OVERFLOW = sp.Symbol("overflow")
+TOO_LARGE = f"too large (a term overflows the float64 range, |x| > {FLOAT64_MAX:.3g})"
+
+
+class _Overflow(Exception):
+    pass
+
+
+def _evaluate(node: sp.Basic, memo: dict) -> sp.Basic:
+    """`node` evaluated from its leaves up: each term is a number before the term above it is
+    evaluated, so a term beyond FLOAT64_MAX stops the evaluation (exp(exp(exp(exp(exp(2)))))
+    would otherwise ask mpmath for a number with a 10**1600-bit exponent: an OverflowError, or
+    no answer at all). Exact numbers stay exact (0 stays 0: 0/0 is nan, as in floating point);
+    sigmoid and softplus are written with exp, which sympy evaluates, one term at a time."""
+    if node in memo:
+        return memo[node]
+    result = node
+    if node.args:
+        args = [_evaluate(arg, memo) for arg in node.args]
+        result = node.func(*args)
+        if isinstance(result, sp.Expr) and result.is_number and not result.is_Rational:
+            if result.has(sigmoid, softplus):
+                result = result.rewrite(sp.exp)
+            try:
+                result = sp.N(result)
+            except OverflowError:
+                raise _Overflow from None
+    if isinstance(result, sp.Number) and result.is_finite and abs(result) > FLOAT64_MAX:
+        raise _Overflow
+    memo[node] = result
+    return result
 
 
 def not_finite(value: sp.Expr) -> str | None:
     """Why a value from `value_at` is not a finite real number ('undefined (NaN)', 'infinite',
-    'not real'), or None: finite and real, or not a number sympy could evaluate."""
+    'not real', TOO_LARGE), or None: finite and real, or not a number sympy could evaluate."""
+    if value == OVERFLOW:
+        return TOO_LARGE
     if value.has(sp.nan):
         return "undefined (NaN)"
     if value.has(sp.zoo, sp.oo, sp.S.NegativeInfinity):
@@ -192,7 +342,9 @@ class _Walker:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise FormulaError(f"only numbers are allowed as constants, got {value!r}")
         if abs(value) > MAX_LITERAL:
-            raise FormulaError(f"the number {value!r} is too large (at most {MAX_LITERAL:g})")
+            raise FormulaError(
+                f"the number {_short(repr(value))} is too large (at most {MAX_LITERAL:g})"
+            )
         return sp.Integer(value) if isinstance(value, int) else sp.Float(value)
 
     def visit_Name(self, node: ast.Name) -> sp.Basic:

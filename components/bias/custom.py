@@ -19,10 +19,10 @@ def check_param_names(params: dict[str, Any]) -> None:
     from miras.formula import CONSTANTS, FUNCTIONS, SPECIAL_FUNCTIONS
 
     for name in params:
-        if not name.isidentifier() or name.startswith("_"):
+        if not name.isascii() or not name.isidentifier() or name.startswith("_"):
             raise ValueError(
-                f"parameter name {name!r} must be a plain identifier (letters, digits and _, "
-                "not starting with _ or a digit)"
+                f"parameter name {name!r} must be a plain identifier (ASCII letters, digits "
+                "and _, not starting with _ or a digit)"
             )
         if name in RESERVED:
             raise ValueError(
@@ -58,7 +58,7 @@ def check_loss(loss: sp.Expr, fixed: dict[str, float]) -> None:
 def _check_loss(loss: sp.Expr, fixed_items: tuple[tuple[str, float], ...]) -> None:
     import sympy as sp
 
-    from miras.formula import not_finite, value_at
+    from miras.formula import TOO_LARGE, not_finite, value_at
     from miras.symbols import ChannelSum, channel_gradient, e, v, y
 
     fixed = dict(fixed_items)
@@ -79,26 +79,62 @@ def _check_loss(loss: sp.Expr, fixed_items: tuple[tuple[str, float], ...]) -> No
     # memory read against zero values, the window's padding); errors of either sign and size
     # follow. v is a generic target (y = v + e) and every parameter that is a gate is 1.
     target = sp.Rational(1, 3)
+    slopes = {}  # error -> dL/dy there (one channel)
     for err in (0, sp.Rational(-1, 2), sp.Rational(1, 2), -2, 2):
         point = {e: err, y: err + target, v: target, **scalars}
         channel = {s: value_at(term, point) for s, term in terms.items()}  # one channel
         where = "e = 0 (y = v, as for a zero memory and zero values)" if err == 0 else f"e = {err}"
         why = not_finite(value_at(loss.replace(ChannelSum, lambda f: f), point))
         if why is not None:
+            fails = "overflow" if why == TOO_LARGE else "be NaN"
             raise ValueError(
-                f"the loss is {why} at {where}, and would be NaN in training; " + _advice(why, err)
+                f"the loss is {why} at {where}, and would {fails} in training; " + _advice(why, err)
             )
-        why = not_finite(value_at(gradient, {**point, **channel}))
+        slopes[err] = value_at(gradient, {**point, **channel})
+        why = not_finite(slopes[err])
         if why is not None:
             raise ValueError(
                 f"the gradient dL/dy is {why} at {where}"
-                + (", so the loss is not differentiable there" if err == 0 else "")
+                + (
+                    ", so the loss is not differentiable there"
+                    if err == 0 and why != TOO_LARGE
+                    else ""
+                )
                 + "; "
                 + _advice(why, err)
+            )
+    _check_bounded_below(slopes)
+
+
+def _check_bounded_below(slopes: dict) -> None:
+    """Refuse a loss that falls, ever more steeply, as the error grows: dL/dy points back
+    toward the error (e * dL/dy < 0) at e = +-2, steeper than at e = +-1/2. Gradient descent
+    then pushes the error further out, faster the larger it is (-e**2: slope -2, NaN after
+    about 600 tokens). A loss that falls no faster as the error grows (-e*v, the dot
+    product's -y*v) only drifts, and is allowed."""
+    import sympy as sp
+
+    for near, far in ((sp.Rational(1, 2), 2), (sp.Rational(-1, 2), -2)):
+        g_near, g_far = slopes[near], slopes[far]
+        if not (g_near.is_number and g_far.is_number and g_near.is_real and g_far.is_real):
+            continue  # a value sympy could not evaluate: nothing to hold against the loss
+        if far * g_far < 0 and abs(g_far) > abs(g_near) + 1e-12:
+            raise ValueError(
+                f"the loss is not bounded below: it falls ever faster as the error grows "
+                f"(dL/dy = {float(g_near):.4g} at e = {near}, {float(g_far):.4g} at e = {far}), "
+                "so each update pushes the error further out and training diverges; write a "
+                "loss that grows with |e| (e.g. e**2/2, abs(e), log(cosh(e)))"
             )
 
 
 def _advice(why: str, err: sp.Expr) -> str:
+    from miras.formula import TOO_LARGE
+
+    if why == TOO_LARGE:
+        return (
+            "nested exp/cosh/sinh or a large power overflows at moderate errors; bound the "
+            "growth (log(cosh(e)) grows like |e|, e**2/2 like e**2)"
+        )
     if why == "not real":
         return "a root or log of a negative error is not real: use abs(e), e.g. abs(e)**1.5"
     if err == 0:
