@@ -16,7 +16,7 @@ from miras.check import CheckResult
 from miras.cli import app
 from miras.compiler import pipeline
 from miras.compiler.describe import LatexPrinter, Line, Math, Name, PlainPrinter, Times
-from miras.errors import DerivationError
+from miras.errors import DerivationError, SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted(ROOT.glob("specs/*.yaml")) + sorted(ROOT.glob("specs/examples/*.yaml"))
@@ -346,8 +346,12 @@ def test_derive_refuses_too_few_newton_steps(tmp_path):
 
 def test_derive_refuses_a_potential_without_closed_form(tmp_path):
     path = write_spec(tmp_path, "quartic", f'{{kind: bregman, potential: "{NEWTON_ONLY}"}}')
-    assert_same_refusal(path)
-    assert "solver: newton" in invoke("derive", path).stderr
+    with pytest.raises(SpecError) as refused:  # validating the spec derives its step already
+        miras.compile(path)
+    result = invoke("derive", path)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert str(refused.value) in result.stderr and "solver: newton" in result.stderr
+    assert invoke("validate", path).exit_code == 1
 
 
 def test_newton_solve_is_named_as_such(tmp_path):

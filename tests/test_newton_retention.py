@@ -17,7 +17,7 @@ import miras
 from miras.compiler.emit import load_module, module_source
 from miras.compiler.retention_derive import derive_retention
 from miras.components.retention.bregman import BINARY_ENTROPY, BregmanRetention
-from miras.errors import DerivationError
+from miras.errors import SpecError
 
 QUARTIC = "w**4/4"  # F' = w^3, F'' = 3 w^2: zero at the zero state
 QUARTIC_EXP = "w**4/4 + w**2/2 + exp(w)"  # sympy cannot invert F' = w^3 + w + e^w
@@ -237,7 +237,7 @@ def test_following_the_newton_advice_gives_a_working_rule(potential):
     compiles (checked) under that advice and runs finite from the default initial state."""
     spec = {"name": "advice", "memory": "matrix", "bias": "l2", "optimizer": "gd"}
     spec["retention"] = {"kind": "bregman", "potential": potential}
-    with pytest.raises(DerivationError, match=r"set `retention\.solver: newton`"):
+    with pytest.raises(SpecError, match=r"set `retention\.solver: newton`"):  # at validation
         miras.compile(spec)
     spec["retention"]["solver"] = "newton"
     rule = miras.compile(spec)

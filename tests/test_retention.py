@@ -342,11 +342,15 @@ class TestBregmanNewton(RetentionContract):
 
 
 def test_uninvertible_potential_asks_for_newton():
+    # Refused when the retention is validated, with derive's message ...
+    with pytest.raises(ValidationError) as refused:
+        BregmanRetention(potential=QUARTIC_EXP)
+    # ... which derive gives for one built without validation.
     with pytest.raises(DerivationError) as info:
-        derive_retention(BregmanRetention(potential=QUARTIC_EXP))
-    message = str(info.value)
-    assert "sympy cannot invert F'(w) = w**3 + w + exp(w)" in message
-    assert "retention.solver: newton" in message
+        derive_retention(BregmanRetention.model_construct(potential=QUARTIC_EXP))
+    for message in (str(info.value), str(refused.value)):
+        assert "sympy cannot invert F'(w) = w**3 + w + exp(w)" in message
+        assert "retention.solver: newton" in message
 
 
 @pytest.mark.parametrize(
@@ -359,8 +363,10 @@ def test_uninvertible_potential_asks_for_newton():
     ],
 )
 def test_bad_potentials_are_explained(potential, words):
+    with pytest.raises(ValidationError, match=words):  # refused when validated, as derive does
+        BregmanRetention(potential=potential)
     with pytest.raises(DerivationError, match=words):
-        derive_retention(BregmanRetention(potential=potential))
+        derive_retention(BregmanRetention.model_construct(potential=potential))
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from miras.components.base import Range, Retention, number
 
@@ -73,6 +73,17 @@ class BregmanRetention(Retention):
             raise ValueError(f"the potential F(w) = {text!r} does not depend on w")
         potential_domain(potential)  # a ValueError if the domain is not a supported one
         return text
+
+    @model_validator(mode="after")
+    def _derivable(self) -> BregmanRetention:
+        """Refuse here what `miras derive` refuses: a potential that is not strictly convex, whose
+        F' does not run from -oo to oo, or (closed_form) that sympy cannot invert. The default
+        potential is derived by the shipped specs' golden copies and is not derived again."""
+        if self.potential != BINARY_ENTROPY or self.solver != "closed_form":
+            from miras.compiler.retention_derive import check_derivable  # sympy, no torch
+
+            check_derivable(self)
+        return self
 
     def potential_expr(self) -> sp.Expr:
         """F(w) as a sympy expression."""

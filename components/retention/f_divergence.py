@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from miras.components.base import UNIT, Range, Retention, gate_or
 
@@ -32,12 +32,15 @@ def generator(text: str) -> sp.Expr:
     f = parse_formula(text, {"t": t})
     if not f.has(t):
         raise ValueError(f"the generator f(t) = {text!r} does not depend on t")
+    from miras.formula import bounded_simplify
+
     for what, value, ok in (
         ("f(1)", f.subs(t, 1), lambda x: x == 0),
         ("f'(1)", sp.diff(f, t).subs(t, 1), lambda x: x == 0),
         ("f''(1)", sp.diff(f, t, 2).subs(t, 1), lambda x: x.is_positive),
     ):
-        value = sp.simplify(value)
+        simplified = bounded_simplify(value)  # None: too large to simplify, kept as it is
+        value = value if simplified is None else simplified
         if not ok(value):
             need = "> 0" if what == "f''(1)" else "= 0"
             raise ValueError(
@@ -68,6 +71,17 @@ class FDivergenceRetention(Retention):
     def _parse(cls, text: str) -> str:
         generator(text)  # a ValueError (pydantic reports it at `retention.f`)
         return text
+
+    @model_validator(mode="after")
+    def _derivable(self) -> FDivergenceRetention:
+        """Refuse here what `miras derive` refuses: a generator whose step sympy cannot solve in
+        closed form, or solves with a function the torch printer lacks ((t - 1)**2 gives
+        LambertW). The default generator is derived by the shipped specs' golden copies."""
+        if self.f != GENERALIZED_KL:
+            from miras.compiler.retention_derive import check_derivable  # sympy, no torch
+
+            check_derivable(self)
+        return self
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + (1/eta) W_{t-1} f(W / W_{t-1}) + (1/alpha) (W log W - W)."""

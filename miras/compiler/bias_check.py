@@ -4,6 +4,8 @@ built-in bias, of its hand-written reference loss.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from miras.check import CheckResult, max_relative_error
@@ -34,6 +36,9 @@ def check_bias(
     derived = module.bias_grad(y_, v_, *gates.values())
 
     printed_loss = module.bias_loss(y_, v_, *gates.values())
+    overflow = _not_finite(printed_loss, derived, y_ - v_)
+    if overflow is not None:
+        return [CheckResult(overflow, math.inf, tolerance)]
     (autograd_printed,) = torch.autograd.grad(printed_loss.sum(), y_)
     results = [
         CheckResult(
@@ -60,3 +65,19 @@ def check_bias(
         ),
     ]
     return results
+
+
+def _not_finite(loss: torch.Tensor, gradient: torch.Tensor, error: torch.Tensor) -> str | None:
+    """What is not finite on the check inputs ('L overflows float64 ...'), or None: an inf
+    minus an inf is NaN, and a comparison would report only 'error nan'."""
+    bad = [(n, t) for n, t in (("L", loss), ("dL/dy", gradient)) if not torch.isfinite(t).all()]
+    if not bad:
+        return None
+    names = " and ".join(n for n, _ in bad)
+    what = "overflow" if any(torch.isinf(t).any() for _, t in bad) else "are NaN"
+    if len(bad) == 1:
+        what = {"overflow": "overflows", "are NaN": "is NaN"}[what]
+    return (
+        f"{names} {what} in {str(loss.dtype).removeprefix('torch.')} on the check inputs "
+        f"(standard normal y and v, |y - v| up to {float(error.abs().max()):.3g})"
+    )

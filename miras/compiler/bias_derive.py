@@ -22,6 +22,7 @@ from miras.compiler.bias_emit import bias_source
 from miras.compiler.describe import Line, Math, Name, latex_lines, plain_lines
 from miras.components.base import Bias
 from miras.errors import DerivationError
+from miras.formula import bounded_simplify
 from miras.ir import BiasRule
 from miras.symbols import ChannelSum, channel_gradient, e, v, y
 
@@ -64,7 +65,10 @@ def _tidy(expr: sp.Expr) -> sp.Expr:
     to turn e**2*sign(e) into a Piecewise around e = 0)."""
     best = expr
     expanded = sp.expand_mul(expr)
-    for candidate in (expanded, _sign_to_abs(expanded), sp.simplify(expr)):
+    simplified = bounded_simplify(expr)  # None for a large gradient: kept as derived
+    for candidate in (expanded, _sign_to_abs(expanded), simplified):
+        if candidate is None:
+            continue
         added_cases = candidate.has(sp.Piecewise) and not expr.has(sp.Piecewise)
         if not added_cases and sp.count_ops(candidate) < sp.count_ops(best):
             best = candidate

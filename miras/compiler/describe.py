@@ -61,8 +61,11 @@ class _SympyLatex(SympyLatexPrinter):
 
 
 def latex_math(expr: sp.Basic) -> str:
-    """A sympy expression as LaTeX (math mode)."""
-    return _SympyLatex().doprint(expr)
+    """A sympy expression as LaTeX (math mode), in ASCII: a character beyond ASCII (a symbol
+    sympy names by itself) is written as its code point, \text{U+03B1}."""
+    return "".join(
+        ch if ord(ch) < 128 else rf"\text{{U+{ord(ch):04X}}}" for ch in _SympyLatex().doprint(expr)
+    )
 
 
 # Characters that are commands, or other glyphs, in LaTeX's text mode.
@@ -84,7 +87,15 @@ _TEXT_ESCAPES = {
 
 def latex_text(text: str) -> str:
     """Plain words as a LaTeX `\\text{...}` that shows them verbatim."""
-    return r"\text{" + "".join(_TEXT_ESCAPES.get(ch, ch) for ch in text) + "}"
+    return r"\text{" + "".join(_text_char(ch) for ch in text) + "}"
+
+
+def _text_char(ch: str) -> str:
+    """One character in text mode, in ASCII (pdflatex has no glyph for most of Unicode): a
+    character beyond ASCII is written as its code point, U+00E9."""
+    if ord(ch) > 127:
+        return f"U+{ord(ch):04X}"
+    return _TEXT_ESCAPES.get(ch, ch)
 
 
 class _Printer:

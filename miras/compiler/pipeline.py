@@ -10,6 +10,7 @@ The compiler never imports the runtime: `miras.rule.MemoryRule` joins the two.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -120,7 +121,12 @@ def check(c: CompiledRule) -> str:
     c.checks = check_bias(c.spec.bias, c.bias) + check_retention(c.spec.retention, c.retention)
     failed = [r for r in c.checks if not r.passed]
     if failed:
-        lines = [f"{r.piece}: error {r.error:.3g} > {r.tolerance:.3g}" for r in failed]
+        lines = [
+            f"{r.piece}: error {r.error:.3g} > {r.tolerance:.3g}"
+            if math.isfinite(r.error)
+            else f"{r.piece}: not finite (error {r.error})"
+            for r in failed
+        ]
         raise DerivationError(
             f"spec '{c.spec.name}': a derived piece disagrees with its reference:\n  "
             + "\n  ".join(lines)

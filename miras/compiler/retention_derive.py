@@ -30,6 +30,7 @@ from miras.compiler.printer import UnsupportedExpression, torch_code
 from miras.compiler.retention_emit import COORDINATES, fixed_values, retention_source
 from miras.components.base import Retention
 from miras.errors import DerivationError
+from miras.formula import bounded_simplify
 from miras.ir import RetentionRule, Step
 from miras.symbols import gate_symbol, sigmoid_rewrite, soft_threshold, u, w, w0
 
@@ -126,7 +127,9 @@ def _derive_separable(retention: Retention) -> tuple[list[Step], sp.Expr]:
     stationarity = sp.expand(sp.diff(objective, w))
     solution = _solve_unique(stationarity, w, f"retention {retention.kind}")
     reparameterization = retention.reparameterization()
-    step = sp.simplify(solution.subs(reparameterization))
+    step = solution.subs(reparameterization)
+    simplified = bounded_simplify(step)
+    step = step if simplified is None else simplified  # a large solution is kept as solved
     steps: list[Step] = [
         ("objective", sp.Eq(J, objective)),
         ("stationarity", sp.Eq(stationarity, 0)),
@@ -415,12 +418,43 @@ def derive_retention(retention: Retention) -> RetentionRule:
             f"{sorted(map(str, stray))}"
         )
     steps = tuple(steps)
+    try:
+        source = retention_source(retention, step, gates)
+    except UnsupportedExpression as err:
+        raise DerivationError(
+            f"retention {retention.kind}: the step W_t = {_short(step)} has no torch form ({err})"
+        ) from None
     return RetentionRule(
         retention.kind,
         steps,
         step,
         gates,
-        source=retention_source(retention, step, gates),
+        source=source,
         display=retention_text(retention.kind, steps),
         display_latex=retention_latex(retention.kind, steps),
     )
+
+
+def _short(expr: sp.Basic, keep: int = 200) -> str:
+    text = sp.sstr(expr)
+    return text if len(text) <= keep else text[:keep] + "..."
+
+
+# (retention class, its fields as JSON) -> derive's refusal, or None: a spec is validated
+# again on every load and copy.
+_DERIVABLE: dict[tuple[type, str], str | None] = {}
+
+
+def check_derivable(retention: Retention) -> None:
+    """Raise a ValueError with derive's message when `retention`'s step cannot be derived, so
+    that validating a spec refuses what `miras derive` would (a retention's model validator
+    calls it). No torch: derivation is sympy alone."""
+    key = (type(retention), retention.model_dump_json())
+    if key not in _DERIVABLE:
+        try:
+            derive_retention(retention)
+            _DERIVABLE[key] = None
+        except DerivationError as err:
+            _DERIVABLE[key] = str(err)
+    if _DERIVABLE[key] is not None:
+        raise ValueError(_DERIVABLE[key])
