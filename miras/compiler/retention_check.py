@@ -44,7 +44,10 @@ def check_retention(
     """The derived step against the objective it minimizes, on random inputs of shape SHAPE:
     the objective's autograd gradient vanishes at W_t (projected on the row constraint for kl,
     the subgradient condition at exact zeros for an l1 term), and W_t equals a numerical
-    minimizer (golden section per entry; L-BFGS over each row's logits for kl)."""
+    minimizer (golden section per entry; L-BFGS over each row's logits for kl). A
+    soft-thresholding step gets a third of the entries on each branch ("branches" names the
+    counts). Then, whatever `dtype`, "range (float32)" and "range (float64)": the step at
+    `range_states` against a float64 minimizer."""
     if dtype not in TOLERANCES:
         raise ValueError(f"dtype: expected one of {list(TOLERANCES)}, got {dtype}")
     stationary_tol, argmin_tol = TOLERANCES[dtype]
