@@ -166,11 +166,11 @@ def range_states(retention: Retention, dtype) -> torch.Tensor:
     j = torch.arange(ROW, dtype=torch.float64)
     domain = retention.domain()
     if domain == "real":
-        half = RANGE_ROWS // 4
+        dense = RANGE_ROWS // 4  # rows from 1 to 100, where exponentials overflow
         magnitudes = torch.cat(
             [
-                torch.logspace(-3, top, RANGE_ROWS - half, dtype=torch.float64),
-                torch.linspace(1, 100, half, dtype=torch.float64),
+                torch.logspace(-3, top, RANGE_ROWS - dense, dtype=torch.float64),
+                torch.linspace(1, 100, dense, dtype=torch.float64),
             ]
         )
         rows = magnitudes[:, None] * (1 + j / 10)
