@@ -71,7 +71,7 @@ def test_the_checkpoint_and_metrics_record_the_task_and_its_options(tmp_path):
     miras.train(SPEC, task(), steps=2, eval_every=2, out_dir=tmp_path, **FAST)
     recorded = training.load_checkpoint(tmp_path)["task"]
     assert recorded["name"] == "mqar"
-    assert recorded["options"] == {**TASK, "power_a": 0.01, "seed": 0}
+    assert recorded["options"] == {**TASK, "power_a": 0.01, "seed": 0, "random_non_queries": False}
     assert make_task("mqar", **recorded["options"]) == task()
     first = metrics_lines(tmp_path)[0]
     assert first["split"] == "run" and first["event"] == "start" and first["step"] == 0
