@@ -48,6 +48,20 @@ def test_the_package_and_the_validation_layer_load_neither_torch_nor_sympy(code)
     assert "torch" not in loaded and "sympy" not in loaded
 
 
+# The `hf` extra's packages: only `import miras.hf` (and the text task's files) load them.
+HF_PACKAGES = {"transformers", "tokenizers", "datasets", "lm_eval", "safetensors"}
+
+
+def test_import_miras_and_its_models_load_none_of_the_hf_extra():
+    loaded = loaded_after("import miras, miras.models, miras.training")
+    assert not HF_PACKAGES & loaded
+
+
+def test_import_miras_hf_loads_transformers():
+    """The counterpart: the check above is not vacuous."""
+    assert "transformers" in loaded_after("import miras.hf")
+
+
 def test_loading_every_shipped_spec_loads_no_torch():
     paths = [str(p) for p in SPECS]
     loaded = loaded_after(f"from miras.spec import load_spec\nfor p in {paths!r}: load_spec(p)")
