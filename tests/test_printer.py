@@ -89,3 +89,11 @@ def test_printed_code_computes_the_expression():
     got = module.f(torch.tensor([-2.0, 0.3, 1.5]), torch.tensor(0.5), torch.tensor(1.0))
     expected = torch.tensor([1.5, 0.045, 1.0]) + torch.sigmoid(torch.tensor(0.5))
     torch.testing.assert_close(got, expected)
+
+
+def test_an_irrational_constant_of_a_two_argument_function_is_a_float_tensor():
+    """sqrt(e**2 + 1/10) prints as hypot(e, sqrt(10)/10): the constant used to go through
+    sp.Float(sqrt(10)/10), a TypeError (an lp bias with eps = 0.1 over a window failed to
+    compile; found by tests/test_spec_fuzz.py)."""
+    code = torch_code(sp.sqrt(e**2 + sp.Rational(1, 10)))
+    assert code == "torch.hypot(e, torch.tensor(0.31622776601683794, dtype=torch.float64))"

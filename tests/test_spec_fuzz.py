@@ -246,6 +246,8 @@ def test_validate_loads_or_refuses_within_a_second(data):
 @given(specs(wild=False))
 @example({"name": "fuzz", "bias": {"kind": "custom", "loss": "a*e**2", "params": {"a": 1e-30}}})
 @example({"name": "fuzz", "optimizer": {"kind": "gd", "lr": 1e19}})
+# Found by this suite: the printer's hypot(e, sqrt(10)/10) raised TypeError (sp.Float of an Expr).
+@example({"name": "fuzz", "bias": {"kind": "lp", "eps": 0.1}, "retention": "l2", "window": 3})
 def test_compile_derives_or_refuses_within_ten_seconds(data):
     spec = load_or_refuse(data)
     if spec is not None:

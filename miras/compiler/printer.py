@@ -201,7 +201,9 @@ class TorchPrinter(StrictPrinter):
     def _tensor_arg(self, expr: sp.Expr) -> str:
         if not expr.is_number:
             return self._print(expr)
-        return f"torch.tensor({self._number(sp.Float(expr))}, dtype=torch.float64)"
+        # _number evaluates it (sp.Float(sqrt(10)/10) raised TypeError: no mpf from an Expr);
+        # float() keeps an integer a float literal, 1.0.
+        return f"torch.tensor({float(self._number(expr))!r}, dtype=torch.float64)"
 
     def _print_hypot(self, expr: hypot) -> str:
         a, b = (self._tensor_arg(x) for x in expr.args)
