@@ -401,7 +401,7 @@ BAD_OPTIONS = [
     ("niah", {"depths": [1.5]}, r"option 'depths\[0\]'"),
     ("niah", {"depths": []}, r"option 'depths': expected at least one value"),
     ("niah", {"kind": "number", "lengths": [10**6]}, r"validation split"),
-    ("text", {"seq_len": 10**7}, r"seq_len=10000000 does not fit the validation split"),
+    ("text", {"seq_len": 10**6}, r"seq_len=1000000 does not fit the validation split"),
     ("text", {"valid_fraction": 0.9}, r"option 'valid_fraction'"),
 ]
 
