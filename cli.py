@@ -458,6 +458,30 @@ def evaluate_command(
     _print_metrics(metrics)
 
 
+@app.command(name="export-hf")
+def export_hf(
+    run_dir: Annotated[Path, typer.Argument(help="A training run's directory (or checkpoint.pt).")],
+    out_dir: Annotated[Path, typer.Argument(help="The transformers directory to write.")],
+) -> None:
+    """Write a run's trained model as a transformers model (config.json + model.safetensors):
+    AutoModelForCausalLM.from_pretrained(OUT_DIR) after `import miras.hf` (docs/hf.md)."""
+    try:
+        from miras.hf.convert import export_run
+    except ImportError as error:
+        raise _fail(
+            ImportError(f"export-hf needs the hf extra (pip install 'miras[hf]'): {error}")
+        ) from None
+    try:
+        model = export_run(run_dir, out_dir)
+    except (ValueError, FileNotFoundError, OSError) as error:
+        raise _fail(error) from None
+    out.print(
+        f"wrote {out_dir}: {model.config.model['variant']} model of spec "
+        f"'{model.model.lm.spec.name}', vocabulary {model.config.vocab_size}",
+        highlight=False,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Search (miras.search, docs/search.md). Imports stay inside the commands: optuna and torch
 # load only for the commands that need them.
