@@ -339,6 +339,9 @@ def train(
         if out is None or not ranks.main:
             return
         out.mkdir(parents=True, exist_ok=True)
+        save_files = getattr(task, "save_files", None)
+        if callable(save_files):
+            save_files(out)  # a task's own files: the text task's tokenizer
         if checkpoint is None:
             (out / METRICS).unlink(missing_ok=True)
         else:
