@@ -61,7 +61,7 @@ def own_loglikelihood(model, tokenizer, context: str, continuation: str) -> floa
     return sum(float(logp[t - 1, whole[t]]) for t in range(n, len(whole)))
 
 
-@pytest.mark.slow  # about 24 s on a 2-core CPU, most of it importing the harness
+@pytest.mark.slow  # 13 to 24 s on a 2-core CPU, most of it importing the harness
 def test_lm_eval_loglikelihoods_equal_the_models_own(tmp_path):
     import lm_eval
     from lm_eval.tasks import TaskManager
