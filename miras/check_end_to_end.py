@@ -188,11 +188,12 @@ def _root(fn, lo: torch.Tensor, hi: torch.Tensor, scale: torch.Tensor) -> torch.
     return x
 
 
-def _bracket(fn, lo: torch.Tensor, hi: torch.Tensor, open_lo: bool, open_hi: bool):
-    """Widen [lo, hi] until f(lo) <= 0 <= f(hi); an open end (a domain's bound) stays."""
+def _bracket(fn, lo: torch.Tensor, hi: torch.Tensor):
+    """Widen [lo, hi] until f(lo) <= 0 <= f(hi) (a bounded domain is mapped onto the reals
+    before: log w, logit w)."""
     for _ in range(200):
-        low = (fn(lo)[0] > 0) if not open_lo else torch.zeros_like(lo, dtype=torch.bool)
-        high = (fn(hi)[0] < 0) if not open_hi else torch.zeros_like(hi, dtype=torch.bool)
+        low = fn(lo)[0] > 0
+        high = fn(hi)[0] < 0
         if not (low.any() or high.any()):
             break
         width = hi - lo
@@ -220,13 +221,13 @@ def argmin_separable(objective, w0: torch.Tensor, u: torch.Tensor, domain: str) 
             slope, curvature = _slopes(objective, x)
             return slope, curvature * (x if domain == "positive" else x * (1 - x))
 
-        lo, hi = _bracket(fn, z0 - spread, z0 + spread, open_lo=False, open_hi=False)
+        lo, hi = _bracket(fn, z0 - spread, z0 + spread)
         return inside(_root(fn, lo, hi, torch.ones_like(z0)))
 
     def fn(x):
         return _slopes(objective, x)
 
-    lo, hi = _bracket(fn, w0 - spread, w0 + spread, open_lo=False, open_hi=False)
+    lo, hi = _bracket(fn, w0 - spread, w0 + spread)
     return _root(fn, lo, hi, spread)
 
 
@@ -246,7 +247,7 @@ def argmin_rows(objective, w0: torch.Tensor, u: torch.Tensor, scale: float) -> t
         return math.log(scale) - torch.log(total), (1 / curvature).sum(-1, keepdim=True) / total
 
     lo, hi = -torch.ones_like(w0[..., :1]), torch.ones_like(w0[..., :1])
-    lo, hi = _bracket(fn, lo, hi, open_lo=False, open_hi=False)
+    lo, hi = _bracket(fn, lo, hi)
     mu = _root(fn, lo, hi, 1 + lo.abs() + hi.abs())
     return entries(mu)
 
