@@ -30,7 +30,7 @@ from miras.compiler.printer import UnsupportedExpression, torch_code
 from miras.compiler.retention_emit import COORDINATES, fixed_values, retention_source
 from miras.components.base import Retention
 from miras.errors import DerivationError
-from miras.formula import bounded_simplify
+from miras.formula import OVERFLOW, bounded_simplify, value_at
 from miras.ir import RetentionRule, Step
 from miras.symbols import gate_symbol, sigmoid_rewrite, soft_threshold, u, w, w0
 
@@ -252,11 +252,21 @@ SAMPLES = {
 }
 
 
+def _exact(point: float) -> sp.Rational:
+    """A sample point as an exact number: a Float substituted into exp(exp(...)) is evaluated
+    on the spot by sympy, with no bound on the size of the result."""
+    return sp.Rational(str(point))
+
+
 def _value(expr: sp.Expr) -> complex | None:
-    """A numeric value of a closed expression, None if it has none (nan, zoo, symbols)."""
+    """A numeric value of a closed expression, None if it has none (nan, zoo, symbols) or a
+    term of it leaves the float64 range (evaluated from the leaves up first: sp.N alone of
+    exp(exp(exp(w**16))) at w = 1.7 builds a number with a 4000-digit exponent)."""
+    if value_at(expr, {}) == OVERFLOW:
+        return None
     try:
         value = complex(sp.N(expr, 30))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return value if math.isfinite(value.real) and math.isfinite(value.imag) else None
 
@@ -267,9 +277,9 @@ def _derive_bregman(retention: Retention) -> tuple[list[Step], sp.Expr]:
     slope, curvature = sp.diff(F, w), sp.diff(F, w, 2)
     domain = retention.domain()
     for point in SAMPLES[domain]:  # a necessary check of strict convexity: F'' > 0
-        value = _value(curvature.subs(w, point))
+        value = _value(curvature.xreplace({w: _exact(point)}))  # exact: subs would evalf
         if value is None or abs(value.imag) > 1e-12 or value.real <= 0:
-            shown = "undefined" if value is None else f"{value.real:.6g}"
+            shown = "undefined or beyond float64" if value is None else f"{value.real:.6g}"
             raise DerivationError(
                 f"retention bregman: the potential F(w) = {F} is not strictly convex on its "
                 f"domain ({domain}): F''(w) = {curvature} is {shown} at w = {point}"
@@ -362,7 +372,7 @@ def _invert_slope(slope: sp.Expr, domain: str) -> sp.Expr:
         ) from None
     valid = []
     for candidate in candidates:
-        back = [_value(candidate.subs(z, slope.subs(w, p))) for p in SAMPLES[domain]]
+        back = [_value(candidate.subs(z, slope.xreplace({w: _exact(p)}))) for p in SAMPLES[domain]]
         if all(
             b is not None and abs(b - p) < 1e-9 for b, p in zip(back, SAMPLES[domain], strict=True)
         ):
