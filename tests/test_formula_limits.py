@@ -190,6 +190,17 @@ def test_validate_refuses_a_retention_that_derive_refuses(retention, field, word
     assert f"{field}: retention {retention['kind']}" in message and words in message
 
 
+@pytest.mark.parametrize(
+    "potential", ["exp(exp(exp(w**16)))", "w**2/2 + cosh(cosh(cosh(cosh(w))))"]
+)
+def test_a_potential_whose_curvature_overflows_is_refused_as_such(potential):
+    # Before: sympy evaluated F'' at a Float sample on the spot; the first raised a raw
+    # OverflowError ("too many digits in integer"), the second was called "undefined".
+    message = refusal(None, seconds=5.0, retention={"kind": "bregman", "potential": potential})
+    assert "retention.potential: retention bregman" in message
+    assert "beyond float64 at w = " in message
+
+
 def test_newton_accepts_what_closed_form_cannot_invert():
     load_spec({**BASE, "retention": {"kind": "bregman", "potential": "w**4", "solver": "newton"}})
 
