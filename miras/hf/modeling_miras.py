@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,16 @@ from miras.models.model import LanguageModel, check_length
 from miras.models.padding import token_mask
 
 IGNORE_INDEX = -100  # transformers' label for "no target here"
+SHIM = "miras_hf.py"
+SHIM_TEXT = (
+    '"""The miras model classes, from the installed miras (pip install \'miras[hf]\')."""\n'
+    "from miras.hf import MirasConfig, MirasForCausalLM, MirasModel  # noqa: F401\n"
+)
+AUTO_MAP = {
+    "AutoConfig": "miras_hf.MirasConfig",
+    "AutoModel": "miras_hf.MirasModel",
+    "AutoModelForCausalLM": "miras_hf.MirasForCausalLM",
+}
 
 
 class MirasPreTrainedModel(PreTrainedModel):
@@ -55,6 +66,15 @@ class MirasPreTrainedModel(PreTrainedModel):
             for tensor in [*model.parameters(), *model.buffers()]:
                 tensor.data = tensor.data.clone()
         return model
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' saving, plus `miras_hf.py`, a two-line module that imports these
+        classes from the installed miras, named in config.json's `auto_map`: tools that load
+        with `trust_remote_code=True` (the plain `lm_eval` command) find the model without
+        importing miras.hf themselves. The directory holds no other code."""
+        self.config.auto_map = AUTO_MAP
+        super().save_pretrained(save_directory, *args, **kwargs)
+        (Path(save_directory) / SHIM).write_text(SHIM_TEXT)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

@@ -98,3 +98,38 @@ def test_lm_eval_loglikelihoods_equal_the_models_own(tmp_path):
         own = [own_loglikelihood(loaded, tokenizer, doc["question"], c) for c in doc["choices"]]
         assert harness == pytest.approx(own, rel=1e-9, abs=1e-9)
     assert "acc,none" in results["results"]["miras_tiny_choice"]
+
+
+@pytest.mark.slow  # a fresh interpreter imports the harness: 15 to 40 s
+def test_the_plain_lm_eval_command_loads_a_saved_model_with_trust_remote_code(tmp_path):
+    """No `import miras.hf` in the harness's process: config.json's auto_map names
+    miras_hf.py, which imports the classes from the installed miras."""
+    import os
+    import subprocess
+    import sys
+
+    text = " ".join(d["question"] + c for d in DOCS for c in d["choices"]) * 4
+    tokenizer = byte_level_tokenizer(text)
+    torch.manual_seed(0)
+    model = MirasForCausalLM.from_spec(
+        "specs/deltanet.yaml", len(tokenizer), d_model=16, n_heads=2, n_layers=1
+    )
+    out = tmp_path / "model"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "tiny.yaml").write_text(TASK.format(data=data))
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+            f"pretrained={out},trust_remote_code=True,backend=causal", "--tasks",
+            "miras_tiny_choice", "--include_path", str(tmp_path / "tasks"), "--device", "cpu",
+            "--batch_size", "1",
+        ],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "miras_tiny_choice" in done.stdout and "acc" in done.stdout
