@@ -29,6 +29,7 @@ DISTRIBUTIONS = {
     "bias": CategoricalDistribution(["l2", "dot"]),
     "model.n_heads": CategoricalDistribution([1, 2, 4]),
     "retention": CategoricalDistribution(["none", "l2", "a-retention-with-a-long-name"]),
+    "": CategoricalDistribution(["deltanet", "linear_attention"]),  # a choice of whole specs
 }
 
 
@@ -185,3 +186,14 @@ def test_a_measure_without_spread_prints_its_mean_alone():
     print_summary(console, frame, ["accuracy", "loss"], top=10, name="tiny")
     row = next(line.split() for line in console.export_text().splitlines() if " 0 " in line)
     assert row[-2:] == ["1024", "best"] and "[0.885," in row
+
+
+def test_a_choice_over_whole_specs_is_labelled_by_its_option_alone():
+    # `spec: {choices: [{label: deltanet, ...}, ...]}`: the parameter's name is empty.
+    a = made(0, {"": "deltanet"}, seeds(0.5, 0.6))
+    b = made(1, {"": "linear_attention", "model.n_heads": 4}, seeds(0.5, 0.6))
+    assert config_labels([a, b]) == {0: "deltanet", 1: "linear_attention n_heads=4"}
+    assert list(state_size_data([a, b], "accuracy", [""])["family"]) == [
+        "deltanet",
+        "linear_attention",
+    ]

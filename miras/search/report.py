@@ -127,9 +127,10 @@ def config_labels(trials: list[FrozenTrial]) -> dict[int, str]:
     for t in trials:
         values = (t.user_attrs.get("selected") or {}).get("values") or {}
         pairs = {**t.params, **{f"train.{k}": v for k, v in values.items()}}
-        labels[t.number] = " ".join(f"{short[n]}={_number(v)}" for n, v in pairs.items()) or (
-            f"trial {t.number}"
-        )
+        # A choice over whole specs has the empty name: its label alone (`deltanet lr=0.01`).
+        labels[t.number] = " ".join(
+            f"{short[n]}={_number(v)}" if n else str(v) for n, v in pairs.items()
+        ) or (f"trial {t.number}")
     return labels
 
 
@@ -192,7 +193,11 @@ def state_size_data(
                 continue
             interval = (value, value, value)
         # A conditional parameter the trial lacks (bias.lp.p under bias=l2) is left out.
-        name = " ".join(f"{p}={_number(t.params[p])}" for p in family if p in t.params) or "all"
+        name = " ".join(
+            f"{p}={_number(t.params[p])}" if p else str(t.params[p])  # "": whole specs
+            for p in family
+            if p in t.params
+        ) or ("all")
         rows.append([t.number, name, float(t.user_attrs["metrics"][size]), *interval])
     frame = pd.DataFrame(rows, columns=["trial", "family", size, "mean", "low", "high"])
     return frame.sort_values(["family", size, "trial"], ignore_index=True)
