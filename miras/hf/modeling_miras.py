@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from pathlib import Path
 
 import torch
@@ -27,8 +28,10 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from miras.hf.cache_miras import MirasCache
 from miras.hf.configuration_miras import MirasConfig
+from miras.models.layer import MirasLayer
 from miras.models.model import LanguageModel, check_length
 from miras.models.padding import token_mask
+from miras.runtime.exact_chunk import resolve_mode
 
 IGNORE_INDEX = -100  # transformers' label for "no target here"
 SHIM = "miras_hf.py"
@@ -93,6 +96,8 @@ class MirasModel(MirasPreTrainedModel):
         with torch.device("cpu") if building.type == "meta" else contextlib.nullcontext():
             self.lm = LanguageModel(config.miras_spec(), config.vocab_size)
         self.gradient_checkpointing = False
+        self.approximate = approximate_layers(self.lm)
+        self.warned = False
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -122,9 +127,10 @@ class MirasModel(MirasPreTrainedModel):
             raise ValueError("MirasModel: pass exactly one of input_ids and inputs_embeds")
         x = self.lm.embed(input_ids) if inputs_embeds is None else inputs_embeds
         check_length(x)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if self.training or cu_seqlens is not None:
-            use_cache = use_cache and past_key_values is not None
+        if use_cache is None:  # by default no cache in training (Trainer) or for packed rows
+            use_cache = past_key_values is not None or (
+                self.config.use_cache and not self.training and cu_seqlens is None
+            )
         if past_key_values is not None and not isinstance(past_key_values, MirasCache):
             raise TypeError(
                 f"past_key_values: expected a MirasCache (or None), got "
@@ -134,6 +140,15 @@ class MirasModel(MirasPreTrainedModel):
         if use_cache and cache is None:
             cache = MirasCache(len(self.lm.blocks))
         mask = self._mask(attention_mask, x, cache)
+        if cache is not None and self.approximate and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"spec '{self.lm.spec.name}': {self.approximate}; a cached forward (generate) "
+                "runs the exact recurrence token by token, so it differs from the uncached "
+                "forward by that approximation (docs/hf.md); model section chunk_size: 1 or "
+                "backend: recurrent makes the two equal",
+                stacklevel=2,
+            )
         if cu_seqlens is not None:
             if cache is not None or mask is not None:
                 raise ValueError(
@@ -188,6 +203,22 @@ class MirasModel(MirasPreTrainedModel):
             attention_mask = attention_mask[:, seen:]
         token_mask(attention_mask, x.shape[:2])  # names the expected shape
         return None if bool((attention_mask != 0).all()) else attention_mask
+
+
+def approximate_layers(lm: LanguageModel) -> str:
+    """Why the uncached forward is not the recurrence a cache continues ('' when it is): a
+    memory layer whose chunk form is the chunk-start (or dual) approximation, at a chunk size
+    above 1 on a chunked backend."""
+    for module in lm.modules():
+        if not isinstance(module, MirasLayer) or module.backend == "recurrent":
+            continue
+        form = resolve_mode(module.chunk_mode, module.rule.plan.chunk_form, module.rule.spec.name)
+        if form != "exact" and module.chunk_size > 1:
+            return (
+                f"its memory's chunked forward is the chunk-start approximation ({form} form) "
+                f"at chunk_size {module.chunk_size}"
+            )
+    return ""
 
 
 def packed_rows(x: torch.Tensor, cu_seqlens):

@@ -51,3 +51,21 @@ def test_assisted_decoding_is_refused():
     helper = build("specs/deltanet.yaml", {}, seed=1)
     with pytest.raises(ValueError, match="stateful"):
         m.generate(tokens(1, 4, seed=12), assistant_model=helper, max_new_tokens=3)
+
+
+def test_a_chunk_start_memory_above_chunk_size_1_warns_once_that_the_cache_differs():
+    from hf_models import SMALL
+
+    from miras.hf import MirasForCausalLM
+
+    approximate = MirasForCausalLM.from_spec("specs/titans.yaml", 64, **SMALL, chunk_size=4)
+    with pytest.warns(UserWarning, match=r"chunk-start approximation \(dual form\).*chunk_size"):
+        approximate.generate(tokens(1, 3, seed=13), max_new_tokens=2, do_sample=False)
+    exact = build("specs/titans.yaml", {})  # chunk size 1: the recurrence itself
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exact.generate(tokens(1, 3, seed=13), max_new_tokens=2, do_sample=False)
+    assert exact.model.approximate == ""
+    assert build("specs/deltanet.yaml", {}).model.approximate == ""  # exact at chunk size 4
