@@ -1,0 +1,233 @@
+"""Shared parts of the trained-answer reproductions (benchmarks/zoology_forgetting.py,
+benchmarks/zoology_continuous.py, benchmarks/mad_protocol.py): one study per model spec, run
+two at a time, and the rows of their one table.
+
+    base = yaml.safe_load(open("studies/zoology_forgetting.yaml"))
+    studies = [model_study(base, "deltanet", spec_fields("specs/deltanet.yaml"))]
+    results, cpu = run_studies(studies, workers=2, folder="runs/zoology_forgetting")
+    rows = [row for r in results for row in r.rows]          # one per complete trial
+
+Why one study per model: a study searches spec *fields* (`bias: {choices: ...}`); a choice
+sits on one field, so it cannot pick a whole spec (linear attention differs from DeltaNet in
+its bias and its learning-rate gate, Titans from Gated DeltaNet in its memory and optimizer,
+and so on). Each model's study is the reproduction's study file with its component fields
+replaced by the model's spec file (`specs/<model>.yaml`); the `model:` section, the task, the
+sweep, the seeds and the protocol stay the study file's. A study with one configuration has
+one trial, so a second Optuna worker on it would idle: the studies run `workers` at a time,
+each in its own process with one torch thread (`search(..., workers=1, threads=1)`), which
+keeps two cores busy the way `--workers 2` does on a study with many trials.
+
+CPU time is `time.process_time()` of this process plus `resource.getrusage(RUSAGE_CHILDREN)`
+(user + system) of the worker processes, which are joined before it is read.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import multiprocessing
+import resource
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from miras.stats import confidence_interval, welch_p
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPONENTS = ("memory", "feature_map", "bias", "retention", "optimizer", "window")
+SIGNIFICANCE = 0.05
+
+
+# ---------------------------------------------------------------------------------------------
+# Studies
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    with open(ROOT / path) as handle:
+        return yaml.safe_load(handle)
+
+
+def spec_fields(path: str | Path, **changes: Any) -> dict[str, Any]:
+    """A spec file's component fields (memory, feature_map, bias, ...; no name, description
+    or model section), with `changes` put over them."""
+    data = load_yaml(path)
+    fields = {k: v for k, v in data.items() if k in COMPONENTS}
+    return {**fields, **changes}
+
+
+def model_study(
+    base: dict[str, Any],
+    label: str,
+    fields: dict[str, Any],
+    model: dict[str, Any] | None = None,
+    task_options: dict[str, Any] | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """The study `base` (a study file's dict) for one model: its spec's component fields
+    replaced by `fields`, `model` put over its model section, `task_options` over its task's,
+    named `<base name>-<label>` unless `name` is given."""
+    study = copy.deepcopy(base)
+    spec = {k: v for k, v in study["spec"].items() if k not in COMPONENTS}
+    spec.update(copy.deepcopy(fields))
+    if model:
+        spec["model"] = {**spec.get("model", {}), **model}
+    study["spec"] = spec
+    if task_options:
+        study["task"]["options"] = {**study["task"].get("options", {}), **task_options}
+    study["name"] = name or f"{base['name']}-{label}"
+    return study
+
+
+def quick_study(study: dict[str, Any], steps: int = 8, points: int = 1, seeds: int = 2) -> dict:
+    """The study at a budget that only checks that everything runs: `steps` steps, the first
+    `points` values of each sweep, `seeds` replicates, one evaluation batch."""
+    study = copy.deepcopy(study)
+    train = study["train"]
+    train.update(steps=steps, warmup=0, eval_every=max(1, steps // 2), eval_batches=1)
+    for key, value in train.items():
+        if isinstance(value, dict) and "sweep" in value:
+            train[key] = {"sweep": value["sweep"][:points]}
+    study["replicates"] = seeds
+    return study
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+@dataclass
+class Row:
+    """One complete trial: a model at one configuration, scored on the test split.
+
+    `seeds` holds the test metric per seed at the selected sweep point."""
+
+    model: str
+    family: str
+    seeds: list[float]
+    selected: dict[str, Any]
+    state_bytes: float
+    params: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # the caller's (a MAD subtask)
+
+    @property
+    def interval(self) -> tuple[float, float, float]:
+        return confidence_interval(self.seeds)
+
+    @property
+    def mean(self) -> float:
+        return self.interval[0]
+
+
+@dataclass
+class StudyResult:
+    name: str
+    label: str
+    rows: list[Row]
+    failed: list[str]  # pruned or failed trials: their reasons
+    seconds: float
+
+
+def _run_one(job: tuple[dict[str, Any], str, str, str, dict[str, Any]]) -> StudyResult:
+    """One model's study, in a worker process: searched to its budget, then read back."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from miras.search import search
+
+    study, label, family, storage, extra = job
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    metric = study["objectives"][0]
+    metric = metric if isinstance(metric, str) else metric["metric"]
+    began = time.perf_counter()
+    summary = search(study, storage=storage, workers=1, threads=1)
+    rows, failed = [], []
+    for t in summary.trials:
+        if t.state == TrialState.COMPLETE and t.user_attrs.get("replicates"):
+            seeds = [r["metrics"][metric] for r in t.user_attrs["replicates"]]
+            metrics = t.user_attrs.get("metrics") or {}
+            selected = (t.user_attrs.get("selected") or {}).get("values") or {}
+            rows.append(
+                Row(label, family, seeds, selected, metrics.get("state_bytes", math.nan),
+                    dict(t.params), dict(extra))
+            )  # fmt: skip
+        elif t.state in (TrialState.PRUNED, TrialState.FAIL):
+            reason = t.user_attrs.get("reason") or t.user_attrs.get("error") or "failed"
+            failed.append(f"{label} trial {t.number}: {reason}")
+    return StudyResult(study["name"], label, rows, failed, time.perf_counter() - began)
+
+
+@dataclass
+class Job:
+    study: dict[str, Any]
+    label: str  # the model's name in the table
+    family: str = ""  # what kind of model it is (shown beside the name)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Cost:
+    cpu: float  # seconds: this process plus its joined workers
+    wall: float
+
+
+def run_studies(jobs: list[Job], workers: int, folder: str | Path) -> tuple[list, Cost]:
+    """Every job's study, `workers` at a time (spawned processes, one torch thread each), each
+    in its own SQLite file `folder/<study name>.db` (a finished study there is read back, not
+    run again). Returns the results in job order and the CPU and wall time they took."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    wall, own = time.perf_counter(), time.process_time()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    tasks = [
+        (j.study, j.label, j.family, f"sqlite:///{folder / (j.study['name'] + '.db')}", j.extra)
+        for j in jobs
+    ]
+    context = multiprocessing.get_context("spawn")  # torch does not survive fork well
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        results = list(pool.map(_run_one, tasks))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool's processes are joined
+    children = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cost = Cost(time.process_time() - own + children, time.perf_counter() - wall)
+    return results, cost
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def interval_text(seeds: list[float]) -> str:
+    mean, low, high = confidence_interval(seeds)
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def p_value(a: list[float], b: list[float]) -> float:
+    """Welch's two-sided p, NaN where a side has fewer than two seeds."""
+    return welch_p(a, b) if len(a) > 1 and len(b) > 1 else math.nan
+
+
+def beats(a: list[float], b: list[float]) -> tuple[bool, float]:
+    """(a's mean is above b's and Welch's test separates them at p < 0.05, p)."""
+    p = p_value(a, b)
+    higher = sum(a) / len(a) > sum(b) / len(b)
+    return bool(higher and p < SIGNIFICANCE), p
+
+
+def selected_text(values: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def cost_line(cost: Cost, workers: int) -> str:
+    return (
+        f"CPU time {cost.cpu:.0f} s (this process and its {workers} workers), wall "
+        f"{cost.wall:.0f} s"
+    )
