@@ -121,10 +121,13 @@ class MirasModel(MirasPreTrainedModel):
         """`attention_mask` [B, T] (or [B, seen + T] while generating: its last T columns are
         these tokens'), 1 a token and 0 padding, left or right padding. `cu_seqlens` [N + 1]
         (int, 0 = s_0 < ... < s_N = T) packs N sequences in one row of input_ids [1, T]:
-        each runs alone, from the empty state. `position_ids` and other keys that transformers
-        passes are not read: positions come from the mask and the cache."""
+        each runs alone, from the empty state. transformers' packing collator
+        (DataCollatorWithFlattening) gives the same as `cu_seq_lens_q`, or as `position_ids`
+        [1, T] that restart at 0 (read only for one row without a cache or a mask); positions
+        otherwise come from the mask and the cache."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("MirasModel: pass exactly one of input_ids and inputs_embeds")
+        cu_seqlens = packed_offsets(cu_seqlens, kwargs, attention_mask, past_key_values)
         x = self.lm.embed(input_ids) if inputs_embeds is None else inputs_embeds
         check_length(x)
         if use_cache is None:  # by default no cache in training (Trainer) or for packed rows
@@ -221,6 +224,25 @@ def approximate_layers(lm: LanguageModel) -> str:
     return ""
 
 
+def packed_offsets(cu_seqlens, kwargs: dict, attention_mask, cache):
+    """The packing of one row [1, T]: `cu_seqlens`, else the packing collator's
+    `cu_seq_lens_q`, else the starts of `position_ids` [1, T] where they restart at 0 (for one
+    row without a cache or a padding mask: a generate step's positions are not a packing)."""
+    if cu_seqlens is not None:
+        return cu_seqlens
+    if kwargs.get("cu_seq_lens_q") is not None:
+        return kwargs["cu_seq_lens_q"]
+    positions = kwargs.get("position_ids")
+    if positions is None or cache is not None or attention_mask is not None:
+        return None
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.shape[0] != 1:
+        return None
+    starts = (positions[0] == 0).nonzero().flatten()
+    if len(starts) < 2 or int(starts[0]) != 0:
+        return None  # one sequence (or positions that do not start at 0): nothing packed
+    return torch.cat([starts, starts.new_tensor([positions.shape[1]])])
+
+
 def packed_rows(x: torch.Tensor, cu_seqlens):
     """x [1, T, D] holding N sequences at cu_seqlens [N + 1] -> (rows [N, L, D] right-padded,
     their mask [N, L], unpack: [N, L, D'] -> [1, T, D'])."""
@@ -304,6 +326,7 @@ class MirasForCausalLM(MirasPreTrainedModel, GenerationMixin):
         -100, padding and, with `cu_seqlens`, each sequence's first token are no target).
         `logits_to_keep`: n > 0 keeps the last n positions' logits, a tensor of indices keeps
         those; the loss is taken on the kept logits."""
+        cu_seqlens = packed_offsets(cu_seqlens, kwargs, attention_mask, past_key_values)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

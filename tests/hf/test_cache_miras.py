@@ -88,3 +88,23 @@ def test_a_packed_batch_equals_its_sequences_alone(path, extra):
     alone_loss = [m(s[None], labels=s[None]) for s in seqs if len(s) > 1]
     total = sum(o.loss * (n - 1) for o, n in zip(alone_loss, [4, 6], strict=True))
     torch.testing.assert_close(out.loss, total / 8, **TOLERANCE[torch.float64])
+
+
+@pytest.mark.parametrize("flash_kwargs", [False, True], ids=["position_ids", "cu_seq_lens"])
+def test_transformers_packing_collator_keeps_sequences_apart(flash_kwargs):
+    """DataCollatorWithFlattening packs examples in one row with position_ids that restart
+    at 0 (or cu_seq_lens_q): the model reads them, so no state crosses a boundary."""
+    from transformers import DataCollatorWithFlattening
+
+    m = build("specs/gated_deltanet.yaml", {})
+    seqs = [tokens(1, n, seed=20 + n)[0] for n in (5, 3, 6)]
+    collate = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)
+    batch = collate([{"input_ids": s.tolist()} for s in seqs])
+    with torch.no_grad():
+        out = m(**batch)
+        alone = [m(s[None], labels=s[None]) for s in seqs]
+    torch.testing.assert_close(
+        out.logits[0], torch.cat([o.logits[0] for o in alone]), **TOLERANCE[torch.float64]
+    )
+    total = sum(o.loss * (len(s) - 1) for o, s in zip(alone, seqs, strict=True))
+    torch.testing.assert_close(out.loss, total / 11, **TOLERANCE[torch.float64])
