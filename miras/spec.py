@@ -312,11 +312,31 @@ def feature_map_within_budget(spec: Spec) -> list[Problem]:
     return [Problem("feature_map.max_features", why)] if why else []
 
 
+def residual_needs_equal_widths(spec: Spec) -> list[Problem]:
+    """MIRAS's residual memory M(x) = x + LN(MLP(x)) adds its input phi(k), Dphi wide, to an
+    output Dv = head width wide: a feature map that widens the features cannot feed it."""
+    if not getattr(spec.memory, "residual_norm", False):
+        return []
+    d = spec.model.head_dim
+    d_phi = spec.feature_map.output_dim(d)
+    if d_phi == d:
+        return []
+    return [
+        Problem(
+            "memory.residual_norm",
+            f"x + LN(MLP(x)) adds the memory's input phi(k) to its output, so it needs "
+            f"Dphi = Dv; the {spec.feature_map.kind} feature map gives Dphi = {d_phi} at the "
+            f"head width {d} (Dv = {d}); use a map that keeps the width or residual_norm: false",
+        )
+    ]
+
+
 COMPATIBILITY_RULES: list[Callable[[Spec], list[Problem]]] = [
     nonparametric_is_attention,
     positive_state_needs_positive_init,
     parameter_names_are_unique,
     feature_map_within_budget,
+    residual_needs_equal_widths,
 ]
 
 

@@ -386,6 +386,12 @@ BAD = [
         id="exp-kernel-over-budget",
     ),
     pytest.param(
+        {"memory": {"kind": "mlp", "residual_norm": True}, "feature_map": "taylor"},
+        "memory.residual_norm",
+        ["needs Dphi = Dv", "Dphi = 561 at the head width 32", "residual_norm: false"],
+        id="residual-with-widening-map",
+    ),
+    pytest.param(
         {"window": "all"},
         "window",
         ["'global'", "got 'all'"],
@@ -411,6 +417,7 @@ def test_every_compatibility_rule_has_a_case():
         "positive_state_needs_positive_init": "kl-with-zero-init",
         "parameter_names_are_unique": "param-named-like-a-gate",
         "feature_map_within_budget": "exp-kernel-over-budget",
+        "residual_needs_equal_widths": "residual-with-widening-map",
     }
     assert [rule.__name__ for rule in COMPATIBILITY_RULES] == list(covered)
     assert set(covered.values()) <= ids
@@ -599,3 +606,19 @@ def test_docs_name_every_kind_and_field():
         if f"`{name}`" not in text
     ]
     assert not missing, f"docs/spec.md does not mention: {missing}"
+
+
+def test_a_residual_memory_refuses_a_widening_feature_map():
+    """x + LN(MLP(x)) needs Dphi = Dv: with taylor features (561 at d = 32) the spec loaded,
+    compiled, and `miras check` raised a raw shape RuntimeError (found by test_spec_fuzz.py)."""
+    data = {
+        "name": "wide",
+        "memory": {"kind": "mlp", "residual_norm": True},
+        "feature_map": "taylor",
+    }
+    with pytest.raises(SpecError) as caught:
+        load_spec(data)
+    [problem] = caught.value.problems
+    assert problem.path == "memory.residual_norm"
+    assert "Dphi = 561 at the head width 32" in problem.message
+    load_spec({**data, "feature_map": "polynomial"})  # keeps the width
