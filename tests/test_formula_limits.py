@@ -139,6 +139,19 @@ def test_a_loss_that_overflows_is_refused_at_validate(loss):
     assert "bias.loss: the loss is too large (a term overflows the float64 range" in message
 
 
+def test_the_check_names_an_overflow():
+    # exp(e**8) is finite at the sample errors (|e| <= 2) and overflows at the check's random
+    # ones (|e| near 4); the check said "error nan > 1e-10" for each piece.
+    from miras.compiler.pipeline import compile_ir
+    from miras.errors import DerivationError
+
+    spec = load_spec({**BASE, "bias": {"kind": "custom", "loss": "exp(e**8)"}})
+    with pytest.raises(DerivationError) as info:
+        compile_ir(spec)
+    assert "L and dL/dy overflow in float64 on the check inputs" in str(info.value)
+    assert "error nan" not in str(info.value)
+
+
 # The derivation's sympy work is bounded ------------------------------------------------------
 
 

@@ -36,7 +36,7 @@ def check_bias(
     derived = module.bias_grad(y_, v_, *gates.values())
 
     printed_loss = module.bias_loss(y_, v_, *gates.values())
-    overflow = _not_finite(printed_loss, derived, y_ - v_)
+    overflow = _not_finite(printed_loss, derived, (y_ - v_).detach())
     if overflow is not None:
         return [CheckResult(overflow, math.inf, tolerance)]
     (autograd_printed,) = torch.autograd.grad(printed_loss.sum(), y_)
