@@ -37,3 +37,13 @@ def test_export_hf_of_a_missing_run_says_so(tmp_path):
     result = CliRunner().invoke(app, ["export-hf", str(tmp_path / "none"), str(tmp_path / "hf")])
     assert result.exit_code == 1
     assert "no such file" in result.output
+
+
+def test_export_hf_refuses_a_run_whose_task_has_its_own_input_layer(tmp_path):
+    task = make_task("continuous_mqar", vocab_size=16, embed_dim=8, num_pairs=4)
+    run = tmp_path / "run"
+    miras.train(SPEC, task, steps=1, batch_size=2, eval_batches=1, progress=False, out_dir=run)
+    result = CliRunner().invoke(app, ["export-hf", str(run), str(tmp_path / "hf")])
+    assert result.exit_code == 1
+    assert "continuous_mqar" in result.output and "only token models convert" in result.output
+    assert not (tmp_path / "hf").exists()
