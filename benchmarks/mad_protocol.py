@@ -217,7 +217,7 @@ def main() -> None:
     for result in results:
         for line in result.failed:
             print(f"  {line}")
-    print(rep.cost_line(cost, args.workers))
+    print(rep.cost_line(cost, args.workers, results))
     print(verdict(rows))
     if any(math.isnan(r.mean) for r in rows):
         print("note: a NaN mean is a seed whose test metric was not finite")

@@ -28,6 +28,7 @@ import math
 import multiprocessing
 import resource
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +130,7 @@ class StudyResult:
     rows: list[Row]
     failed: list[str]  # pruned or failed trials: their reasons
     seconds: float
+    resumed: bool = False  # its storage existed before this run (earlier work is not timed)
 
 
 def _run_one(job: tuple[dict[str, Any], str, str, str, dict[str, Any]]) -> StudyResult:
@@ -142,6 +144,7 @@ def _run_one(job: tuple[dict[str, Any], str, str, str, dict[str, Any]]) -> Study
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metric = study["objectives"][0]
     metric = metric if isinstance(metric, str) else metric["metric"]
+    resumed = Path(storage.removeprefix("sqlite:///")).exists()
     began = time.perf_counter()
     summary = search(study, storage=storage, workers=1, threads=1)
     rows, failed = [], []
@@ -157,7 +160,8 @@ def _run_one(job: tuple[dict[str, Any], str, str, str, dict[str, Any]]) -> Study
         elif t.state in (TrialState.PRUNED, TrialState.FAIL):
             reason = t.user_attrs.get("reason") or t.user_attrs.get("error") or "failed"
             failed.append(f"{label} trial {t.number}: {reason}")
-    return StudyResult(study["name"], label, rows, failed, time.perf_counter() - began)
+    seconds = time.perf_counter() - began
+    return StudyResult(study["name"], label, rows, failed, seconds, resumed)
 
 
 @dataclass
@@ -226,8 +230,15 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def cost_line(cost: Cost, workers: int) -> str:
-    return (
+def cost_line(cost: Cost, workers: int, results: Sequence[StudyResult] = ()) -> str:
+    """The CPU and wall time of this run; studies resumed from storage are named, since the
+    time they took before is not in it."""
+    line = (
         f"CPU time {cost.cpu:.0f} s (this process and its {workers} workers), wall "
         f"{cost.wall:.0f} s"
     )
+    resumed = [r.name for r in results if r.resumed]
+    if resumed:
+        line += f"; {len(resumed)} of {len(results)} studies resumed from storage, their earlier"
+        line += " time not counted: " + ", ".join(resumed)
+    return line

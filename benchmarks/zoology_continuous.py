@@ -170,7 +170,7 @@ def main() -> None:
     for result in results:
         for line in result.failed:
             print(f"  {line}")
-    print(rep.cost_line(cost, args.workers))
+    print(rep.cost_line(cost, args.workers, results))
     for line in verdict(rows):
         print(line)
 

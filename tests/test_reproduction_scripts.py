@@ -187,3 +187,15 @@ def test_mad_table_says_not_run_and_ends_with_the_scores():
     assert lines[-1].startswith("| MAD score (mean of 6)")
     memorization = [line for line in lines if line.startswith("| memorization")]
     assert memorization[0].startswith("| memorization | atlas |")  # best first
+
+
+def test_cost_line_names_resumed_studies():
+    cost = rep.Cost(cpu=12.4, wall=7.6)
+    fresh = rep.StudyResult("a", "a", [], [], 1.0)
+    again = rep.StudyResult("b", "b", [], [], 1.0, resumed=True)
+    assert rep.cost_line(cost, 2, [fresh]) == (
+        "CPU time 12 s (this process and its 2 workers), wall 8 s"
+    )
+    assert rep.cost_line(cost, 2, [fresh, again]).endswith(
+        "1 of 2 studies resumed from storage, their earlier time not counted: b"
+    )
