@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import multiprocessing
+import os
 import resource
 import time
 from collections.abc import Sequence
@@ -190,6 +191,9 @@ def run_studies(jobs: list[Job], workers: int, folder: str | Path) -> tuple[list
         (j.study, j.label, j.family, f"sqlite:///{folder / (j.study['name'] + '.db')}", j.extra)
         for j in jobs
     ]
+    # One thread per worker from the start: the workers inherit this before torch loads (the
+    # search also sets torch's threads to 1; OpenMP threads that spin would slow both cores).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     context = multiprocessing.get_context("spawn")  # torch does not survive fork well
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         results = list(pool.map(_run_one, tasks))
