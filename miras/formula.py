@@ -227,7 +227,10 @@ def value_at(expr: sp.Expr, point: Mapping[sp.Symbol, sp.Expr]) -> sp.Expr:
     # replaces every symbol in one structural pass; subs(simultaneous=True) gives the same
     # value but searches for sub-expressions too, through sympy's assumption queries (about
     # 70 ms a point for log(cosh(e/a)), most of the time `miras validate` took).
-    value = expr.xreplace({symbol: sp.sympify(at) for symbol, at in point.items()})
+    try:
+        value = expr.xreplace({symbol: sp.sympify(at) for symbol, at in point.items()})
+    except TypeError:  # a comparison with zoo (log(0) < y) has no truth value: undefined
+        return sp.nan
     try:
         return _evaluate(value, {})
     except _Overflow:
@@ -254,7 +257,10 @@ def _evaluate(node: sp.Basic, memo: dict) -> sp.Basic:
     result = node
     if node.args:
         args = [_evaluate(arg, memo) for arg in node.args]
-        result = node.func(*args)
+        try:
+            result = node.func(*args)
+        except TypeError:  # a comparison with zoo or an imaginary value has no truth value
+            result = sp.nan
         if isinstance(result, sp.Expr) and result.is_number and not result.is_Rational:
             if result.has(sigmoid, softplus):
                 result = result.rewrite(sp.exp)

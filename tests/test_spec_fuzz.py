@@ -295,23 +295,14 @@ def test_a_custom_f_divergence_generator_is_refused_within_a_second():
     load_or_refuse(spec)
 
 
-# Found by this suite, in the validation of formulas: each raises a bare exception today.
+# Found by this suite, in the validation of formulas: each raised a bare exception (TypeError:
+# invalid comparison of non-real zoo at validate; UnsupportedExpression from the torch printer,
+# which has no ITE for a where inside a where's condition, at compile).
 FORMULA_FAILURES = [
-    pytest.param(
-        "where(log(e) < sinh(y), -y, (1 - v))",
-        id="comparison-with-log-of-the-error",
-        marks=pytest.mark.xfail(
-            strict=True, reason="validate raises TypeError: Invalid comparison of non-real zoo"
-        ),
-    ),
+    pytest.param("where(log(e) < sinh(y), -y, (1 - v))", id="comparison-with-log-of-the-error"),
     pytest.param(
         "sum(where(min(where(y > 1.0e+3, y, 1), cosh(0.5)) < 1, e**1.5, min(e, 1)))",
         id="condition-on-a-nested-where",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="validates, then compile raises UnsupportedExpression: the torch printer "
-            "has no ITE (a where inside a where's condition)",
-        ),
     ),
 ]
 

@@ -20,6 +20,7 @@ import sympy as sp
 
 from miras.compiler.bias_emit import bias_source
 from miras.compiler.describe import Line, Math, Name, latex_lines, plain_lines
+from miras.compiler.printer import UnsupportedExpression
 from miras.components.base import Bias
 from miras.errors import DerivationError
 from miras.formula import bounded_simplify
@@ -88,6 +89,12 @@ def derive_bias(bias: Bias) -> BiasRule:
     used = tuple((s, f) for s, f in sums if gradient.has(s))
     gates = tuple(bias.gates())
     lines = bias_lines(loss, used, gradient, not used)
+    try:
+        source = bias_source(loss, used, gradient, gates, bias.fixed())
+    except UnsupportedExpression as err:
+        raise DerivationError(
+            f"bias {bias.kind}: the loss or dL/dy has no torch form ({err})"
+        ) from None
     return BiasRule(
         kind=bias.kind,
         loss=loss,
@@ -95,7 +102,7 @@ def derive_bias(bias: Bias) -> BiasRule:
         gradient=gradient,
         elementwise=not used,
         gates=gates,
-        source=bias_source(loss, used, gradient, gates, bias.fixed()),
+        source=source,
         display="\n".join(plain_lines(lines)),
         display_latex=latex_lines(lines),
     )
