@@ -157,7 +157,7 @@ def check(
     except (SpecError, DerivationError, ResourceError) as error:
         raise _fail(error) from None
     results = rule.check(seed=seed)
-    title = f"checks of {rule.spec.name} (float64 unless a piece names float32, seed {seed})"
+    title = f"checks of {rule.spec.name} (float64 unless marked, seed {seed})"
     table = Table(title=title, title_justify="left")
     for column in ("piece", "max rel. error", "tolerance", "result"):
         table.add_column(column)

@@ -7,6 +7,7 @@ one let the trial run to the end and the worker exit 0 (seen in CI)."""
 from __future__ import annotations
 
 import signal
+import sys
 
 import optuna
 import pytest
@@ -48,3 +49,25 @@ def test_a_dropped_ctrl_c_marks_the_trial_and_stops_the_worker(tmp_path, monkeyp
     assert trial.state == TrialState.FAIL
     assert trial.user_attrs["reason"] == "interrupted (Ctrl-C)"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+class _RaisesWhileCollected:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __del__(self):
+        raise self.error
+
+
+def test_a_dropped_ctrl_c_prints_no_traceback_and_other_errors_still_do(monkeypatch):
+    # Python hands an exception raised in a __del__ to sys.unraisablehook, which prints
+    # "Exception ignored in ..." with a traceback; the worker's own Ctrl-C is not printed.
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(unraisable))
+    with search_run._CtrlC():
+        _RaisesWhileCollected(KeyboardInterrupt())
+        _RaisesWhileCollected(RuntimeError("kept"))
+    assert [type(u.exc_value) for u in seen] == [RuntimeError]
+    assert sys.unraisablehook is not search_run._CtrlC._drop_ctrl_c
+    _RaisesWhileCollected(KeyboardInterrupt())  # outside: reported as before
+    assert [type(u.exc_value) for u in seen] == [RuntimeError, KeyboardInterrupt]

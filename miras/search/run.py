@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import zlib
@@ -141,16 +142,23 @@ class _CtrlC:
     """Ctrl-C still raises KeyboardInterrupt at once, and is also remembered (`seen`): Python
     drops an exception raised while it runs a weakref callback or a `__del__` (SQLAlchemy's
     class registry has one), so a Ctrl-C that lands there would let the trial run on to the
-    end. The worker checks `seen` after each trial and between trials. Active only in the main
-    thread, under Python's default handler."""
+    end. The worker checks `seen` after each trial and between trials. Python prints such a
+    dropped exception as an "Exception ignored in ..." traceback; that one is not printed (the
+    Ctrl-C is not lost: `seen` holds it). Active only in the main thread, under Python's
+    default handler."""
 
     def __init__(self):
         self.seen = False
         self.previous: Any = None
+        self.unraisable: Any = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.seen = True
         raise KeyboardInterrupt
+
+    def _drop_ctrl_c(self, unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            self.unraisable(unraisable)
 
     def __enter__(self) -> _CtrlC:
         if (
@@ -158,11 +166,13 @@ class _CtrlC:
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler
         ):
             self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.unraisable, sys.unraisablehook = sys.unraisablehook, self._drop_ctrl_c
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+            sys.unraisablehook = self.unraisable
 
 
 def _run_worker(
