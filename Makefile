@@ -35,7 +35,7 @@ test: lint
 
 # The main job: the quickstart study, its report, the best spec (its time: README.md).
 demo: $(STAMP)
-	$(BIN)/miras search studies/quickstart.yaml
+	$(BIN)/miras search studies/quickstart.yaml --workers 2
 	$(BIN)/miras report studies/quickstart.yaml -o runs/quickstart-report
 	$(BIN)/miras export studies/quickstart.yaml --best -o runs/quickstart-best.yaml
 
