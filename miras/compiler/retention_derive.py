@@ -462,9 +462,40 @@ def check_derivable(retention: Retention) -> None:
     key = (type(retention), retention.model_dump_json())
     if key not in _DERIVABLE:
         try:
+            _screen(retention)
             derive_retention(retention)
             _DERIVABLE[key] = None
         except DerivationError as err:
             _DERIVABLE[key] = str(err)
     if _DERIVABLE[key] is not None:
         raise ValueError(_DERIVABLE[key])
+
+
+def _screen(retention: Retention) -> None:
+    """Refuse at once a separable step that no torch form can write: a solve without sympy's
+    checks or simplification (tenths of a second), reparameterized and printed. Only the
+    full derivation (seconds: `solve` verifies every solution) decides that a step works; this
+    decides only that none does, as for a generator whose step needs LambertW."""
+    if retention.derivation != "separable":
+        return
+    stationarity = sp.expand(sp.diff(retention.objective(), w))
+    try:
+        solutions = sp.solve(stationarity, w, check=False, simplify=False)
+    except NotImplementedError:
+        return  # the full derivation words the refusal
+    gates = tuple(retention.gates())
+    reparameterization = retention.reparameterization()
+    errors = []
+    for solution in solutions:
+        step = solution.subs(reparameterization).subs(fixed_values(retention))
+        try:
+            retention_source(retention, step, gates)
+        except UnsupportedExpression as err:
+            errors.append((step, err))
+        else:
+            return
+    if solutions and len(errors) == len(solutions):
+        step, err = errors[0]
+        raise DerivationError(
+            f"retention {retention.kind}: the step W_t = {_short(step)} has no torch form ({err})"
+        )
