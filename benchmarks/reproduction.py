@@ -23,13 +23,15 @@ CPU time is `time.process_time()` of this process plus `resource.getrusage(RUSAG
 
 from __future__ import annotations
 
+import argparse
 import copy
 import math
 import multiprocessing
 import os
 import resource
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,3 +248,78 @@ def cost_line(cost: Cost, workers: int, results: Sequence[StudyResult] = ()) -> 
         line += f"; {len(resumed)} of {len(results)} studies resumed from storage, their earlier"
         line += " time not counted: " + ", ".join(resumed)
     return line
+
+
+# ---------------------------------------------------------------------------------------------
+# A claim that every model of one group beats every model of another (the delta rule against
+# additive memories, benchmarks/zoology_mqar.py and zoology_forgetting.py)
+
+
+def comparisons(rows: list[Row], winners: Sequence[str], losers: Sequence[str]) -> list:
+    """(winner, loser, it beats it at p < 0.05, Welch p) for each pair present in `rows`."""
+    by = {r.model: r for r in rows}
+    found = []
+    for a in winners:
+        for b in losers:
+            if a in by and b in by:
+                won, p = beats(by[a].seeds, by[b].seeds)
+                found.append((a, b, won, p))
+    return found
+
+
+def pairwise_verdict(
+    rows: list[Row], winners: Sequence[str], losers: Sequence[str], claim: str
+) -> str:
+    """'verdict: reproduced: <claim>' when every winner beats every loser at p < 0.05."""
+    missing = [m for m in (*winners, *losers) if m not in {r.model for r in rows}]
+    if missing:
+        return f"verdict: not reproduced (no test result for {', '.join(missing)})"
+    pairs = comparisons(rows, winners, losers)
+    failed = [f"{a} vs {b} (p = {p:.3g})" for a, b, won, p in pairs if not won]
+    if not failed:
+        return f"verdict: reproduced: {claim}"
+    return "verdict: not reproduced: not above at p < 0.05: " + "; ".join(failed)
+
+
+def pairwise_table(rows: list[Row], winners: Sequence[str], losers: Sequence[str]) -> str:
+    """One row per model, best first: family, test accuracy mean [95% t interval], per seed,
+    the selected sweep point, and Welch p of each winner against each loser."""
+    pairs = comparisons(rows, winners, losers)
+    header = ["model", "family", "test accuracy [95% interval]", "seeds", "selected",
+              *(f"Welch p vs {b}" for b in losers)]  # fmt: skip
+    body = []
+    for r in sorted(rows, key=lambda r: -r.mean):
+        against = {b: p for a, b, _, p in pairs if a == r.model}
+        ps = [f"{against[b]:.3g}" if b in against else "" for b in losers]
+        seeds = ", ".join(f"{v:.3f}" for v in r.seeds)
+        body.append([r.model, r.family, interval_text(r.seeds), seeds,
+                     selected_text(r.selected), *ps])  # fmt: skip
+    return markdown(header, body)
+
+
+def main(
+    doc: str,
+    name: str,
+    jobs: Callable[[bool], list[Job]],
+    table: Callable[[list[Row]], str],
+    verdict: Callable[[list[Row]], str | list[str]],
+) -> None:
+    """A reproduction script's command line: --quick, --workers, --out runs/<name>; then its
+    table, the failed trials, the cost line and the verdict."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a tiny budget: checks that it runs")
+    p.add_argument("--workers", type=int, default=2, help="studies run at a time")
+    p.add_argument("--out", default=f"runs/{name}", help="one SQLite file per model (full runs)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix=f"miras-{name}-") as scratch:
+        folder = scratch if args.quick else args.out  # a quick run leaves nothing behind
+        results, cost = run_studies(jobs(args.quick), args.workers, folder)
+    rows = [row for result in results for row in result.rows]
+    print(table(rows))
+    for result in results:
+        for line in result.failed:
+            print(f"  {line}")
+    print(cost_line(cost, args.workers, results))
+    lines = verdict(rows)
+    for line in [lines] if isinstance(lines, str) else lines:
+        print(line)

@@ -37,11 +37,9 @@ not, not the final accuracies. --quick: 8 steps, one lr, 2 seeds, 1 and 2 heads 
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -154,26 +152,5 @@ def table(rows: list) -> str:
     return rep.markdown(header, body)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a tiny budget: checks that it runs")
-    p.add_argument("--workers", type=int, default=2, help="studies run at a time")
-    p.add_argument(
-        "--out", default="runs/zoology_continuous", help="one SQLite file per model (full runs)"
-    )
-    args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="miras-continuous-") as scratch:
-        folder = scratch if args.quick else args.out  # a quick run leaves nothing behind
-        results, cost = rep.run_studies(jobs(args.quick), args.workers, folder)
-    rows = [row for result in results for row in result.rows]
-    print(table(rows))
-    for result in results:
-        for line in result.failed:
-            print(f"  {line}")
-    print(rep.cost_line(cost, args.workers, results))
-    for line in verdict(rows):
-        print(line)
-
-
 if __name__ == "__main__":
-    main()
+    rep.main(__doc__, "zoology_continuous", jobs, table, verdict)

@@ -34,10 +34,8 @@ machine.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -79,68 +77,20 @@ def jobs(quick: bool) -> list:
     ]
 
 
-def comparisons(rows: list) -> list[tuple[str, str, bool, float]]:
-    """(delta-rule model, additive model, it beats it at p < 0.05, Welch p) for each pair
-    present in `rows`."""
-    by = {r.model: r for r in rows}
-    found = []
-    for a in DELTA:
-        for b in ADDITIVE:
-            if a in by and b in by:
-                won, p = rep.beats(by[a].seeds, by[b].seeds)
-                found.append((a, b, won, p))
-    return found
+CLAIM = (
+    "Gated DeltaNet and DeltaNet each beat linear attention and RetNet on test accuracy at "
+    "p < 0.05 (Welch, 3 seeds)"
+)
 
 
 def verdict(rows: list) -> str:
-    pairs = comparisons(rows)
-    missing = [m for m in (*DELTA, *ADDITIVE) if m not in {r.model for r in rows}]
-    if missing:
-        return f"verdict: not reproduced (no test result for {', '.join(missing)})"
-    failed = [f"{a} vs {b} (p = {p:.3g})" for a, b, won, p in pairs if not won]
-    if not failed:
-        return (
-            "verdict: reproduced: Gated DeltaNet and DeltaNet each beat linear attention and "
-            "RetNet on test accuracy at p < 0.05 (Welch, 3 seeds)"
-        )
-    return "verdict: not reproduced: not above at p < 0.05: " + "; ".join(failed)
+    """Reproduced when each delta-rule model beats each additive one at p < 0.05."""
+    return rep.pairwise_verdict(rows, DELTA, ADDITIVE, CLAIM)
 
 
 def table(rows: list) -> str:
-    """One row per model, best first: family, test accuracy mean [95% t interval], per seed,
-    the selected lr, and Welch p of each delta-rule model against each additive one."""
-    pairs = comparisons(rows)
-    header = ["model", "family", "test accuracy [95% interval]", "seeds", "selected",
-              "Welch p vs linear_attention", "Welch p vs retnet"]  # fmt: skip
-    body = []
-    for r in sorted(rows, key=lambda r: -r.mean):
-        against = {b: p for a, b, _, p in pairs if a == r.model}
-        ps = [f"{against[b]:.3g}" if b in against else "" for b in ADDITIVE]
-        seeds = ", ".join(f"{v:.3f}" for v in r.seeds)
-        body.append([r.model, r.family, rep.interval_text(r.seeds), seeds,
-                     rep.selected_text(r.selected), *ps])  # fmt: skip
-    return rep.markdown(header, body)
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a tiny budget: checks that it runs")
-    p.add_argument("--workers", type=int, default=2, help="studies run at a time")
-    p.add_argument(
-        "--out", default="runs/zoology_forgetting", help="one SQLite file per model (full runs)"
-    )
-    args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="miras-forgetting-") as scratch:
-        folder = scratch if args.quick else args.out  # a quick run leaves nothing behind
-        results, cost = rep.run_studies(jobs(args.quick), args.workers, folder)
-    rows = [row for result in results for row in result.rows]
-    print(table(rows))
-    for result in results:
-        for line in result.failed:
-            print(f"  {line}")
-    print(rep.cost_line(cost, args.workers, results))
-    print(verdict(rows))
+    return rep.pairwise_table(rows, DELTA, ADDITIVE)
 
 
 if __name__ == "__main__":
-    main()
+    rep.main(__doc__, "zoology_forgetting", jobs, table, verdict)
