@@ -130,3 +130,19 @@ def test_replicated_multi_objective_report_renders(tmp_path, browser):  # noqa: 
     assert rendered(browser, declared) == declared
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def test_the_untrained_parameter_count_includes_the_tasks_own_layers():
+    # A study that trains nothing counts the model's parameters without training it; a task
+    # with its own input layer and readout (continuous MQAR) has no token embedding, so the
+    # count must be the trained model's, not that of a model with a V x d embedding.
+    import miras
+    from miras.search.objective import parameter_count
+    from miras.tasks import make_task
+
+    spec = load_spec(
+        {"name": "cq", "memory": "matrix", "bias": "l2", "model": {"d_model": 16, "n_layers": 1}}
+    )
+    task = make_task("continuous_mqar", vocab_size=512, embed_dim=8, num_pairs=4)
+    trained = miras.train(spec, task, steps=1, eval_batches=1, batch_size=2, progress=False)
+    assert parameter_count(spec, task, trial=None) == trained.parameters

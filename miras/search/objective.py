@@ -289,7 +289,7 @@ def replicate(
         )
         metrics["params"] = float(result.parameters)
     else:
-        metrics["params"] = float(parameter_count(spec, task.vocab_size, trial))
+        metrics["params"] = float(parameter_count(spec, task, trial))
     for objective in study.objectives:
         if objective.probe is not None:
             metrics[objective.metric] = probe_error(objective, spec, seed, trial)
@@ -300,13 +300,15 @@ def replicate(
     return metrics
 
 
-def parameter_count(spec: Spec, vocab_size: int, trial: optuna.Trial) -> int:
-    """Trainable parameters of the model the spec builds (a model that cannot be built prunes
-    the trial as invalid, as training it would)."""
+def parameter_count(spec: Spec, task: Any, trial: optuna.Trial) -> int:
+    """Trainable parameters of the model the spec builds for `task`, with the task's own input
+    and output layers where it has them, as training builds it (a model that cannot be built
+    prunes the trial as invalid, as training it would)."""
+    from miras.checkpoint import task_io
     from miras.models.model import build_model
 
     try:
-        model = build_model(spec, vocab_size)
+        model = build_model(spec, task.vocab_size, task_io(task, spec.model.d_model))
     except ValueError as err:
         raise _invalid(trial, err) from None
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
