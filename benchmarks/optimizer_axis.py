@@ -1,0 +1,165 @@
+"""The optimizer axis's chunk forms against fla's pure-torch references, as ratios taken in one
+run.
+
+    .venv/bin/python benchmarks/optimizer_axis.py [--length 2048] [--repeats 3] [--cases NAME ...]
+
+CPU, float32, B = 2, H = 4, d = Dk = Dv = 64, T = 2048, torch.set_num_threads(2). Each row of
+CASES is one miras op against one fla-core 0.6.0 reference on equal inputs: "fwd" runs under
+torch.no_grad(), "fwd+bwd" is the forward with every floating input requiring grad plus the
+backward of sum(o * w). The repeats are interleaved (miras, fla, miras, fla, ...) after one
+warmup call of each, so a change in the machine's load falls on both; each time is a median.
+The outputs are compared (relative RMS of o) before timing, and the load average is printed
+at the start and at the end.
+
+A case is `Case(name, miras, reference, inputs)`: `inputs(t, seed)` builds a tuple of tensors,
+and `miras(*inputs)` and `reference(*inputs)` each return o [B, T, H, V]. Add a row by adding
+a case to CASES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+B, H, D = 2, 4, 64
+THREADS = 2
+
+
+class Case(NamedTuple):
+    name: str  # the row's label: the miras op and the fla reference it is timed against
+    miras: Callable[..., torch.Tensor]
+    reference: Callable[..., torch.Tensor]
+    inputs: Callable[[int, int], tuple[torch.Tensor, ...]]
+
+
+def _fla(module: str, name: str):
+    """An fla-core function, imported when a case first runs (fla warns at import that Triton
+    has no GPU here)."""
+    import importlib
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(importlib.import_module(module), name)
+
+
+# DeltaProduct (Siems et al. 2025, arXiv:2502.10297): n keys and values per token, fla's packing
+# k, v [B, T*n, H, D], beta [B, T*n, H], one log-decay g [B, T, H] per token.
+
+
+def deltaproduct_inputs(n: int):
+    def build(t: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        q = F.normalize(torch.randn(B, t, H, D, generator=gen), dim=-1)
+        k = F.normalize(torch.randn(B, t * n, H, D, generator=gen), dim=-1)
+        v = torch.randn(B, t * n, H, D, generator=gen)
+        g = torch.log(0.9 + 0.1 * torch.rand(B, t, H, generator=gen))
+        beta = 0.1 + 0.4 * torch.rand(B, t * n, H, generator=gen)
+        return q, k, v, g, beta
+
+    return build
+
+
+def deltaproduct_miras(n: int):
+    def f(q, k, v, g, beta):
+        from miras import ops
+
+        return ops.chunk_gated_delta_product(q, k, v, g, beta, num_householder=n, scale=1.0)[0]
+
+    return f
+
+
+def deltaproduct_fla_naive(n: int):
+    def f(q, k, v, g, beta):
+        naive = _fla("fla.ops.gated_delta_product.naive", "naive_recurrent_gated_delta_product")
+        return naive(q, k, v, g, beta, scale=1.0, num_householder=n)[0]
+
+    return f
+
+
+# fla's own chunk reference for DeltaProduct (fla.ops.gated_delta_product.chunk_ref) calls its
+# Triton kernels and refuses float32, so the recurrent naive function is the pure-torch
+# reference here.
+CASES: list[Case] = [
+    Case(
+        "chunk_gated_delta_product n=2 vs fla naive_recurrent_gated_delta_product",
+        deltaproduct_miras(2),
+        deltaproduct_fla_naive(2),
+        deltaproduct_inputs(2),
+    ),
+]
+
+
+def relative_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
+
+
+def once(f, inputs, weight, backward: bool) -> float:
+    """Seconds of one call of f (with its backward when `backward`)."""
+    if not backward:
+        with torch.no_grad():
+            start = time.perf_counter()
+            f(*inputs)
+            return time.perf_counter() - start
+    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    start = time.perf_counter()
+    (f(*leaves) * weight).sum().backward()
+    return time.perf_counter() - start
+
+
+def time_case(case: Case, t: int, repeats: int) -> list[tuple]:
+    """[(pass, miras s, fla s)] for fwd and fwd+bwd: interleaved repeats, medians."""
+    inputs = case.inputs(t, 0)
+    with torch.no_grad():
+        o = case.reference(*inputs)
+        err = relative_rms(case.miras(*inputs), o)
+    print(f"{case.name}: relative RMS of o against fla = {err:.2e}", flush=True)
+    weight = torch.randn(o.shape, generator=torch.Generator().manual_seed(1))
+    rows = []
+    for backward in (False, True):
+        times = {"miras": [], "fla": []}
+        for f in (case.miras, case.reference):  # warmup
+            once(f, inputs, weight, backward)
+        for _ in range(repeats):
+            times["miras"].append(once(case.miras, inputs, weight, backward))
+            times["fla"].append(once(case.reference, inputs, weight, backward))
+        what = "fwd+bwd" if backward else "fwd"
+        rows.append((what, statistics.median(times["miras"]), statistics.median(times["fla"])))
+    return [(case.name, err, *row) for row in rows]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--length", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=3)
+    names = [c.name.split()[0] for c in CASES]
+    parser.add_argument(
+        "--cases", nargs="+", default=None, help=f"cases by their op's name: {', '.join(names)}"
+    )
+    args = parser.parse_args()
+    cases = [c for c in CASES if args.cases is None or c.name.split()[0] in args.cases]
+    if not cases:
+        parser.error(f"--cases: none of {args.cases} is a case; the cases: {', '.join(names)}")
+    torch.set_num_threads(THREADS)
+    print(
+        f"load average (1 min) at start: {os.getloadavg()[0]:.2f}; threads {THREADS}; "
+        f"T = {args.length}, B = {B}, H = {H}, d = {D}, float32, {args.repeats} repeats"
+    )
+    rows = [row for case in cases for row in time_case(case, args.length, args.repeats)]
+    print()
+    print("| case | pass | miras (s) | fla (s) | fla / miras | rel. RMS of o |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, err, what, m, f in rows:
+        print(f"| {name} | {what} | {m:.3f} | {f:.3f} | {f / m:.2f}x | {err:.1e} |")
+    print(f"load average (1 min) at end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
