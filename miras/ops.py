@@ -8,7 +8,9 @@ convention (docs/ops.md).
     o, state = delta(q, k, v, beta=beta, scale=1.0)
 
 fla's convention, against the rule's own (`MemoryRule.__call__`):
-- q, k [B, T, H, K], v [B, T, H, V], as in miras;
+- q, k [B, T, H, K], v [B, T, HV, V]: HV = H as in miras, or HV = m H, fla's grouped value
+  heads (value head j reads key head j // m; gates [B, T, HV] and states per value head:
+  `_expand_value_heads`);
 - `g` is the log of the decay gate (miras takes the decay itself: exp(g)); `beta` is the
   learning-rate gate `lr`; any other gate goes by name in `gates`, natural space. As in fla,
   beta may be 0 and g as low as -inf (a decay of 0, the state's reset: `_decay_of`); an error
@@ -17,7 +19,9 @@ fla's convention, against the rule's own (`MemoryRule.__call__`):
 - a matrix state is [B, H, K, V] (miras: [B, H, V, K], the transpose; `state_v_first=True`
   takes and returns miras's layout); a dict state (momentum, deep memories) has no fla
   counterpart and passes in miras's layout unchanged;
-- `cu_seqlens` [N + 1] packs N sequences along T with B = 1; the states are [N, ...].
+- `cu_seqlens` [N + 1] packs N sequences along T with B = 1; the states are [N, ...]. fla's
+  precomputed `cu_seqlens_cpu` and `chunk_indices` are checked against it (`_check_packing`);
+- `head_first=True` (removed in fla 0.6) is refused with fla's message (`_refuse_kwargs`).
 Gates are cast to q's dtype (fla takes float32 gates with bfloat16 inputs); a Python float is a
 constant gate. The aliases run the chunk backend; its "auto" mode is the exact chunk form for
 these models, so they equal fla's recurrences at every chunk size. A spec without an exact
@@ -39,7 +43,7 @@ import miras
 from miras.rule import MemoryRule
 from miras.runtime import per_channel_gates, run
 from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size, resolve_mode
-from miras.runtime.inputs import check_qkv, inside_range
+from miras.runtime.inputs import check_cu_seqlens, check_qkv, inside_range
 from miras.spec import Spec
 
 Gate = torch.Tensor | float | None
@@ -201,6 +205,112 @@ def _check_scale(scale, q: torch.Tensor) -> float:
     return float(scale)
 
 
+# fla's shared argument conventions, one helper each (every op below calls them) ---------------
+
+
+def _expand_value_heads(q, k, v):
+    """fla's grouped value heads (GVA): q, k [B, T, H, K] and v [B, T, HV, V] with HV = m H;
+    value head j reads key head j // m (fla: `i_h // (HV // H)`), so q and k are repeated
+    m times along H, each head next to its copies: [B, T, HV, K]. Gates and states are per
+    value head ([B, T, HV], [N, HV, ...]). Autograd sums the copies' gradients back into q, k.
+    Non-tensors and other ranks pass unchanged, for `check_qkv` to name."""
+    if not all(isinstance(x, torch.Tensor) and x.dim() == 4 for x in (q, k, v)):
+        return q, k
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"q and k must have the same number of heads, but got q.shape[2]={q.shape[2]} and "
+            f"k.shape[2]={k.shape[2]}"
+        )
+    h, hv = k.shape[2], v.shape[2]
+    if hv % h != 0:
+        raise ValueError(
+            f"v: for GVA, num_v_heads (HV={hv}) must be evenly divisible by num_heads (H={h}), "
+            f"but got HV % H = {hv % h}"
+        )
+    if hv == h:
+        return q, k
+    return q.repeat_interleave(hv // h, dim=2), k.repeat_interleave(hv // h, dim=2)
+
+
+def _one_value_head_per_key_head(op: str, k, v) -> None:
+    """An op whose fla counterpart has no grouped value heads refuses HV != H."""
+    tensors = isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    if tensors and k.dim() == v.dim() == 4 and v.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"{op}: v has HV={v.shape[2]} heads and k H={k.shape[2]}; fla's {op} takes one "
+            "value head per key head (grouped value heads: chunk_gated_delta_rule)"
+        )
+
+
+def _state_layout(state, state_v_first: bool):
+    """fla's state [N, H, K, V] <-> miras's [N, H, V, K] (the transpose, its own inverse).
+    `state_v_first=True` is fla's V-first layout, miras's own: unchanged. A dict state (no fla
+    counterpart) and None pass unchanged."""
+    if state_v_first or not isinstance(state, torch.Tensor):
+        return state
+    return state.transpose(-1, -2)
+
+
+def _fla_chunk_indices(bounds: list[int], chunk_size: int) -> torch.Tensor:
+    """fla's `prepare_chunk_indices`: one row (sequence i, chunk j within it) per chunk of
+    `chunk_size` tokens, [NT, 2], NT = sum of ceil(T_i / chunk_size)."""
+    rows = [
+        (i, j)
+        for i in range(len(bounds) - 1)
+        for j in range(-(-(bounds[i + 1] - bounds[i]) // chunk_size))
+    ]
+    return torch.tensor(rows, dtype=torch.long).reshape(-1, 2)
+
+
+def _check_packing(cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size: int, shapes) -> None:
+    """fla's precomputed companions of `cu_seqlens`, checked against it: `cu_seqlens_cpu` its
+    host copy (equal values, on the CPU), `chunk_indices` [NT, 2] fla's
+    `prepare_chunk_indices(cu_seqlens, chunk_size)`. miras derives both from cu_seqlens
+    itself, so they only have to agree with it; either without cu_seqlens is an error."""
+    if cu_seqlens is None:
+        for name, x in (("cu_seqlens_cpu", cu_seqlens_cpu), ("chunk_indices", chunk_indices)):
+            if x is not None:
+                raise ValueError(f"{name}: given without cu_seqlens; pass cu_seqlens too, or None")
+        return
+    if cu_seqlens_cpu is None and chunk_indices is None:
+        return
+    bounds = check_cu_seqlens(cu_seqlens, shapes)
+    if cu_seqlens_cpu is not None:
+        if not isinstance(cu_seqlens_cpu, torch.Tensor) or cu_seqlens_cpu.device.type != "cpu":
+            where = (
+                f"a tensor on {cu_seqlens_cpu.device}"
+                if isinstance(cu_seqlens_cpu, torch.Tensor)
+                else type(cu_seqlens_cpu).__name__
+            )
+            raise ValueError(
+                f"cu_seqlens_cpu: expected a CPU tensor (cu_seqlens' host copy), got {where}"
+            )
+        if cu_seqlens_cpu.dtype.is_floating_point or cu_seqlens_cpu.tolist() != bounds:
+            raise ValueError(
+                f"cu_seqlens_cpu: expected the host copy of cu_seqlens, {bounds} (integer), got "
+                f"{cu_seqlens_cpu.tolist()} ({_dtype_name(cu_seqlens_cpu)})"
+            )
+    if chunk_indices is not None:
+        want = _fla_chunk_indices(bounds, chunk_size)
+        expected = (
+            f"chunk_indices: expected fla's prepare_chunk_indices(cu_seqlens, "
+            f"chunk_size={chunk_size}), an integer tensor [NT, 2] = {list(want.shape)} of rows "
+            "(sequence, chunk within it)"
+        )
+        if not isinstance(chunk_indices, torch.Tensor):
+            raise ValueError(f"{expected}, got {type(chunk_indices).__name__}")
+        if chunk_indices.dtype.is_floating_point or list(chunk_indices.shape) != list(want.shape):
+            raise ValueError(
+                f"{expected}, got {_dtype_name(chunk_indices)} {list(chunk_indices.shape)}"
+            )
+        got = chunk_indices.detach().cpu().long()
+        if not torch.equal(got, want):
+            row = int((got != want).any(1).nonzero()[0])
+            raise ValueError(
+                f"{expected}, got row {row} = {got[row].tolist()} instead of {want[row].tolist()}"
+            )
+
+
 def chunk_options(
     rule: MemoryRule, backend: str, chunk_mode: str | None, chunk_size: int | None
 ) -> tuple[str, int]:
@@ -246,24 +356,23 @@ def call(
     *,
     gates: dict[str, Gate] | None = None,
     state_v_first: bool = False,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    chunk_indices: torch.Tensor | None = None,
     backend: str = "chunk",
     chunk_size: int | None = None,
     chunk_mode: str | None = None,
 ):
     """Run `rule` with fla's calling convention (the module docstring); returns (o, state),
-    state None unless `output_final_state`. `chunk_mode` and `chunk_size` as in
-    `chunk_options`."""
+    state None unless `output_final_state`. v may have HV = m H heads (grouped value heads,
+    `_expand_value_heads`). `cu_seqlens_cpu` and `chunk_indices` are checked against
+    `cu_seqlens` (`_check_packing`). `chunk_mode` and `chunk_size` as in `chunk_options`."""
     rule = _as_rule(rule)
     chunk_mode, chunk_size = chunk_options(rule, backend, chunk_mode, chunk_size)
-    check_qkv(q, k, v)  # before g and beta are read in q's dtype
+    q, k = _expand_value_heads(q, k, v)
+    shapes = check_qkv(q, k, v)  # before g and beta are read in q's dtype
+    _check_packing(cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size, shapes)
     scale = _check_scale(scale, q)
     natural = _fla_gates(rule, q, v, g, beta, gates)
-
-    def layout(state):  # fla's [.., K, V] <-> miras's [.., V, K], for a tensor state
-        if state_v_first or not isinstance(state, torch.Tensor):
-            return state
-        return state.transpose(-1, -2)
-
     o, final = run(
         rule,
         q * scale,
@@ -273,11 +382,11 @@ def call(
         backend=backend,
         chunk_size=chunk_size,
         chunk_mode=chunk_mode,
-        initial_state=layout(initial_state),
+        initial_state=_state_layout(initial_state, state_v_first),
         output_final_state=output_final_state,
         cu_seqlens=cu_seqlens,
     )
-    return o, layout(final)
+    return o, _state_layout(final, state_v_first)
 
 
 def functional(
@@ -311,6 +420,8 @@ def functional(
         *,
         gates=None,
         state_v_first=False,
+        cu_seqlens_cpu=None,
+        chunk_indices=None,
     ):
         return call(
             rule,
@@ -325,6 +436,8 @@ def functional(
             cu_seqlens,
             gates=gates,
             state_v_first=state_v_first,
+            cu_seqlens_cpu=cu_seqlens_cpu,
+            chunk_indices=chunk_indices,
             backend=backend,
             chunk_size=chunk_size,
             chunk_mode=chunk_mode,
@@ -346,15 +459,27 @@ def _refuse(op: str, **flags) -> None:
 
 
 def _refuse_kwargs(op: str, kwargs: dict) -> None:
+    """fla's catch-all `**kwargs`: `head_first=True` gets fla's refusal (fla 0.6 removed the
+    [B, H, T, ...] layout; `head_first=False`, the layout taken here, passes), anything else
+    is an unexpected argument."""
+    kwargs = dict(kwargs)
+    if kwargs.pop("head_first", False):
+        raise ValueError(
+            f"{op}: head_first has been removed. Inputs must be in `[B, T, H, ...]` format."
+        )
     if kwargs:
         raise ValueError(f"{op}: unexpected arguments {sorted(kwargs)}")
 
 
+L2NORM_EPS = 1e-6  # fla's l2norm_fwd: x / sqrt(sum(x^2) + eps)
+
+
 def _l2norm(q: torch.Tensor, k: torch.Tensor, on: bool):
-    """fla's `use_qk_l2norm_in_kernel`: q and k divided by their L2 norms over K."""
+    """fla's `use_qk_l2norm_in_kernel`: q and k [B, T, H, K] times rsqrt(sum over K of x^2 +
+    1e-6), as fla's l2norm kernel computes it."""
     if not on:
         return q, k
-    return torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
+    return tuple(x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2NORM_EPS) for x in (q, k))
 
 
 def chunk_delta_rule(
@@ -376,6 +501,7 @@ def chunk_delta_rule(
     """DeltaNet, fla's `chunk_delta_rule`: S_t = S_{t-1} (I - beta_t k_t k_t^T) + beta_t k_t
     v_t^T (fla's [K, V] state), o_t = S_t^T (scale q_t). beta [B, T, H] or [B, T, H, V]."""
     _refuse_kwargs("chunk_delta_rule", kwargs)
+    _one_value_head_per_key_head("chunk_delta_rule", k, v)
     q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
     return call(
         known_rule("deltanet"),
@@ -388,6 +514,7 @@ def chunk_delta_rule(
         initial_state,
         output_final_state,
         cu_seqlens,
+        cu_seqlens_cpu=cu_seqlens_cpu,
         backend=backend,
         chunk_size=chunk_size,
     )
@@ -416,9 +543,10 @@ def chunk_gated_delta_rule(
     **kwargs,
 ):
     """Gated DeltaNet, fla's `chunk_gated_delta_rule`: S_t = S_{t-1} exp(g_t) (I - beta_t k_t
-    k_t^T) + beta_t k_t v_t^T. g [B, T, H] log-decay, beta [B, T, H]. `state_v_first=True`
-    takes and returns the state as [B, H, V, K]. `chunk_indices` (a precomputed index that
-    fla derives from cu_seqlens) is ignored."""
+    k_t^T) + beta_t k_t v_t^T. q, k [B, T, H, K], v [B, T, HV, V] with HV a multiple of H
+    (grouped value heads), g [B, T, HV] log-decay, beta [B, T, HV], states [N, HV, K, V]
+    (`state_v_first=True`: [N, HV, V, K]). `cu_seqlens_cpu` and `chunk_indices` (fla's
+    precomputed companions of cu_seqlens) must agree with cu_seqlens and `chunk_size`."""
     op = "chunk_gated_delta_rule"
     _refuse_kwargs(op, kwargs)
     _refuse(
@@ -440,6 +568,8 @@ def chunk_gated_delta_rule(
         output_final_state,
         cu_seqlens,
         state_v_first=state_v_first,
+        cu_seqlens_cpu=cu_seqlens_cpu,
+        chunk_indices=chunk_indices,
         backend=backend,
         chunk_size=chunk_size,
     )
@@ -466,6 +596,7 @@ def chunk_simple_gla(
     g [B, T, H] data-dependent log-decay, or g_gamma [H] one log-decay per head (RetNet), or
     neither (no decay)."""
     _refuse_kwargs("chunk_simple_gla", kwargs)
+    _one_value_head_per_key_head("chunk_simple_gla", k, v)
     if g is not None and g_gamma is not None:
         raise ValueError("chunk_simple_gla: pass g [B, T, H] or g_gamma [H], not both")
     if g_gamma is not None:
@@ -486,6 +617,7 @@ def chunk_simple_gla(
         output_final_state,
         cu_seqlens,
         state_v_first=state_v_first,
+        cu_seqlens_cpu=cu_seqlens_cpu,
         backend=backend,
         chunk_size=chunk_size,
     )
@@ -508,6 +640,7 @@ def chunk_linear_attn(
     (scale q_t). With `normalize` (fla's default), o_t is divided by scale q_t . z_t + 1e-10,
     z_t the running sum of the keys (plus z_0); the state is then (S, z) with z [B, 1, H, K]
     (per sequence with cu_seqlens: [N, 1, H, K])."""
+    _one_value_head_per_key_head("chunk_linear_attn", k, v)
     kv_init, z_init = initial_state, None
     if normalize and isinstance(initial_state, tuple):
         kv_init, z_init = initial_state

@@ -8,10 +8,14 @@
 - Packed sequences equal each sequence run alone, with its own copies of the leaves: outputs,
   final states [N, ...], and the gradients of q, k, v, gates and the initial states.
 - A Python scalar gate equals the broadcast tensor.
+- fla 0.6's conventions: grouped value heads (HV = 3 H) and V-first states against fla's
+  reference run per value head on its key head; head_first, use_qk_l2norm_in_kernel's epsilon,
+  cu_seqlens_cpu and chunk_indices (built by fla's own prepare_chunk_indices) checked.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -111,13 +115,15 @@ def test_chunk_delta_rule_matches_fla(scale):
 
 
 def test_chunk_delta_rule_qk_l2norm_equals_normalized_inputs():
+    """use_qk_l2norm_in_kernel: q and k normalized as fla's kernel does (`fla_l2norm`)."""
     q, k, v, beta, h0 = [x.detach() for x in delta_inputs(3, gated=False)]
-    q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # unit rows in float64
+    q, k = 3 * q, 1e-3 * k  # norms 3 and 1e-3, where fla's epsilon shows
     o, s = ops.chunk_delta_rule(
-        3 * q, 2 * k, v, beta, initial_state=h0, output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
-    )  # fmt: skip
-    o_ref, s_ref = ops.chunk_delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True)
+        q, k, v, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    o_ref, s_ref = ops.chunk_delta_rule(
+        fla_l2norm(q), fla_l2norm(k), v, beta, initial_state=h0, output_final_state=True
+    )
     torch.testing.assert_close(o, o_ref, **EXACT)
     torch.testing.assert_close(s, s_ref, **EXACT)
 
@@ -470,5 +476,242 @@ def test_bad_attention_mask_raises_named_value_error(mask, words):
     layer = MirasLayer("specs/deltanet.yaml", 8, 2)
     with pytest.raises(ValueError) as err:
         layer(torch.randn(1, 3, 8), attention_mask=mask)
+    for word in words:
+        assert word in str(err.value)
+
+
+# fla 0.6's conventions: grouped value heads, V-first states, head_first, cu_seqlens' companions
+
+GROUP = 3  # HV = 3 H: value head j reads key head j // 3 (a tiled head order cannot pass)
+HEAD_FIRST_REMOVED = "head_first has been removed. Inputs must be in `[B, T, H, ...]` format."
+
+
+def grouped_inputs(seed, batch, n_states, *, gated=True):
+    """q, k [batch, T, H, K]; v [batch, T, HV, V]; beta, g [batch, T, HV]; h0 [N, HV, K, V]."""
+    gen = torch.Generator().manual_seed(seed)
+    hv = GROUP * H
+    q, k = unit_rows(gen, batch, T, H, K), unit_rows(gen, batch, T, H, K)
+    v = randn(gen, batch, T, hv, V)
+    beta = uniform(gen, (batch, T, hv), 0.1, 0.9)
+    g = f32_exact(uniform(gen, (batch, T, hv), 0.8, 1.0).log())
+    h0 = randn(gen, n_states, hv, K, V, scale=0.1)
+    leaves = [q, k, v, beta, g, h0] if gated else [q, k, v, beta, h0]
+    return [x.requires_grad_(True) for x in leaves]
+
+
+def key_head_of_each_value_head(x):
+    """[B, T, H, K] -> [B, T, HV, K]: value head j takes key head j // (HV // H), as fla's
+    kernels index it (`i_h // (HV // H)`)."""
+    return x[:, :, torch.arange(GROUP * H) // GROUP]
+
+
+def per_sequence(ref, spans, tensors, h0, **kwargs):
+    """fla's reference on each sequence alone (spans along T, one initial state each),
+    the outputs joined along T and the states along N."""
+    outs, states = [], []
+    for i, span in enumerate(spans):
+        o_i, s_i = ref(*(x[:, span] for x in tensors), initial_state=h0[i : i + 1], **kwargs)
+        outs.append(o_i)
+        states.append(s_i)
+    return torch.cat(outs, dim=1), torch.cat(states)
+
+
+@pytest.mark.parametrize("state_v_first", [False, True], ids=["kv_state", "vk_state"])
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "cu_seqlens"])
+def test_chunk_gated_delta_rule_grouped_value_heads_match_fla(packed, state_v_first):
+    """v with HV = 3 H heads, gates and states per value head, against fla's reference run
+    per value head on its key head: outputs, final states and every gradient."""
+    batch, spans = (1, [slice(a, b) for a, b in itertools.pairwise(CU)]) if packed else (B, None)
+    leaves = grouped_inputs(20, batch, len(CU) - 1 if packed else B)
+    q, k, v, beta, g, h0 = leaves
+    o, s = ops.chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0.transpose(-1, -2) if state_v_first else h0,
+        output_final_state=True, state_v_first=state_v_first,
+        cu_seqlens=torch.tensor(CU) if packed else None, chunk_size=CHUNK,
+    )  # fmt: skip
+    assert o.shape == (batch, T, GROUP * H, V)
+    s_kv = s.transpose(-1, -2) if state_v_first else s
+    ref = fla_naive("gated_delta_rule", "naive_recurrent_gated_delta_rule")
+    qg, kg = key_head_of_each_value_head(q), key_head_of_each_value_head(k)
+    if packed:
+        o_ref, s_ref = per_sequence(ref, spans, [qg, kg, v, beta, g], h0, output_final_state=True)
+    else:
+        o_ref, s_ref = ref(qg, kg, v, beta, g, initial_state=h0, output_final_state=True)
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    assert_rel_rms(s_kv, s_ref, FLA_TOL, "final state")
+    assert_all_close_rms(
+        grads_of([o, s_kv], leaves),
+        grads_of([o_ref.double(), s_ref.double()], leaves),
+        ["dq", "dk", "dv", "dbeta", "dg", "dh0"],
+    )
+
+
+def test_chunk_simple_gla_v_first_packed_states_match_fla():
+    """state_v_first with cu_seqlens: [N, H, V, K] states in and out, each the transpose of
+    fla's reference state on that sequence alone."""
+    gen = torch.Generator().manual_seed(21)
+    q, k = randn(gen, 1, T, H, K, scale=0.5), randn(gen, 1, T, H, K, scale=0.5)
+    v = randn(gen, 1, T, H, V)
+    g = f32_exact(uniform(gen, (1, T, H), 0.8, 1.0).log())
+    h0 = randn(gen, len(CU) - 1, H, K, V, scale=0.1)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, g, h0)]
+    o, s = ops.chunk_simple_gla(
+        q, k, v, g, initial_state=h0.transpose(-1, -2), output_final_state=True,
+        state_v_first=True, cu_seqlens=torch.tensor(CU), chunk_size=CHUNK,
+    )  # fmt: skip
+    assert s.shape == (len(CU) - 1, H, V, K)
+    spans = [slice(a, b) for a, b in itertools.pairwise(CU)]
+    ref = fla_naive("simple_gla", "naive_recurrent_simple_gla")
+    o_ref, s_ref = per_sequence(ref, spans, [q, k, v, g], h0, output_final_state=True)
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    assert_rel_rms(s.transpose(-1, -2), s_ref, FLA_TOL, "final state")
+    assert_all_close_rms(
+        grads_of([o, s.transpose(-1, -2)], leaves),
+        grads_of([o_ref.double(), s_ref.double()], leaves),
+        ["dq", "dk", "dv", "dg", "dh0"],
+    )
+
+
+def fla_l2norm(x):
+    """fla's l2norm kernel: x / sqrt(sum(x^2) + 1e-6) over the last axis."""
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def test_chunk_gated_delta_rule_qk_l2norm_in_kernel_matches_fla():
+    """use_qk_l2norm_in_kernel with fla's epsilon inside the root: rows of norm 1e-3 come out
+    of norm 0.71, not 1 (an L2 normalization without fla's epsilon)."""
+    q, k, v, beta, g, h0 = [x.detach() for x in grouped_inputs(22, B, B)]
+    q, k = (f32_exact(1e-3 * x).requires_grad_(True) for x in (q, k))
+    leaves = [q, k, v.requires_grad_(True), h0.requires_grad_(True)]
+    o, s = ops.chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True,
+        use_qk_l2norm_in_kernel=True, chunk_size=CHUNK,
+    )  # fmt: skip
+    ref = fla_naive("gated_delta_rule", "naive_recurrent_gated_delta_rule")
+    qn, kn = (key_head_of_each_value_head(fla_l2norm(x)) for x in (q, k))
+    o_ref, s_ref = ref(qn, kn, v, beta, g, initial_state=h0, output_final_state=True)
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    assert_rel_rms(s, s_ref, FLA_TOL, "final state")
+    assert_all_close_rms(
+        grads_of([o, s], leaves),
+        grads_of([o_ref.double(), s_ref.double()], leaves),
+        ["dq", "dk", "dv", "dh0"],
+    )
+
+
+ALIAS_CALLS = {
+    # name: a call of the alias on delta_inputs' (q, k, v, beta, g), extra keyword arguments
+    "chunk_delta_rule": lambda a, **kw: ops.chunk_delta_rule(*a[:4], **kw),
+    "chunk_gated_delta_rule": lambda a, **kw: ops.chunk_gated_delta_rule(*a[:3], a[4], a[3], **kw),
+    "chunk_simple_gla": lambda a, **kw: ops.chunk_simple_gla(*a[:3], a[4], **kw),
+}
+
+
+@pytest.mark.parametrize("alias", sorted(ALIAS_CALLS))
+def test_head_first_is_refused_with_fla_wording(alias):
+    args = [x.detach() for x in delta_inputs(23, gated=True)][:5]
+    with pytest.raises(ValueError) as err:
+        ALIAS_CALLS[alias](args, head_first=True)
+    assert alias in str(err.value) and HEAD_FIRST_REMOVED in str(err.value)
+    # head_first=False names the layout taken anyway: the same call.
+    o, _ = ALIAS_CALLS[alias](args, head_first=False, chunk_size=CHUNK)
+    o_ref, _ = ALIAS_CALLS[alias](args, chunk_size=CHUNK)
+    torch.testing.assert_close(o, o_ref, **EXACT)
+
+
+@pytest.mark.parametrize("alias", sorted(ALIAS_CALLS))
+def test_cu_seqlens_companions_that_agree_change_nothing(alias):
+    """cu_seqlens_cpu (and chunk_indices where fla's op takes it) built by fla's own
+    prepare_chunk_indices are accepted, with the same result as cu_seqlens alone."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fla warns at import that Triton has no GPU here
+        from fla.ops.utils.index import prepare_chunk_indices
+
+    gen = torch.Generator().manual_seed(24)
+    q, k = unit_rows(gen, 1, T, H, K), unit_rows(gen, 1, T, H, K)
+    v = randn(gen, 1, T, H, V)
+    beta = uniform(gen, (1, T, H), 0.1, 0.9)
+    g = f32_exact(uniform(gen, (1, T, H), 0.8, 1.0).log())
+    cu = torch.tensor(CU)
+    extra = dict(cu_seqlens_cpu=cu.clone())
+    if alias == "chunk_gated_delta_rule":
+        extra["chunk_indices"] = prepare_chunk_indices(cu, CHUNK)
+    call = ALIAS_CALLS[alias]
+    o, s = call(
+        [q, k, v, beta, g], cu_seqlens=cu, output_final_state=True, chunk_size=CHUNK, **extra
+    )
+    o_ref, s_ref = call(
+        [q, k, v, beta, g], cu_seqlens=cu, output_final_state=True, chunk_size=CHUNK
+    )
+    torch.testing.assert_close(o, o_ref, **EXACT)
+    torch.testing.assert_close(s, s_ref, **EXACT)
+
+
+def packed_gdn_args():
+    gen = torch.Generator().manual_seed(25)
+    q, k = unit_rows(gen, 1, T, H, K), unit_rows(gen, 1, T, H, K)
+    v = randn(gen, 1, T, H, V)
+    beta = uniform(gen, (1, T, H), 0.1, 0.9)
+    g = f32_exact(uniform(gen, (1, T, H), 0.8, 1.0).log())
+    return q, k, v, g, beta
+
+
+def fla_chunk_indices(size):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fla.ops.utils.index import prepare_chunk_indices
+    return prepare_chunk_indices(torch.tensor(CU), size)
+
+
+def wrong_row(indices):
+    indices = indices.clone()
+    indices[2, 1] += 1
+    return indices
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (dict(cu_seqlens_cpu=torch.tensor([0, 3, 12, 20])), ["cu_seqlens_cpu", "[0, 3, 11, 20]"]),
+        (dict(cu_seqlens_cpu=torch.tensor(CU, device="meta")), ["cu_seqlens_cpu", "CPU"]),
+        (dict(cu_seqlens_cpu=CU), ["cu_seqlens_cpu", "list"]),
+        (dict(chunk_indices=fla_chunk_indices(64)), ["chunk_indices", "chunk_size=8", "[4, 2]"]),
+        (dict(chunk_indices=wrong_row(fla_chunk_indices(8))), ["chunk_indices", "row 2"]),
+        (dict(chunk_indices=fla_chunk_indices(8).float()), ["chunk_indices", "float32"]),
+        (dict(cu_seqlens=None, cu_seqlens_cpu=torch.tensor(CU)), ["cu_seqlens_cpu", "without"]),
+        (dict(cu_seqlens=None, chunk_indices=fla_chunk_indices(8)), ["chunk_indices", "without"]),
+    ],
+    ids=[
+        "cpu_copy_differs", "cpu_copy_not_on_cpu", "cpu_copy_not_a_tensor", "indices_other_chunk",
+        "indices_wrong_row", "indices_float", "cpu_copy_alone", "indices_alone",
+    ],
+)  # fmt: skip
+def test_cu_seqlens_companions_that_disagree_raise_named_value_errors(extra, words):
+    options = dict(cu_seqlens=torch.tensor(CU), chunk_size=CHUNK) | extra
+    with pytest.raises(ValueError) as err:
+        ops.chunk_gated_delta_rule(*packed_gdn_args(), **options)
+    for word in words:
+        assert word in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda q, k, v: ops.chunk_gated_delta_rule(q, k, v[:, :, :3], 0.0, 0.5), ["HV=3", "H=2"]),
+        (lambda q, k, v: ops.chunk_gated_delta_rule(q, k[:, :, :1], v, 0.0, 0.5), ["q and k"]),
+        (lambda q, k, v: ops.chunk_delta_rule(q, k, v, 0.5), ["chunk_delta_rule", "HV=6"]),
+        (lambda q, k, v: ops.chunk_simple_gla(q, k, v), ["chunk_simple_gla", "HV=6"]),
+        (lambda q, k, v: ops.chunk_linear_attn(q, k, v), ["chunk_linear_attn", "HV=6"]),
+    ],
+    ids=["hv_not_a_multiple", "q_k_heads_differ", "delta_rule", "simple_gla", "linear_attn"],
+)
+def test_bad_value_heads_raise_named_value_errors(call, words):
+    q, k, v = [x.detach() for x in grouped_inputs(26, B, B)][:3]
+    with pytest.raises(ValueError) as err:
+        call(q, k, v)
     for word in words:
         assert word in str(err.value)
