@@ -23,6 +23,7 @@ from miras.components.optimizer.gd import GD
 from miras.components.optimizer.momentum import Momentum
 from miras.components.optimizer.muon import Muon
 from miras.components.optimizer.nesterov import Nesterov
+from miras.components.optimizer.proximal import Proximal
 from miras.components.retention.bregman import BregmanRetention
 from miras.components.retention.elastic_net import ElasticNetRetention
 from miras.components.retention.f_divergence import FDivergenceRetention
@@ -53,6 +54,7 @@ OPTIMIZERS: dict[str, type[Optimizer]] = {
     "momentum": Momentum,
     "muon": Muon,
     "nesterov": Nesterov,
+    "proximal": Proximal,
 }
 FEATURE_MAPS: dict[str, type[FeatureMap]] = {
     "identity": IdentityMap,

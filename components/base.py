@@ -161,6 +161,12 @@ class Component(BaseModel):
         """The spec's parameters of this component, without `kind`."""
         return {k: v for k, v in self.model_dump().items() if k != "kind"}
 
+    def spec_problems(self, spec: Any) -> list[Any]:
+        """What this component refuses in the rest of `spec` (a `miras.spec.Spec`): one
+        `miras.errors.Problem` per combination it cannot run, naming the field; none by
+        default. Checked with the spec's compatibility rules (`miras.spec`)."""
+        return []
+
     def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
         """Elementwise functions of x the compiler emits into the rule's module for this
         component: (name, a formula in `miras.symbols` x, docstring). None by default; an
@@ -186,6 +192,21 @@ class Bias(Component):
         """A hand-written torch L, summed over the last (value) axis: `[..., Dv] -> [...]`.
         An independent oracle for the derived gradient."""
         raise NotImplementedError
+
+    def constant_slope(self) -> tuple[float | None, str]:
+        """(s, "") when d2L/dy_j^2 = s is one number for every y, v and channel (a quadratic
+        bias: l2 gives 1, dot 0), else (None, why not). The default derives it (sympy: the
+        compiler's affine analysis); a bias that knows its slope says so without sympy."""
+        from miras.compiler.affine import bias_slope
+        from miras.compiler.bias_derive import derive_bias
+        from miras.spec import Spec
+
+        slope, why = bias_slope(Spec(name="bias", bias=self), derive_bias(self))
+        if slope is None:
+            return None, why
+        if not slope.is_number:
+            return None, f"d2L/dy^2 of {self.label()} is {slope}, not one number"
+        return float(slope), ""
 
 
 class Retention(Component):
@@ -274,6 +295,15 @@ class Optimizer(Component):
     # "step": u_t = lr_t g_t; "momentum": u_t = s_t = theta_t s_{t-1} + lr_t g_t; None: not one
     # of these (the linear chunk path and the exact chunk form do not apply).
     linear_form: ClassVar[Literal["step", "momentum"] | None] = None
+    # True for an implicit step (proximal): the runtime replaces the gate lr_t by
+    # `step_size(lr_t, curvature_t)` before any form runs, and `update` then takes that step.
+    implicit: ClassVar[bool] = False
+
+    def step_size(self, lr: Any, curvature: Any) -> Any:
+        """The step size `update` takes at a token whose loss has second derivative
+        `curvature` along the gradient (s ||phi(k_t)||^2 on a matrix memory, s = d2L/dy^2):
+        lr itself for an explicit step. `lr`, `curvature`: [B, H, T, X] and [B, H, T, 1]."""
+        return lr
 
     def update(self, grad: Any, state: Any, **gates: Any) -> tuple[Any, Any]:
         """(u_t, s_t) from g_t and s_{t-1} (None when not `stateful`). `grad`, `state`:

@@ -10,6 +10,8 @@ state with an oracle of the whole step that never calls a derived gradient or st
     g_t = autograd of sum_{i = max(0, t-c+1)..t} gamma_i L(M_{W_e}(phi(k_i)), v_i)
           with L the printed `bias_loss` and M the memory's forward
     u_t = the optimizer component's update of g_t (gd, momentum, Muon)
+          (proximal: W_e minus the argmin of l(W; k_t, v_t) + ||W - W_e||^2 / (2 lr_t), found
+          by Newton's method on its autograd gradient and Hessian, never its closed form)
     W_t = argmin_W of the printed Learning-Retaining objective, found numerically: bisection on
           its autograd slope per entry (F convex: the slope is monotone), L-BFGS over each
           row's logits for kl; lq's read A / ||A||_q^(q-2) written out
@@ -260,6 +262,43 @@ def _retention_objective(rule: MemoryRule) -> ModuleType:
     return load_module(module_source(f"retention {retention.kind}: objective", sources))
 
 
+def proximal_update(rule: MemoryRule, weights, x, v, bias_args, lr) -> dict[str, torch.Tensor]:
+    """u = W_e - argmin_W [L(M_W(x), v) + ||W - W_e||^2 / (2 lr)] for each parameter, the
+    argmin found numerically, never by the closed form: Newton's method on the objective's
+    autograd gradient and full autograd Hessian (all entries of every parameter at once, a
+    torch.linalg.solve), from W_e until a step is below float64 precision, on the printed
+    `bias_loss` and the memory's forward. (L-BFGS, which compares objective values, stops near
+    sqrt(eps) ~ 1e-8 of the minimizer; the check's tolerance is 1e-9.) weights [B, H, out, in]
+    (W_e); x [B, H, Dphi]; v [B, H, Dv]; lr [B, H, X, 1] (per head or per row) or a number > 0."""
+    forward, loss_of = rule.runtime.memory.forward, rule.functions.bias_loss
+    start = {n: w.detach() for n, w in weights.items()}
+    names, shapes = list(start), [w.shape for w in start.values()]
+    sizes = [w.numel() for w in start.values()]
+
+    def objective(flat: torch.Tensor) -> torch.Tensor:
+        parts = torch.split(flat, sizes)
+        pieces = zip(names, parts, shapes, strict=True)
+        point = {n: part.reshape(shape) for n, part, shape in pieces}
+        total = loss_of(forward(point, x), v, *bias_args).sum()
+        for n, w in point.items():
+            total = total + ((w - start[n]) ** 2 / (2 * lr)).sum()
+        return total
+
+    flat = torch.cat([w.flatten() for w in start.values()])
+    with torch.enable_grad():
+        for _ in range(20):
+            point = flat.detach().requires_grad_()
+            (gradient,) = torch.autograd.grad(objective(point), point)
+            hessian = torch.autograd.functional.hessian(objective, point.detach())
+            step = torch.linalg.solve(hessian, gradient)
+            flat = flat - step
+            if float(step.abs().max()) <= 4 * EPS * float(flat.abs().max().clamp_min(1)):
+                break
+    parts = torch.split(flat.detach(), sizes)
+    pieces = zip(names, parts, shapes, strict=True)
+    return {n: start[n] - part.reshape(shape) for n, part, shape in pieces}
+
+
 def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
     """The whole rule, token by token, in float64, from the default initial state.
 
@@ -301,10 +340,15 @@ def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
             for n, g in zip(names, grads, strict=True)
         }
         _record(trace, t, "bias gradient", grads)
-        # u_t: the optimizer component's own update.
+        # u_t: the optimizer component's own update; for an implicit step (proximal), W_e
+        # minus the numerical argmin of its objective.
         values = {name: _param_gate(_gate_at(opt, name, gates_, t)) for name in opt.gateable}
         updates = {}
-        for n, g in grads.items():
+        if rule.plan.implicit_step is not None:
+            bias_args = [gates_[n][:, :, t] for n in spec.bias.gates()]
+            lr = values[rule.plan.implicit_step.gate]
+            updates = proximal_update(rule, weights, phi_k[:, :, t], v_[:, :, t], bias_args, lr)
+        for n, g in grads.items() if not updates else ():
             updates[n], s = opt.update(g, state.get(f"S.{n}"), **values)
             if opt.stateful:
                 state[f"S.{n}"] = s
@@ -460,7 +504,9 @@ def check_end_to_end(
     # Outputs and final state, from the spec's default initial state.
     what = (
         "end-to-end {} (chunk size {}) vs the autograd oracle: "
-        f"T={sizes.length}, c={rule.spec.window.c}" + (", per-channel gates" if per_channel else "")
+        f"T={sizes.length}, c={rule.spec.window.c}"
+        + (", per-channel gates" if per_channel else "")
+        + (", the proximal step by Newton's argmin" if rule.plan.implicit_step else "")
     )
     results = []
     if not rule.spec.memory.parametric:

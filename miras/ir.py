@@ -72,11 +72,29 @@ class ChunkForm:
 
 
 @dataclass(frozen=True)
+class ImplicitStep:
+    """An implicit optimizer step (proximal) in closed form: every form runs the explicit
+    step with the gate `gate` replaced, per token, by the optimizer's `step_size(lr_t, c_t)`,
+    c_t = slope ||phi(k_t)||^2 (the loss's curvature along its gradient on a matrix memory;
+    `slope` = d2L/dy^2 of the bias, a constant)."""
+
+    gate: str
+    slope: float
+
+    def text(self) -> str:
+        return (
+            f"implicit step: {self.gate}_t -> {self.gate}_t / (1 + {self.gate}_t * {self.slope:g} "
+            "* ||phi(k_t)||^2) before the form runs (the proximal step's closed form)"
+        )
+
+
+@dataclass(frozen=True)
 class Plan:
     state: tuple[str, ...]  # named state tensors and their shapes, symbolically
     gates: tuple[GateInfo, ...]
     schedule: str
     chunk_form: ChunkForm | None = None  # set by the compiler's chunk_form pass
+    implicit_step: ImplicitStep | None = None  # an implicit optimizer's step size map
 
     def text(self) -> str:
         lines = ["state:", *(f"  {s}" for s in self.state), "gates:"]
@@ -84,6 +102,8 @@ class Plan:
         lines += ["schedule:", f"  {self.schedule}"]
         if self.chunk_form is not None:
             lines.append(f"  {self.chunk_form.text()}")
+        if self.implicit_step is not None:
+            lines.append(f"  {self.implicit_step.text()}")
         return "\n".join(lines)
 
 
@@ -162,4 +182,13 @@ class CompiledRule:
     checks: list[CheckResult] = field(default_factory=list)
 
 
-__all__ = ["BiasRule", "ChunkForm", "CompiledRule", "GateInfo", "Plan", "RetentionRule", "Step"]
+__all__ = [
+    "BiasRule",
+    "ChunkForm",
+    "CompiledRule",
+    "GateInfo",
+    "ImplicitStep",
+    "Plan",
+    "RetentionRule",
+    "Step",
+]

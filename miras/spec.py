@@ -331,12 +331,19 @@ def residual_needs_equal_widths(spec: Spec) -> list[Problem]:
     ]
 
 
+def components_accept_the_spec(spec: Spec) -> list[Problem]:
+    """Each component's own refusals of the rest of the spec (`Component.spec_problems`): a
+    combination only that component knows it cannot run."""
+    return [p for comp in spec.components().values() for p in comp.spec_problems(spec)]
+
+
 COMPATIBILITY_RULES: list[Callable[[Spec], list[Problem]]] = [
     nonparametric_is_attention,
     positive_state_needs_positive_init,
     parameter_names_are_unique,
     feature_map_within_budget,
     residual_needs_equal_widths,
+    components_accept_the_spec,
 ]
 
 

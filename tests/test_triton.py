@@ -329,6 +329,7 @@ MATRIX_SPECS = [
     "specs/retnet.yaml",
     "specs/deltanet.yaml",
     "specs/gated_deltanet.yaml",
+    "specs/longhorn.yaml",
     "specs/omeganet.yaml",
     "specs/swla.yaml",
     "specs/examples/cauchy_memory.yaml",

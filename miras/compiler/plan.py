@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from miras.components.base import POSITIVE
-from miras.ir import GateInfo, Plan
+from miras.ir import GateInfo, ImplicitStep, Plan
 from miras.spec import Spec
 
 
@@ -46,4 +46,13 @@ def make_plan(spec: Spec) -> Plan:
         schedule = "closed form: causal softmax attention (no inner optimization)"
     else:
         schedule = "chunked: chunks of b tokens (chunk_size); b = 1 is the exact recurrence"
-    return Plan(tuple(state), tuple(gates), schedule)
+    return Plan(tuple(state), tuple(gates), schedule, implicit_step=_implicit_step(spec))
+
+
+def _implicit_step(spec: Spec) -> ImplicitStep | None:
+    """The implicit optimizer's step size map, with the bias's constant d2L/dy^2 (validation
+    has refused a spec without one)."""
+    if not spec.memory.parametric or not spec.optimizer.implicit:
+        return None
+    slope, _ = spec.bias.constant_slope()
+    return ImplicitStep("lr", slope)

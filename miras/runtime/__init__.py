@@ -18,7 +18,7 @@ import torch
 
 from miras.components.base import Range
 from miras.ir import GateInfo
-from miras.runtime import attention, chunk, dual, exact_chunk, exact_triton, recurrent
+from miras.runtime import attention, chunk, dual, exact_chunk, exact_triton, implicit, recurrent
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import (
     check_backend,
@@ -170,6 +170,8 @@ def run(
     if initial_state is not None:
         _check_window(state, {info.name: info for info in rule.plan.gates})
     seq = _tokens(rt, phi_q, phi_k, v_, gates_, state, pads)
+    if rule.plan.implicit_step is not None:  # the proximal step: gd with eta_t for lr_t
+        rt, seq = implicit.prepare(rt, seq, rule.plan.implicit_step)
 
     if backend == "recurrent":
         o, final = recurrent.forward(rt, seq, state)

@@ -5,8 +5,9 @@ builds for a covered spec.
     source = kernel_source(spec)        # the module text (what `miras kernel SPEC` prints)
     module = load_kernels(rule.ir)      # written under the cache by content hash, imported
 
-Covered: matrix memory, every bias and retention the printer can emit, gd or momentum, any
-window and feature map (applied in torch before the kernels). Not covered, with the reason
+Covered: matrix memory, every bias and retention the printer can emit, gd or momentum (and
+the proximal step, as gd with its step size computed in torch), any window and feature map
+(applied in torch before the kernels). Not covered, with the reason
 named: mlp and gated-mlp memories, Muon, a Bregman retention solved by Newton steps, gate
 names the kernels reserve, and any expression the printer cannot emit. The printing itself is
 the compiler's (`miras.compiler.triton.emit_source`); the backend says what to print.
@@ -30,7 +31,10 @@ def gate_plan(spec: Spec) -> Gates:
     bias = tuple(spec.bias.gates())
     retention = tuple(spec.retention.gates())
     fixed: dict[str, float] = {}
-    scalars = {"gamma": spec.window.gamma, "lr": spec.optimizer.lr}
+    # An implicit step's lr_t reaches the kernels as its step size eta_t, per token (computed
+    # in torch before any form runs: `miras.runtime.implicit`), so it is a gate even when fixed.
+    lr = "gate" if spec.optimizer.implicit else spec.optimizer.lr
+    scalars = {"gamma": spec.window.gamma, "lr": lr}
     if spec.optimizer.linear_form == "momentum":
         scalars["momentum"] = spec.optimizer.momentum
     if hasattr(spec.retention, "decay"):
