@@ -28,6 +28,7 @@ def general_forward(
     o, w_out, s_out, w_chunks, s_chunks, g_scratch,
     T, CS, NC, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """q [BH, T, DK]; k [BH, PAST+T, DK]; v [BH, PAST+T, DV]; valid [BH, PAST+T]; w0, s0
     [BH, DV, DK]. Writes o [BH, T, DV], the final state, and the state at each chunk start."""
@@ -105,6 +106,7 @@ def general_backward(
     g_scratch, dg_scratch, w_scratch, s_scratch,
     T, CS, NC, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Gradients of o and the final state with respect to q, k, v, every gate and the
     initial state. Gate gradients are written per channel [BH, rows, DV]; the caller sums

@@ -1,7 +1,8 @@
 """The linear chunk template: matrix memory, retention none or l2 with a per-head decay, gd.
 
 The step W_t = a_t W_{t-1} - lr_t g_t unrolls inside a chunk (docs/chunking.md, the fast path):
-with cs_t = sum_{j<=t} log a_j, L[t, s] = exp(cs_t - cs_s) (s <= t), D_t = exp(cs_t),
+with L[t, s] = prod_{s<j<=t} a_j = exp(sum_{s<j<=t} log a_j) (s <= t), D_t = prod_{j<=t} a_j
+(`miras.kernels.common.intra`: segment sums of log a, never differences of cumulative sums),
 
     o   = D (Q W_S^T) - sum_j (L * Q X_j^T) Ghat_j
     W_e = D_last W_S  - sum_j (k_last Ghat_j)^T X_j,      k_last[s] = L[last, s]
@@ -11,7 +12,8 @@ bias_grad(Y_j - V_j, V_j), Y_j = X_j W_S^T (times D for grad_at: retained). Ever
 matmul; the only spec-specific code is the printed bias gradient and its VJP.
 
 The backward runs the chunks in reverse from their stored start states and differentiates the
-same expressions; decay gradients flow through cs (log space) and a reversed cumulative sum.
+same expressions; the decay's gradient is d log a_j, summed over the factors that hold a_j
+(`log_decay_vjp`), divided by a_j.
 """
 
 FORWARD = '''
@@ -22,6 +24,7 @@ def linear_forward(
     o, w_out, w_chunks,
     T, CS, NC, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """q [BH, T, DK]; k [BH, PAST+T, DK]; v [BH, PAST+T, DV]; valid [BH, PAST+T]; w0
     [BH, DV, DK]. Writes o [BH, T, DV], the final state and the state at each chunk start.
@@ -52,8 +55,8 @@ def linear_forward(
         cs = tl.cumsum(log_a, axis=0)
         cs_last = tl.sum(log_a, axis=0)
         decay = tl.exp(cs)
-        mix = decay_matrix(cs, rows)
-        k_last = tl.exp(cs_last - cs)
+        mix = decay_matrix(log_a, rows)  # exp of segment sums, not of cs_t - cs_s
+        k_last = decay_to_end(log_a, rows)
         qb = load_rows(q + pid * T * DK, tok, mt, ck, mk, DK, 1, 0.0, ACC)
         ob = decay[:, None] * tl.dot(qb, tl.trans(w), input_precision=DOT_PRECISION, out_dtype=ACC)
         w_new = tl.exp(cs_last) * w
@@ -86,6 +89,7 @@ def linear_backward(
     dq, dk, dv, dw0,
     T, CS, NC, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Gradients of o and the final state with respect to q, k, v, every gate and the
     initial state. dq [NVB, BH, T, DK] and dk [NVB, BH, PAST+T, DK] hold one part per channel
@@ -124,8 +128,8 @@ def linear_backward(
         cs = tl.cumsum(log_a, axis=0)
         cs_last = tl.sum(log_a, axis=0)
         decay = tl.exp(cs)
-        mix = decay_matrix(cs, rows)
-        k_last = tl.exp(cs_last - cs)
+        mix = decay_matrix(log_a, rows)
+        k_last = decay_to_end(log_a, rows)
         qb = load_rows(q + pid * T * DK, tok, mt, ck, mk, DK, 1, 0.0, ACC)
         dob = load_rows(do + pid * T * DV, tok, mt, cv, mv, DV, 1, 0.0, ACC)
         # o = D (Q W^T) - ...; W_e = D_last W - ...
@@ -180,14 +184,10 @@ def linear_backward(
         store_rows(dq + part * T * DK, tok, mt, ck, mk, DK, dqb)
         $store_lr_grad
         if DECAY:
-            # mix[t, s] = exp(cs_t - cs_s), k_last[s] = exp(cs_last - cs_s), D_t = exp(cs_t);
-            # cs_t = sum_{j<=t} log a_j and cs_last = sum_j log a_j.
-            pm = d_mix * mix
-            d_cs += tl.sum(pm, axis=1) - tl.sum(pm, axis=0)
-            pk = d_k_last * k_last
-            d_last += tl.sum(pk, axis=0)
-            d_cs -= pk
-            d_a = (reverse_cumsum(d_cs) + d_last) / a
+            # mix[t, s] = prod_{s<j<=t} a_j, k_last[s] = prod_{j>s} a_j, D_t = prod_{j<=t} a_j
+            # (d_cs: dD * D) and prod_j a_j (d_last); each sum over the factors holding a_j.
+            d_log_a = log_decay_vjp(d_mix * mix, d_k_last * k_last, d_cs, d_last, rows)
+            d_a = d_log_a / a
             $store_decay_grad
         dw = tl.where(m2, dw_s, 0.0)
         tl.debug_barrier()

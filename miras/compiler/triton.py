@@ -12,6 +12,8 @@ grad_at, decay), the spec's elementwise pieces printed by the strict `TritonPrin
 and read around the step; every derivative taken by sympy), then the chunk templates of
 `miras.kernels.templates` with the spec's gates filled in: `general_forward/backward` always,
 `linear_forward/backward` when the retention is none or l2 and the optimizer gd.
+Every `tl.dot` of the templates states `input_precision=DOT_PRECISION`, a constexpr argument
+of each kernel that the launcher passes (the backend's precision choice, docs/kernels.md).
 
 An expression the printer cannot emit raises `UnsupportedExpression`; it never emits half a
 kernel. Feature maps are applied before the kernels (in torch, differentiable), so every
@@ -379,7 +381,7 @@ def _fill(template: str, slots: Slots) -> str:
 IMPORTS = """import triton
 import triton.language as tl
 
-from miras.kernels.common.intra import decay_matrix, reverse_cumsum
+from miras.kernels.common.intra import decay_matrix, decay_to_end, log_decay_vjp
 from miras.kernels.common.io import add_row, add_rows, load_rows, store_rows, zero_block
 from miras.kernels.common.math import (
     acosh, asinh, atanh, cosh, expm1, hypot, log1p, logaddexp, sign, sinh, soft_threshold,
@@ -413,7 +415,6 @@ def emit_source(
         f"MOMENTUM = tl.constexpr({spec.optimizer.linear_form == 'momentum'})",
         f"RETAINED = tl.constexpr({retained})  # grad_at: retained",
         f"DECAY = tl.constexpr({has_decay})  # an l2 decay (the linear template)",
-        'DOT_PRECISION = tl.constexpr("ieee")  # float32 products, no TF32',
         f"PAD = tl.constexpr({PAD[spec.retention.domain()]})  # padded state entries: in the domain",
     ]
     pieces = _bias_pieces(bias, spec) + _retention_pieces(retention, spec)

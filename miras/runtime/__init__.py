@@ -6,6 +6,8 @@ q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates name -> [B, T, H] or [B, T, H, Dv], n
 or a Python float (a constant gate). The state is float32 (float64 when the inputs are); the
 output has the inputs' dtype. `cu_seqlens` [N + 1] packs N sequences along T (B = 1): the state
 restarts at each boundary, the initial and final states are per sequence, [N, ...].
+`triton_precision` ("ieee", "tf32", "tf32x3"; default MIRAS_TRITON_PRECISION, else "ieee") is
+the triton backend's tl.dot input precision on float32 tiles.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from miras.runtime.inputs import (
     check_finite,
     check_gates,
     check_qkv,
+    check_triton_precision,
     inside_range,
 )
 
@@ -104,12 +107,17 @@ def run(
     params: dict[str, torch.Tensor] | None = None,
     cu_seqlens: torch.Tensor | None = None,
     check_inputs: bool = True,
+    triton_precision: str | None = None,
 ):
     shapes = check_qkv(q, k, v)
     if check_inputs:
         check_finite(q, k, v)
     backend = check_backend(backend)
     chunk_size = check_chunk_size(chunk_size)
+    # tl.dot's input precision on float32 tiles: the argument, else MIRAS_TRITON_PRECISION
+    # (read only on the triton backend), else "ieee" (docs/kernels.md, "Precision").
+    if triton_precision is not None or backend == "triton":
+        triton_precision = check_triton_precision(triton_precision)
     if cu_seqlens is not None:
         # Checked whole above: token numbers count from the start of the packed sequence.
         options = dict(
@@ -118,6 +126,7 @@ def run(
             chunk_mode=chunk_mode,
             params=params,
             check_inputs=False,
+            triton_precision=triton_precision,
         )
         return _run_packed(
             rule, q, k, v, gates, cu_seqlens, shapes, initial_state, output_final_state, options
@@ -182,11 +191,11 @@ def run(
     elif backend == "chunk":
         o, final = chunk.forward(rt, seq, state, chunk_size)
     elif mode == "exact" and exact_triton.applies(form, chunk_size):
-        o, final = exact_triton.forward(rt, seq, state, chunk_size, form)
+        o, final = exact_triton.forward(rt, seq, state, chunk_size, form, triton_precision)
     else:
         from miras.runtime import triton_backend  # imports triton only when asked for
 
-        o, final = triton_backend.forward(rule, seq, state, chunk_size)
+        o, final = triton_backend.forward(rule, seq, state, chunk_size, triton_precision)
     if seq.past:  # carry the window's last c - 1 tokens
         final["window.k"] = seq.phi_k[:, :, -seq.past :]
         final["window.v"] = seq.v[:, :, -seq.past :]

@@ -17,7 +17,14 @@ import torch
 from miras.ir import ChunkForm
 from miras.runtime import exact_chunk
 from miras.runtime.core import Runtime, State, Tokens
-from miras.runtime.triton_backend import _check_written, _poisoned, _pow2, check_available
+from miras.runtime.triton_backend import (
+    _acc,
+    _check_written,
+    _poisoned,
+    _pow2,
+    check_available,
+    dot_precision,
+)
 
 # Value channels per program. Per head the state tile is [BV, BK]; per channel each program
 # also holds its channels' systems, [BV, BR, BR], so fewer channels per program.
@@ -42,6 +49,7 @@ class ScanLaunch:
     momentum: bool
     per_channel: bool  # F, G: [Dv, R, R] systems per chunk
     widths: tuple[int, ...]  # GATES': 1 (per head) or Dv
+    precision: str = "ieee"  # tl.dot's input precision on float32 tiles (inputs.TRITON_PRECISIONS)
 
     @property
     def block_v(self) -> int:
@@ -59,8 +67,7 @@ class ScanLaunch:
         return out
 
     def meta(self, like: torch.Tensor) -> dict:
-        import triton.language as tl
-
+        acc = _acc(like)
         return dict(
             HAS_F=self.has_f,
             MOMENTUM=self.momentum,
@@ -68,8 +75,8 @@ class ScanLaunch:
             BR=_pow2(self.rows),
             BK=_pow2(self.d_k),
             BV=self.block_v,
-            ACC=tl.float64 if like.dtype == torch.float64 else tl.float32,
-            DOT_PRECISION="ieee",  # float32 products, no TF32
+            ACC=acc,
+            DOT_PRECISION=dot_precision(self.precision, acc),
             num_stages=1,  # the chunk loop carries the state: no prefetch buffers
         )
 
@@ -173,9 +180,13 @@ class ExactScan(torch.autograd.Function):
         return None, *(grads.get(name) for name in INPUTS)
 
 
-def scan(base, keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end, w0, s0):
-    """`exact_chunk.scan_chunks` on the Triton kernels: the same arguments and results. Per
-    batch and head (R = n*c rows, X = 1 or Dv):
+def scan(
+    base, keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end, w0, s0,
+    precision="ieee",
+):  # fmt: skip
+    """`exact_chunk.scan_chunks` on the Triton kernels: the same arguments and results, and
+    `precision`, tl.dot's input precision on float32 tiles. Per batch and head (R = n*c rows,
+    X = 1 or Dv):
 
         r_i     = base_i + F_i W_i^T - G_i S_i^T
         W_{i+1} = d_i * W_i - (r_i * lw_i)^T K_i - ce_i * S_i
@@ -201,7 +212,9 @@ def scan(base, keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end
 
     gates = (last_w, last_s, d_end, carry_end, theta_end)
     widths = tuple(1 if x is None else x.shape[-1] for x in gates)
-    launch = ScanLaunch(b * h, chunks, rows, d_k, d_v, has_f, momentum, per_channel, widths)
+    launch = ScanLaunch(
+        b * h, chunks, rows, d_k, d_v, has_f, momentum, per_channel, widths, precision
+    )
     inputs = (base, from_w, from_s, keys, last_w, last_s, d_end, carry_end, theta_end, w0, s0)
     out = ExactScan.apply(launch, *(flat(x) for x in inputs))
     r = out[0].reshape(b, h, chunks, rows, d_v)
@@ -219,12 +232,16 @@ def applies(form: ChunkForm, chunk_size: int) -> bool:
     return form.form == "exact" and form.slope != 0.0 and chunk_size > 1
 
 
-def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm):
+def forward(
+    rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm, precision="ieee"
+):
     """Returns o [B, H, T, Dv] and the final memory state, like `exact_chunk.forward`: its
-    preparation and reads (torch) around the scan on the Triton kernels."""
+    preparation and reads (torch) around the scan on the Triton kernels (tl.dot at
+    `precision` on float32 tiles, checked by the caller)."""
     check_available(seq.phi_q)
     prep = exact_chunk.prepare(rt, seq, chunk_size, form)
-    r, starts_w, starts_s, w, s = scan(*prep.scan_args(state["W"], state.get("S.W")))
+    scan_args = prep.scan_args(state["W"], state.get("S.W"))
+    r, starts_w, starts_s, w, s = scan(*scan_args, precision)
     o = exact_chunk.read(prep, r, starts_w, starts_s)
     final = dict(state)
     final["W"] = w

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from itertools import pairwise
 
 import torch
 
+from miras.errors import did_you_mean
 from miras.ir import GateInfo
 
 BACKENDS = ("recurrent", "chunk", "triton")
+# tl.dot's input precision for float32 tiles on the triton backend (docs/kernels.md, "Precision").
+TRITON_PRECISIONS = ("ieee", "tf32", "tf32x3")
+TRITON_PRECISION_ENV = "MIRAS_TRITON_PRECISION"
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -189,6 +194,24 @@ def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     return backend
+
+
+def check_triton_precision(precision: str | None) -> str:
+    """The triton backend's tl.dot input precision for float32 tiles: `precision`, else the
+    environment variable MIRAS_TRITON_PRECISION (unset or empty: "ieee"). Either must be one of
+    TRITON_PRECISIONS; the error names which one was read."""
+    where = "triton_precision"
+    if precision is None:
+        where = f"the environment variable {TRITON_PRECISION_ENV}"
+        precision = os.environ.get(TRITON_PRECISION_ENV) or "ieee"
+    if not isinstance(precision, str) or precision not in TRITON_PRECISIONS:
+        hint = did_you_mean(str(precision).lower(), TRITON_PRECISIONS)
+        raise ValueError(
+            f"{where}: expected one of {', '.join(repr(p) for p in TRITON_PRECISIONS)} (ieee: "
+            f"float32 products; tf32: TF32 tensor cores, 10-bit mantissa; tf32x3: three TF32 "
+            f"products, about float32's accuracy), got {precision!r}{hint}"
+        )
+    return precision
 
 
 def check_cu_seqlens(cu_seqlens, shapes: Shapes) -> list[int]:

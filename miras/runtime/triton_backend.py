@@ -74,6 +74,7 @@ class Launch:
     chunk_size: int
     block_v: int  # BV: value channels per program
     window_gates: tuple[str, ...]  # those read at the window's rows (PAST + T)
+    precision: str = "ieee"  # tl.dot's input precision on float32 tiles (inputs.TRITON_PRECISIONS)
 
     @property
     def n_value_blocks(self) -> int:
@@ -93,6 +94,7 @@ class Launch:
             BK=_pow2(self.d_k),
             BV=self.block_v,
             ACC=acc,
+            DOT_PRECISION=dot_precision(self.precision, acc),
             num_warps=8 if _pow2(self.d_k) * self.block_v >= 128 * 128 else 4,
             # The chunk loop carries the state: no software pipelining, whose prefetch buffers
             # would double the shared memory (past the 227 KB of an H100 at D = 128).
@@ -114,7 +116,20 @@ class Launch:
 def _acc(x: torch.Tensor):
     import triton.language as tl
 
+    if x.dtype not in (torch.float32, torch.float64):
+        # The runtime casts bf16 and fp16 inputs to the float32 state before the kernels, so
+        # every buffer, scratch and gradient of a launch is float32: fp16 backward
+        # intermediates (products of state, decay and gradient) would overflow at 65504.
+        raise TypeError(f"triton kernels: expected float32 or float64 tensors, got {x.dtype}")
     return tl.float64 if x.dtype == torch.float64 else tl.float32
+
+
+def dot_precision(precision: str, acc) -> str:
+    """tl.dot's `input_precision` for tiles in `acc`: the chosen one for float32 tiles;
+    float64 tiles multiply in float64 (TF32 does not apply to them), as "ieee" says."""
+    import triton.language as tl
+
+    return precision if acc == tl.float32 else "ieee"
 
 
 def _forward(launch: Launch, q, k, v, valid, w0, s0, gates):
@@ -258,8 +273,10 @@ def check_available(x: torch.Tensor) -> None:
         ) from None
 
 
-def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int):
-    """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum)."""
+def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int, precision: str = "ieee"):
+    """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum).
+    `precision`: tl.dot's input precision on float32 tiles, checked by the caller
+    (`inputs.check_triton_precision`)."""
     from miras.runtime.triton_coverage import gate_plan, linear_applies, load_kernels
 
     spec = rule.spec
@@ -303,6 +320,7 @@ def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int):
         chunk_size=chunk_size,
         block_v=min(_pow2(d_v), LINEAR_BLOCK_V) if split else _pow2(d_v),
         window_gates=plan.window,
+        precision=precision,
     )
     w0 = state["W"].reshape(b * h, d_v, d_k).contiguous()
     s0 = (
