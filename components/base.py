@@ -314,6 +314,16 @@ class Optimizer(Component):
         """The display lines of u_t (and s_t)."""
         raise NotImplementedError
 
+    def steps_per_token(self) -> int:
+        """n, the optimizer steps each token takes: the runtime runs them as n sub-steps of
+        the one-step rule (`miras.runtime.substeps`); 1 by default."""
+        return 1
+
+    def per_step_inputs(self) -> tuple[str, ...]:
+        """The inputs ("k", "v", gate names) that carry one entry per step, packed
+        [B, T*n, ...]; the others carry one per token. None by default."""
+        return ()
+
 
 class FeatureMap(Component):
     """Feature map phi applied to keys and queries before the memory (ATLAS section 3)."""

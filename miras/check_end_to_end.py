@@ -80,14 +80,21 @@ def random_inputs(rule: MemoryRule, sizes: Sizes, seed: int, per_channel: bool =
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=DTYPE)
 
+    # Inputs with one entry per optimizer step (DeltaProduct's k, v, lr) are [B, T*n, ...].
+    per_step = rule.spec.optimizer.per_step_inputs()
+    n = rule.spec.optimizer.steps_per_token()
+
+    def length(name: str) -> int:
+        return t * n if name in per_step else t
+
     q = torch.nn.functional.normalize(randn(b, t, h, sizes.d_key), dim=-1)
-    k = torch.nn.functional.normalize(randn(b, t, h, sizes.d_key), dim=-1)
-    v = randn(b, t, h, sizes.d_value)
+    k = torch.nn.functional.normalize(randn(b, length("k"), h, sizes.d_key), dim=-1)
+    v = randn(b, length("v"), h, sizes.d_value)
     channels = per_channel_gates(rule)
     gates = {}
     for info in rule.plan.gates:
         width = (sizes.d_value,) if per_channel and info.name in channels else ()
-        r = torch.rand(b, t, h, *width, generator=gen, dtype=DTYPE)
+        r = torch.rand(b, length(info.name), h, *width, generator=gen, dtype=DTYPE)
         lo, hi = info.allowed.lo, info.allowed.hi
         if math.isfinite(lo) and math.isfinite(hi):
             gates[info.name] = lo + (hi - lo) * (0.1 + 0.8 * r)  # a decay, a momentum
@@ -297,6 +304,34 @@ def proximal_update(rule: MemoryRule, weights, x, v, bias_args, lr) -> dict[str,
     parts = torch.split(flat.detach(), sizes)
     pieces = zip(names, parts, shapes, strict=True)
     return {n: start[n] - part.reshape(shape) for n, part, shape in pieces}
+
+
+def step_inputs(rule: MemoryRule, q, k, v, gates):
+    """The oracle's inputs, one entry per optimizer step (`optimizer.steps: n`, docs/spec.md):
+    step j of token t at t*n + j reads the token's k, v and gates (or, for the per-step
+    inputs, its own), the decay only at j = 0 (1 after it: once per token) and q only at
+    j = n - 1 (zeros before: o_t reads the state after the n steps). Written out here
+    apart from `miras.runtime.substeps`, which it checks. n = 1: the inputs unchanged."""
+    opt = rule.spec.optimizer
+    n, per_step = opt.steps_per_token(), opt.per_step_inputs()
+    if n == 1:
+        return q, k, v, gates
+    decay = rule.spec.retention.decay_gate
+    t = q.shape[1]
+
+    def each_step(x, name, first_only=False, last_only=False):
+        if name in per_step:
+            return x
+        out = torch.zeros((x.shape[0], t * n, *x.shape[2:]), dtype=x.dtype)
+        for j in range(n):
+            if (first_only and j > 0) or (last_only and j < n - 1):
+                out[:, j::n] = 1.0 if first_only else 0.0
+            else:
+                out[:, j::n] = x
+        return out
+
+    gates = {name: each_step(g, name, first_only=name == decay) for name, g in gates.items()}
+    return each_step(q, "q", last_only=True), each_step(k, "k"), each_step(v, "v"), gates
 
 
 def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
@@ -516,12 +551,13 @@ def check_end_to_end(
             error = max_relative_error(o, expected)
             results.append(CheckResult(what.format(backend, chunk_size), error, TOLERANCE))
         return results
-    reference = oracle(rule, q, k, v, gates)
+    n = rule.spec.optimizer.steps_per_token()
+    reference = oracle(rule, *step_inputs(rule, q, k, v, gates))
     if reference.first_nonfinite is not None:
         t, piece = reference.first_nonfinite
-        text = what.format("oracle", "-") + f"; the oracle's {piece} is non-finite at token {t}"
+        text = what.format("oracle", "-") + f"; the oracle's {piece} is non-finite at step {t}"
         return [CheckResult(text, math.inf, TOLERANCE)]
-    expected_o = reference.outputs.transpose(1, 2)  # [B, T, H, Dv]
+    expected_o = reference.outputs.transpose(1, 2)[:, n - 1 :: n]  # [B, T, H, Dv]
     expected_state = {n: x for n, x in reference.final.items() if not n.startswith("window.")}
     steps = None  # the runtime's step replayed piece by piece, once, where a backend fails
     for backend, chunk_size in _backends(rule, triton):

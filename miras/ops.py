@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 import miras
+from miras.components.optimizer.gd import MAX_STEPS
 from miras.rule import MemoryRule
 from miras.runtime import per_channel_gates, run
 from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size, resolve_mode
@@ -152,11 +153,18 @@ def _check_fla_shape(rule: MemoryRule, fla_name: str, name: str, value, q, v) ->
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         return  # q's own check names it
     head = list(q.shape[:3])
+    steps = ""
+    if name in rule.spec.optimizer.per_step_inputs():  # one per step, packed: DeltaProduct
+        n = rule.spec.optimizer.steps_per_token()
+        head[1] *= n
+        steps = f"*{n}"
     shapes = [head]
     if name in per_channel_gates(rule) and isinstance(v, torch.Tensor) and v.dim() == 4:
         shapes.append([*head, v.shape[-1]])
     if list(value.shape) not in shapes:
-        allowed = " or ".join(f"[B, T, H{', V' if len(s) == 4 else ''}] = {s}" for s in shapes)
+        allowed = " or ".join(
+            f"[B, T{steps}, H{', V' if len(s) == 4 else ''}] = {s}" for s in shapes
+        )
         raise ValueError(f"{fla_name}: expected {allowed}, got {list(value.shape)}")
 
 
@@ -575,6 +583,112 @@ def chunk_gated_delta_rule(
     )
 
 
+def deltaproduct_spec(n: int, gated: bool) -> dict[str, Any]:
+    """The spec of DeltaProduct with n Householder steps per token (Siems et al. 2025,
+    arXiv:2502.10297): the delta rule taking n gradient steps per token, each on a key and
+    value of its own (`optimizer: {kind: gd, steps: n, keys: per_step}`); `gated` adds one
+    decay per token (Gated DeltaProduct). n = 2 gated is specs/deltaproduct.yaml."""
+    return {
+        "name": f"{'gated_' if gated else ''}deltaproduct_{n}",
+        "memory": "matrix",
+        "bias": "l2",
+        "retention": {"kind": "l2", "grad_at": "retained"} if gated else "none",
+        "optimizer": {"kind": "gd", "steps": n, "keys": "per_step"},
+    }
+
+
+@functools.cache
+def deltaproduct_rule(n: int, gated: bool) -> MemoryRule:
+    """The compiled rule of `deltaproduct_spec(n, gated)`; n = 1 is (Gated) DeltaNet."""
+    if n == 1:
+        return known_rule("gated_deltanet" if gated else "deltanet")
+    return miras.compile(deltaproduct_spec(n, gated))
+
+
+def _check_packed(q, k, v, n: int) -> None:
+    """q [B, T, H, K]; k, v in fla's packing [B, T*n, H, .], n = num_householder."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        length = "T" if name == "q" else "T*num_householder"
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name}: expected a tensor [B, {length}, H, D], got {got}")
+    t = q.shape[1]
+    for name, x in (("k", k), ("v", v)):
+        if x.shape[1] != t * n:
+            raise ValueError(
+                f"{name}: expected fla's packing [B, T*num_householder, H, "
+                f"{'K' if name == 'k' else 'V'}], T*n = {t * n} for T = {t} tokens of q and "
+                f"num_householder = {n} (step j of token t at t*n + j), got {list(x.shape)}"
+            )
+    check_qkv(q, k[:, ::n], v[:, ::n])  # B, H, K and dtypes, as for one key per token
+
+
+def chunk_gated_delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor,
+    num_householder: int,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: Any = None,
+    *,
+    state_v_first: bool = False,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """(Gated) DeltaProduct, fla's `chunk_gated_delta_product`: n = num_householder delta-rule
+    steps per token, each on a key and value of its own (Siems et al. 2025, eq. 4):
+    S <- S exp(g_t), then for j < n: S <- S (I - beta_tj k_tj k_tj^T) + beta_tj k_tj v_tj^T;
+    o_t = S^T (scale q_t) after the n steps. q [B, T, H, K]; k [B, T*n, H, K], v [B, T*n, H, V]
+    and beta [B, T*n, H] in fla's packing (step j of token t at t*n + j); g [B, T, H], one
+    log-decay per token, or None (no decay: DeltaProduct); states [N, H, K, V]
+    (`state_v_first=True`: [N, H, V, K]). `chunk_size` counts steps, as fla's kernels chunk
+    the T*n of them: each chunk of chunk_size steps (chunk_size / n tokens) is solved exactly
+    (the exact chunk form)."""
+    op = "chunk_gated_delta_product"
+    _refuse_kwargs(op, kwargs)
+    _refuse(op, cp_context=(cp_context, None))
+    n = num_householder
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_STEPS:
+        raise ValueError(
+            f"num_householder: expected an integer in [1, {MAX_STEPS}] (the steps per token), "
+            f"got {n!r}"
+        )
+    if cu_seqlens_cpu is not None:
+        same = isinstance(cu_seqlens, torch.Tensor) and isinstance(cu_seqlens_cpu, torch.Tensor)
+        if not same or cu_seqlens_cpu.tolist() != cu_seqlens.tolist():
+            raise ValueError("cu_seqlens_cpu: expected the host copy of cu_seqlens (equal values)")
+    _check_packed(q, k, v, n)
+    rule = deltaproduct_rule(n, g is not None)
+    q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
+    scale = _check_scale(scale, q)
+    natural = _fla_gates(rule, q, v, g, beta, None)
+
+    def layout(state):  # fla's [.., K, V] <-> miras's [.., V, K]
+        return state if state_v_first or state is None else state.transpose(-1, -2)
+
+    o, final = run(
+        rule,
+        q * scale,
+        k,
+        v,
+        natural,
+        backend=backend,
+        chunk_size=chunk_size,
+        initial_state=layout(initial_state),
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return o, layout(final)
+
+
 def chunk_simple_gla(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -681,9 +795,12 @@ __all__ = [
     "KNOWN_SPECS",
     "call",
     "chunk_delta_rule",
+    "chunk_gated_delta_product",
     "chunk_gated_delta_rule",
     "chunk_linear_attn",
     "chunk_simple_gla",
+    "deltaproduct_rule",
+    "deltaproduct_spec",
     "functional",
     "known_rule",
 ]

@@ -397,6 +397,42 @@ BAD = [
         ["'global'", "got 'all'"],
         id="window-not-global",
     ),
+    pytest.param(
+        {"retention": "kl", "optimizer": {"kind": "gd", "steps": 2}},
+        "optimizer.steps",
+        ["steps: 2", "decay once per token", "none or l2", "'kl'"],
+        id="gd-steps-with-kl",
+    ),
+    pytest.param(
+        {"retention": {"kind": "l2", "decay": 0.9}, "optimizer": {"kind": "gd", "steps": 3}},
+        "retention.decay",
+        ["steps: 3", "once per token", "'gate'", "or 1", "got 0.9"],
+        id="gd-steps-with-fixed-decay",
+    ),
+    pytest.param(
+        {"optimizer": {"kind": "gd", "steps": 2}, "window": 2},
+        "window.c",
+        ["steps: 2", "Omega window", "window 1", "got 2"],
+        id="gd-steps-with-window",
+    ),
+    pytest.param(
+        {"optimizer": {"kind": "gd", "keys": "per_step"}},
+        "optimizer.keys",
+        ["per_step", "steps >= 2", "got steps: 1"],
+        id="gd-per-step-keys-one-step",
+    ),
+    pytest.param(
+        {"memory": "nonparametric", "optimizer": {"kind": "gd", "steps": 2}},
+        "optimizer.steps",
+        ["softmax attention", "steps 1"],
+        id="gd-steps-with-attention",
+    ),
+    pytest.param(
+        {"optimizer": {"kind": "gd", "steps": 17}},
+        "optimizer.steps",
+        ["[1, 16]", "got 17"],
+        id="gd-steps-over-the-limit",
+    ),
 ]
 
 
@@ -418,6 +454,7 @@ def test_every_compatibility_rule_has_a_case():
         "parameter_names_are_unique": "param-named-like-a-gate",
         "feature_map_within_budget": "exp-kernel-over-budget",
         "residual_needs_equal_widths": "residual-with-widening-map",
+        "components_accept_the_spec": "gd-steps-with-kl",
     }
     assert [rule.__name__ for rule in COMPATIBILITY_RULES] == list(covered)
     assert set(covered.values()) <= ids

@@ -20,7 +20,16 @@ import torch
 
 from miras.components.base import Range
 from miras.ir import GateInfo
-from miras.runtime import attention, chunk, dual, exact_chunk, exact_triton, implicit, recurrent
+from miras.runtime import (
+    attention,
+    chunk,
+    dual,
+    exact_chunk,
+    exact_triton,
+    implicit,
+    recurrent,
+    substeps,
+)
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import (
     check_backend,
@@ -108,7 +117,31 @@ def run(
     cu_seqlens: torch.Tensor | None = None,
     check_inputs: bool = True,
     triton_precision: str | None = None,
+    _substeps: bool = False,
 ):
+    n = substeps.steps_of(rule)
+    if n > 1 and not _substeps:
+        # n optimizer steps per token: the one-step rule over T*n steps, chunk_size of them
+        # per chunk (miras.runtime.substeps).
+        q, k, v, gates, cu_seqlens = substeps.expand(rule, q, k, v, gates, cu_seqlens)
+        o, final = run(
+            rule,
+            q,
+            k,
+            v,
+            gates,
+            backend=backend,
+            chunk_size=chunk_size,
+            chunk_mode=chunk_mode,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            params=params,
+            cu_seqlens=cu_seqlens,
+            check_inputs=check_inputs,
+            triton_precision=triton_precision,
+            _substeps=True,
+        )
+        return substeps.pick(o, n), final
     shapes = check_qkv(q, k, v)
     if check_inputs:
         check_finite(q, k, v)
@@ -127,6 +160,7 @@ def run(
             params=params,
             check_inputs=False,
             triton_precision=triton_precision,
+            _substeps=_substeps,
         )
         return _run_packed(
             rule, q, k, v, gates, cu_seqlens, shapes, initial_state, output_final_state, options
