@@ -1,0 +1,126 @@
+"""benchmarks/gpu.py, the prepared GPU run, without a GPU: --dry-run lists every check item
+(spec x form x dtype x T), every timing pair and the compile reports and exits 0; without CUDA
+a real run says why and exits 0; the run itself, on the CPU under Triton's interpreter
+(tests/conftest.py sets TRITON_INTERPRET=1) at a small shape, writes its JSON report; an item
+past its cap is timed out and one that finds its section's budget spent is skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("gpu_benchmark", ROOT / "benchmarks" / "gpu.py")
+gpu = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = gpu  # dataclasses look their module up by name
+spec.loader.exec_module(gpu)
+
+TINY = dict(batch=1, heads=2, dim=16)
+
+
+def test_dry_run_lists_every_item_and_exits_0(capsys):
+    assert gpu.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    plan = gpu.check_plan()
+    lines = [line.strip() for line in out.splitlines()]
+    for spec_name, form, dtype, t in plan.items():
+        assert f"check  {spec_name} {form} {dtype} T={t}" in lines
+    assert len(plan.items()) == len(plan.forms) * 2 * 3  # two dtypes, three lengths
+    assert {t for *_, t in plan.items()} == {512, 2048, 8192}
+    # Every shipped spec is either checked or named with the reason it is not.
+    checked = {s for s, _ in plan.forms}
+    for path in gpu.shipped_specs():
+        label = gpu.spec_label(path)
+        assert label in checked or f"not checked  {label}: Triton does not cover it" in out
+    assert ("deltanet", "exact") in plan.forms and ("deltanet", "start") in plan.forms
+    for op in ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_simple_gla", "titans_mlp"):
+        assert f"time  {op}: " in out
+    assert "compile  deltanet" in out
+
+
+def test_without_cuda_a_real_run_says_why_and_exits_0(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out_file = tmp_path / "report.json"
+    assert gpu.main(["--out", str(out_file)]) == 0
+    assert "no CUDA device" in capsys.readouterr().out
+    assert not out_file.exists()
+
+
+def test_run_on_the_interpreter_writes_the_report(tmp_path, monkeypatch, capsys):
+    """The whole run at T = 20, D = 16: one spec's two forms in both dtypes, an absent timing
+    pair and an absent compile module, in the JSON and the table."""
+    monkeypatch.setattr(gpu, "COMPILE_MODULE", "miras.compiler.no_such_module")
+    plan = gpu.CheckPlan(forms=[("deltanet", "exact"), ("omeganet", "start")])
+    plan.left_out["titans"] = "Triton does not cover it: mlp memory"
+    pairs = [gpu.TimingPair("chunk_delta_rule", "miras", "fla", absent="fla is not installed")]
+    out = tmp_path / "report.json"
+    assert gpu.run_all("cpu", plan, pairs, 600.0, out, shape=TINY, lengths=(20,)) == 0
+    report = json.loads(out.read_text())
+    checks = report["sections"]["check"]["rows"]
+    assert [r["status"] for r in checks] == ["not checked"] + ["ok"] * 4
+    for row in checks[1:]:
+        assert row["forward_rel_rms"] <= row["tolerance"]
+        assert row["backward_rel_rms"] <= row["tolerance"]
+    assert {(r["spec"], r["dtype"]) for r in checks[1:]} == {
+        (s, d) for s in ("deltanet", "omeganet") for d in ("float32", "bfloat16")
+    }
+    timing = report["sections"]["timing"]["rows"]
+    assert timing == [timing[0]] and timing[0]["status"] == "absent"
+    (compiled,) = report["sections"]["compile"]["rows"]
+    assert compiled["status"] == "absent" and "no_such_module" in compiled["reason"]
+    assert report["summary"] == {"not checked": 1, "ok": 4, "absent": 2}
+    printed = capsys.readouterr().out
+    assert "deltanet exact bfloat16 T=20" in printed and "written to" in printed
+
+
+def test_time_pair_reports_both_sides():
+    x = torch.ones(3, requires_grad=True)
+    row = gpu.time_pair({"miras": lambda: 2 * x, "other": lambda: x.exp()}, 1e6)
+    assert row["status"] == "ok"
+    for part in ("fwd", "fwd+bwd"):
+        assert row[part]["miras_ms"] >= 0 and row[part]["other_ms"] >= 0
+        assert row[part]["miras_tflops"] > 0
+
+
+def test_an_item_past_its_cap_times_out_and_a_spent_budget_skips(monkeypatch, capsys):
+    monkeypatch.setitem(gpu.ITEM_CAP_S, "check", 0.2)
+    section = gpu.Section("check", 10.0, gpu.Table())
+    start = time.perf_counter()
+    row = section.run("slow", lambda: time.sleep(5) or {"status": "ok"})
+    assert row["status"] == "timed out" and time.perf_counter() - start < 2
+    spent = gpu.Section("check", gpu.MIN_START_S - 1, gpu.Table())
+    row = spent.run("late", lambda: {"status": "ok"})
+    assert row["status"] == "skipped" and "budget" in row["reason"]
+    failing = section.run("broken", lambda: 1 / 0)
+    assert failing["status"] == "error" and "ZeroDivisionError" in failing["reason"]
+    assert "timed out" in capsys.readouterr().out
+
+
+def test_the_miras_side_of_each_timing_pair_runs_and_binds_fla_s_signature(monkeypatch):
+    """Each fla pair's inputs, at a small shape, through the miras.ops alias on triton (the
+    interpreter), and bound to the fla op's own signature; the titans pairs' miras layers."""
+    import inspect
+    import warnings
+
+    from miras import ops
+
+    monkeypatch.setattr(gpu, "TIMING_SHAPE", dict(batch=1, length=20, heads=2, dim=16, chunk=64))
+    for pair in gpu.timing_plan():
+        if pair.name.startswith("titans") or pair.absent is not None:
+            continue
+        leaves, kwargs = gpu.op_inputs(pair.name, "cpu")
+        o, _ = getattr(ops, pair.name)(*leaves, backend="triton", **kwargs)
+        assert o.shape == (1, 20, 2, 16), pair.name
+        module_name, op = pair.other.rsplit(".", 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fla_fn = getattr(importlib.import_module(module_name), op)
+        inspect.signature(fla_fn).bind(*leaves, **kwargs)
+    for depth in (1, 2):
+        layer = gpu.miras_titans_layer(depth, 16, 2, 4)
+        assert layer(torch.randn(1, 8, 16))[0].shape == (1, 8, 16)
