@@ -124,3 +124,32 @@ def test_the_miras_side_of_each_timing_pair_runs_and_binds_fla_s_signature(monke
     for depth in (1, 2):
         layer = gpu.miras_titans_layer(depth, 16, 2, 4)
         assert layer(torch.randn(1, 8, 16))[0].shape == (1, 8, 16)
+
+
+def test_a_spec_and_form_that_timed_out_is_not_run_again(tmp_path, monkeypatch):
+    """After one item of a (spec, form) runs past its cap (a compile that does not fit), its
+    later items are skipped, naming it; the other specs still run."""
+    monkeypatch.setattr(gpu, "COMPILE_MODULE", "miras.compiler.no_such_module")
+    monkeypatch.setitem(gpu.ITEM_CAP_S, "check", 0.3)
+
+    def fake_check(spec_name, form, dtype, t, device, shape):
+        if spec_name == "slow":
+            time.sleep(5)
+        return {"status": "ok"}
+
+    monkeypatch.setattr(gpu, "check_item", fake_check)
+    plan = gpu.CheckPlan(forms=[("slow", "start"), ("fast", "start")])
+    out = tmp_path / "report.json"
+    start = time.perf_counter()
+    assert gpu.run_all("cpu", plan, [], 600.0, out, shape=TINY, lengths=(20, 40)) == 0
+    assert time.perf_counter() - start < 3
+    rows = {r["item"]: r for r in json.loads(out.read_text())["sections"]["check"]["rows"]}
+    first = "slow start float32 T=20"
+    assert rows[first]["status"] == "timed out"
+    for dtype, t in [("bfloat16", 20), ("float32", 40), ("bfloat16", 40)]:
+        assert rows[f"slow start {dtype} T={t}"] == {
+            "item": f"slow start {dtype} T={t}",
+            "status": "skipped",
+            "reason": f"{first} timed out",
+        }
+        assert rows[f"fast start {dtype} T={t}"]["status"] == "ok"
