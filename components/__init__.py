@@ -19,6 +19,7 @@ from miras.components.memory.gated_mlp import GatedMLPMemory
 from miras.components.memory.matrix import MatrixMemory
 from miras.components.memory.mlp import MLPMemory
 from miras.components.memory.nonparametric import NonparametricMemory
+from miras.components.optimizer.exact import Exact
 from miras.components.optimizer.gd import GD
 from miras.components.optimizer.momentum import Momentum
 from miras.components.optimizer.muon import Muon
@@ -55,6 +56,7 @@ OPTIMIZERS: dict[str, type[Optimizer]] = {
     "muon": Muon,
     "nesterov": Nesterov,
     "proximal": Proximal,
+    "exact": Exact,
 }
 FEATURE_MAPS: dict[str, type[FeatureMap]] = {
     "identity": IdentityMap,

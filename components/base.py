@@ -298,6 +298,16 @@ class Optimizer(Component):
     # True for an implicit step (proximal): the runtime replaces the gate lr_t by
     # `step_size(lr_t, curvature_t)` before any form runs, and `update` then takes that step.
     implicit: ClassVar[bool] = False
+    # True when the optimizer solves the whole objective instead of stepping (exact): the
+    # state is the objective's sufficient statistics and `whole_step_lines` shows the step.
+    solves_exactly: ClassVar[bool] = False
+    # Gates that may vary per key feature, [B, T, H, Dphi], rather than per value channel.
+    key_channel_gates: ClassVar[tuple[str, ...]] = ()
+
+    def whole_step_lines(self, spec: Any) -> list | None:
+        """The display lines of the whole step t where the optimizer replaces it
+        (`solves_exactly`); None: the memory, optimizer and retention lines as usual."""
+        return None
 
     def step_size(self, lr: Any, curvature: Any) -> Any:
         """The step size `update` takes at a token whose loss has second derivative

@@ -534,6 +534,10 @@ def check_end_to_end(
     Triton's interpreter, which takes seconds even at these sizes); `per_channel` samples
     gates per value channel where the runtime takes them so (per head otherwise, as the
     layer feeds them)."""
+    if rule.plan.chunk_form.form == "minimizer":  # an optimizer that solves exactly
+        from miras.check_minimizer import check_minimizer_end_to_end
+
+        return check_minimizer_end_to_end(rule, seed=seed)
     sizes = sizes_for(rule)
     q, k, v, gates = random_inputs(rule, sizes, seed, per_channel)
     # Outputs and final state, from the spec's default initial state.

@@ -43,7 +43,10 @@ class ChunkForm:
     - "start": inside a chunk every gradient is taken at the chunk-start state (Titans 3.2);
     - "dual": the same chunk-start semantics for an MLP memory whose retention and optimizer
       are linear, run in its dual form (`miras.runtime.dual`: no per-token weights); `dual`
-      says why it applies, `reason` (as for "start") why the chunk is not exact.
+      says why it applies, `reason` (as for "start") why the chunk is not exact;
+    - "minimizer": the optimizer solves the whole quadratic objective (exact): the state is its
+      sufficient statistics, accumulated per chunk by masked matmuls, and every read solves
+      the normal equations (`miras.runtime.exact_minimizer`); equal to the recurrence at any b.
 
     `slope` is d2L/dy2 when the analysis proved it a constant (l2: 1, dot: 0), else None (it
     reads gates, or v when `slope_reads_v`); the exact form evaluates it from `bias_grad`.
@@ -53,7 +56,7 @@ class ChunkForm:
     update are all linear (`miras.runtime.linear`: masked matmuls), else "general"
     (`miras.runtime.chunk`: per-token maps over batched gradients)."""
 
-    form: Literal["exact", "start", "dual"]
+    form: Literal["exact", "start", "dual", "minimizer"]
     reason: str
     slope: float | None = None
     slope_reads_v: bool = False
@@ -63,6 +66,8 @@ class ChunkForm:
     def text(self) -> str:
         if self.form == "exact":
             return f"chunk: exact ({self.reason})"
+        if self.form == "minimizer":
+            return f"chunk: the exact minimizer, statistics per chunk ({self.reason})"
         if self.form == "dual":
             return (
                 f"chunk: dual form ({self.dual}) of the chunk-start approximation (Titans "

@@ -79,6 +79,15 @@ KNOWN_SPECS: dict[str, dict[str, Any]] = {
         "retention": {"kind": "l2", "grad_at": "retained"},
         "optimizer": "gd",
     },
+    # MesaNet as fla's chunk_mesa_net runs it: q and k as given (no normalization inside).
+    "mesanet": {
+        "name": "mesanet",
+        "memory": "matrix",
+        "bias": "l2",
+        "retention": {"kind": "l2", "decay": "gate"},
+        "optimizer": {"kind": "exact", "ridge": "gate"},
+        "window": {"c": "global", "gamma": "gate"},
+    },
 }
 
 
@@ -791,6 +800,91 @@ def chunk_linear_attn(
     return o, (final, torch.cat(last) if cu_seqlens is not None else last[0])
 
 
+def chunk_mesa_net(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    lamb: torch.Tensor,
+    h_kk_init: torch.Tensor | None = None,
+    h_kv_init: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    max_CG_iteration: int = 30,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """MesaNet, fla's `chunk_mesa_net` (specs/mesanet.yaml): the exact minimizer of the decayed
+    l2 objective, h_kk,t = exp(g_t) h_kk,t-1 + beta_t k_t k_t^T, h_kv,t = exp(g_t) h_kv,t-1 +
+    beta_t k_t v_t^T, o_t = h_kv,t^T (h_kk,t + diag(lamb))^-1 q_t. g, beta [B, T, H]; lamb
+    [H, K] (per head and key channel, > 0). States h_kk [N, H, K, K], h_kv [N, H, K, V].
+    Returns (o, h_kk_final, h_kv_final), the states None unless `output_final_state`.
+
+    fla's op scales nothing, so `scale` (keyword only) defaults to 1 here. The solve is a
+    Cholesky factorization per token (`miras.runtime.exact_minimizer`), exact where fla runs
+    `max_CG_iteration` conjugate-gradient steps towards the same solution: the count is
+    checked and otherwise unused."""
+    op = "chunk_mesa_net"
+    _refuse_kwargs(op, kwargs)
+    if isinstance(max_CG_iteration, bool) or not isinstance(max_CG_iteration, int):
+        raise ValueError(f"max_CG_iteration: expected a positive integer, got {max_CG_iteration!r}")
+    if max_CG_iteration < 1:
+        raise ValueError(f"max_CG_iteration: expected a positive integer, got {max_CG_iteration}")
+    rule = known_rule("mesanet")
+    check_qkv(q, k, v)
+    q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
+    scale = 1.0 if scale is None else _check_scale(scale, q)
+    infos = {info.name: info for info in rule.plan.gates}
+    gates = {}
+    for fla_name, value in (("g", g), ("beta", beta)):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{fla_name}: expected a tensor [B, T, H], got {type(value).__name__}")
+        if tuple(value.shape) != tuple(q.shape[:3]):
+            raise ValueError(
+                f"{fla_name}: expected [B, T, H] = {list(q.shape[:3])}, got {list(value.shape)}"
+            )
+    decay = _decay_of("g", g, infos["decay"].allowed, q.dtype)
+    _check_fla_range("g", "exp(g)", decay, infos["decay"].allowed, "the decay gate", q.dtype)
+    _check_fla_range("beta", "values", beta, infos["gamma"].allowed, "each token's weight", q.dtype)
+    heads, d_key = q.shape[2], q.shape[3]
+    if not isinstance(lamb, torch.Tensor) or tuple(lamb.shape) != (heads, d_key):
+        shape = list(lamb.shape) if isinstance(lamb, torch.Tensor) else type(lamb).__name__
+        raise ValueError(f"lamb: expected a tensor [H, K] = [{heads}, {d_key}], got {shape}")
+    ridge = infos["ridge"].allowed
+    _check_fla_range("lamb", "values", lamb, ridge, "the ridge on diag(h_kk)", q.dtype)
+    gates = {
+        "decay": decay.to(q.dtype),
+        "gamma": beta.to(q.dtype),
+        "ridge": lamb.to(q.dtype).expand(*q.shape),  # [B, T, H, K]: per key channel
+    }
+    initial = None
+    if h_kk_init is not None or h_kv_init is not None:
+        if h_kk_init is None or h_kv_init is None:
+            raise ValueError("h_kk_init, h_kv_init: pass both initial states or neither")
+        initial = {"H_kk": h_kk_init, "H_vk": h_kv_init.transpose(-1, -2)}
+    o, final = run(
+        rule,
+        q * scale,
+        k,
+        v,
+        gates,
+        backend=backend,
+        chunk_size=chunk_size,
+        initial_state=initial,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
+    if not output_final_state:
+        return o, None, None
+    return o, final["H_kk"], final["H_vk"].transpose(-1, -2)
+
+
 __all__ = [
     "KNOWN_SPECS",
     "call",
@@ -798,6 +892,7 @@ __all__ = [
     "chunk_gated_delta_product",
     "chunk_gated_delta_rule",
     "chunk_linear_attn",
+    "chunk_mesa_net",
     "chunk_simple_gla",
     "deltaproduct_rule",
     "deltaproduct_spec",

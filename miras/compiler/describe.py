@@ -261,6 +261,9 @@ def update_lines(spec: Spec, rule: RetentionRule) -> list[Line]:
     memory = spec.memory
     if not memory.parametric:
         return memory.update_lines(spec.window)
+    whole = spec.optimizer.whole_step_lines(spec)  # an optimizer that solves exactly
+    if whole is not None:
+        return whole
     retention = spec.retention
     return [
         *retention.gradient_point_lines(),

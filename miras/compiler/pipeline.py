@@ -20,6 +20,7 @@ from miras.compiler.affine import analyze
 from miras.compiler.bias_check import check_bias
 from miras.compiler.bias_derive import derive_bias
 from miras.compiler.emit import function_source, load_module, module_source
+from miras.compiler.minimizer import minimizer_form
 from miras.compiler.plan import make_plan
 from miras.compiler.retention_check import check_retention
 from miras.compiler.retention_derive import derive_retention
@@ -68,7 +69,7 @@ def plan(c: CompiledRule) -> str:
 def chunk_form(c: CompiledRule) -> str:
     """Exact chunks where the step is affine in the memory, chunk-start otherwise, in its dual
     form where `dual_reason` finds one."""
-    form = analyze(c.spec, c.bias)
+    form = minimizer_form(c.spec, c.bias) or analyze(c.spec, c.bias)
     dual = dual_reason(c.spec)
     if form.form == "start" and dual is not None:
         form = replace(form, form="dual", dual=dual)

@@ -12,6 +12,11 @@ def _memory_state(spec: Spec) -> list[str]:
     if not memory.parametric:
         window = f"last {memory.window}" if memory.window else "all"
         return [f"keys and values of the {window} past tokens (a KV cache)"]
+    if spec.optimizer.solves_exactly:  # the objective's sufficient statistics
+        return [
+            "H_kk: [B, H, Dphi, Dphi] float32 (float64 for float64 inputs)",
+            "H_vk: [B, H, Dv, Dphi] float32 (float64 for float64 inputs)",
+        ]
     if memory.linear:
         accumulator = spec.retention.read_norm() is not None
         name = "A (accumulator; W = A/||A||_q^(q-2))" if accumulator else "W"

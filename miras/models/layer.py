@@ -230,8 +230,13 @@ class LearnedState(nn.Module):
         self.names = list(state)
         self.learned = nn.ParameterDict()
         self.zeros: dict[str, tuple[int, ...]] = {}
+        # An exact optimizer's statistics start at zero, unlearned: a learned H_kk could leave
+        # the positive semidefinite cone, where the read's solve has no Cholesky factor.
+        statistics = rule.plan.chunk_form.form == "minimizer"
+        # The dtype and device of the zeros when nothing is learned.
+        self.register_buffer("anchor", torch.zeros(()), persistent=False)
         for name, value in state.items():
-            if name.startswith("S."):
+            if name.startswith("S.") or statistics:
                 self.zeros[name] = tuple(value.shape)
             else:
                 self.learned[_param_name(name)] = nn.Parameter(self._to_raw(value))
@@ -255,7 +260,7 @@ class LearnedState(nn.Module):
         out = {}
         for name in self.names:
             if name in self.zeros:
-                like = next(iter(self.learned.values()))
+                like = next(iter(self.learned.values()), self.anchor)
                 out[name] = like.new_zeros(self.zeros[name]).expand(batch, -1, -1, -1)
             else:
                 w = self._from_raw(self.learned[_param_name(name)])

@@ -25,6 +25,7 @@ from miras.runtime import (
     chunk,
     dual,
     exact_chunk,
+    exact_minimizer,
     exact_triton,
     implicit,
     recurrent,
@@ -94,11 +95,19 @@ def per_channel_gates(rule: MemoryRule) -> set[str]:
     elementwise term: in a whole-vector loss (a norm, a channel sum inside a function) it would
     scale no single term. In a matrix memory the step's gates act row by row; gamma weighs a
     whole loss term."""
+    if rule.spec.optimizer.solves_exactly:  # one H_kk serves every value channel
+        return set()
     bias_gates = set(rule.spec.bias.gates())
     gates = set(bias_gates) if rule.bias.elementwise else set()
     if rule.spec.memory.linear:
         gates |= set(rule.gates) - {"gamma"} - bias_gates
     return gates
+
+
+def per_key_gates(rule: MemoryRule) -> set[str]:
+    """The gates `rule` also takes per key feature, [B, T, H, Dphi] (the exact optimizer's
+    ridge on diag(H_kk)): the optimizer's `key_channel_gates` that are gates."""
+    return set(rule.spec.optimizer.key_channel_gates) & set(rule.gates)
 
 
 def run(
@@ -180,7 +189,13 @@ def run(
     form = rule.plan.chunk_form
     mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name)
     rt = rule.runtime
-    gates = check_gates(gates, rule.plan.gates, shapes, per_channel_ok=per_channel_gates(rule))
+    gates = check_gates(
+        gates,
+        rule.plan.gates,
+        shapes,
+        per_channel_ok=per_channel_gates(rule),
+        per_key_ok=per_key_gates(rule),
+    )
     dtype = state_dtype(q.dtype)
 
     # [B, T, H, D] -> [B, H, T, D], in the state's precision.
@@ -195,6 +210,14 @@ def run(
             raise ValueError("initial_state: softmax attention carries no state here; pass None")
         o = attention.forward(rule.spec.memory.window, q_, k_, v_)
         return o.transpose(1, 2).to(q.dtype), None
+
+    if form.form == "minimizer":  # the optimizer solves the whole objective: its statistics
+        params = rule.default_params(dtype) if params is None else params
+        phi_q, phi_k = rt.feature(q_, params), rt.feature(k_, params)
+        o, final = exact_minimizer.forward(
+            rt, form, phi_q, phi_k, v_, gates_, initial_state, backend, chunk_size, mode
+        )
+        return o.transpose(1, 2).to(q.dtype), (final if output_final_state else None)
 
     if rule.spec.window.is_global:
         rt, initial_state = global_window(rt, initial_state, shapes.length)
@@ -250,9 +273,17 @@ def _run_packed(
     bounds = check_cu_seqlens(cu_seqlens, shapes)
     n = len(bounds) - 1
     # The gates are checked whole (names, shapes, ranges) before they are cut.
-    check_gates(gates, rule.plan.gates, shapes, per_channel_ok=per_channel_gates(rule))
+    check_gates(
+        gates,
+        rule.plan.gates,
+        shapes,
+        per_channel_ok=per_channel_gates(rule),
+        per_key_ok=per_key_gates(rule),
+    )
     gates = dict(gates or {})
-    if rule.spec.memory.parametric and rule.spec.window.is_global and output_final_state:
+    # The exact optimizer carries statistics of a fixed size, not the window's tokens.
+    grows = rule.spec.window.is_global and not rule.spec.optimizer.solves_exactly
+    if rule.spec.memory.parametric and grows and output_final_state:
         raise ValueError(
             "cu_seqlens: with `window: global` the carried window grows by each sequence's "
             "length, so the final states of sequences of different lengths cannot be stacked; "

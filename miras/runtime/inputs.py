@@ -109,11 +109,13 @@ def check_gates(
     shapes: Shapes,
     *,
     per_channel_ok: set[str],
+    per_key_ok: set[str] = frozenset(),
 ) -> dict[str, torch.Tensor]:
     """Gates in natural space, each [B, T, H] (per head) or [B, T, H, Dv] (per channel), in
     the dtype of q, k, v (another would be converted silently, losing or faking precision),
     or a Python float/int: one constant for every token and head (checked against the range
-    like a tensor). Returns each as [B, T, H, 1] or [B, T, H, Dv]."""
+    like a tensor). A gate in `per_key_ok` may be [B, T, H, Dk] (per key feature) instead.
+    Returns each as [B, T, H, 1], [B, T, H, Dv] or [B, T, H, Dk]."""
     if gates is None:
         gates = {}
     if not isinstance(gates, dict):
@@ -148,6 +150,8 @@ def check_gates(
             )
         if tuple(g.shape) == head:
             g = g.unsqueeze(-1)
+        elif info.name in per_key_ok and tuple(g.shape) == (*head, shapes.d_key):
+            pass  # per key feature (`per_key_ok`: the exact optimizer's ridge)
         elif tuple(g.shape) == (*head, shapes.d_value):
             if info.name not in per_channel_ok:
                 raise ValueError(
@@ -156,9 +160,10 @@ def check_gates(
                     f"expected per head {list(head)}"
                 )
         else:
+            width = ("Dk", shapes.d_key) if info.name in per_key_ok else ("Dv", shapes.d_value)
             raise ValueError(
-                f"gates[{info.name!r}]: expected [B, T, H] = {list(head)} or [B, T, H, Dv] = "
-                f"{[*head, shapes.d_value]}, got {list(g.shape)}"
+                f"gates[{info.name!r}]: expected [B, T, H] = {list(head)} or [B, T, H, "
+                f"{width[0]}] = {[*head, width[1]]}, got {list(g.shape)}"
             )
         bad = ~inside_range(g.detach(), info.allowed)
         if bool(bad.any()):

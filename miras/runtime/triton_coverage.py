@@ -51,6 +51,9 @@ def unsupported_reason(spec: Spec) -> str | None:
     """Why the Triton kernels do not cover `spec`, or None when they do."""
     if not spec.memory.linear:
         return f"{spec.memory.kind} memory (the kernels cover matrix memory only)"
+    if spec.optimizer.solves_exactly:
+        kind = spec.optimizer.kind
+        return f"the {kind} optimizer (the kernels take gradient steps; its solve is in torch)"
     if spec.window.is_global:
         return "window: global (the kernels take a fixed window c; the whole prefix grows per call)"
     if spec.optimizer.linear_form is None:

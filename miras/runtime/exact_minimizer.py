@@ -1,0 +1,218 @@
+"""The exact minimizer (optimizer exact, MesaNet): the memory is the minimizer of the whole
+quadratic objective, so its state is the objective's sufficient statistics and each read
+solves the normal equations (the derivation: miras/compiler/minimizer.py).
+
+    H_kk,t = a_t H_kk,t-1 + gamma_t phi(k_t) phi(k_t)^T       [B, H, Dphi, Dphi]
+    H_vk,t = a_t H_vk,t-1 + gamma_t r_t phi(k_t)^T            [B, H, Dv, Dphi]
+    (s H_kk,t + diag(ridge_t)) x_t = phi(q_t),   o_t = H_vk,t x_t
+
+r_t = -dL/dy(0, v_t) (the emitted bias gradient at y = 0: v_t for l2 and dot), s = d2L/dy^2
+(`ChunkForm.slope`), a_t the retention's decay (1 without one).
+
+Two forms, equal to float precision at any chunk size:
+- `recurrent`: one token at a time, the statistics as above (the reference);
+- `chunked`: per chunk of b tokens, the per-token statistics from the chunk-start ones by a
+  masked matmul, H_kk,t = A_t H_kk,0 + sum_{i<=t} (A_t / A_i) gamma_i phi(k_i) phi(k_i)^T
+  (A_t the decays' product since the chunk's start), and the read without H_vk,t:
+  o_t = A_t H_vk,0 x_t + sum_{i<=t} (A_t / A_i) gamma_i (phi(k_i) . x_t) r_i.
+
+The solve is a batched Cholesky factorization per token (torch.linalg.cholesky_ex, then
+cholesky_solve): exact, and at Dphi <= 128 cheap next to the statistics; fla's kernel uses
+conjugate gradients with a fixed iteration count, which converges to the same x_t. Its
+gradient is the implicit derivative of the solve (`_CholeskySolve`: two triangular solves
+with the saved factor), exact; the statistics' gradients are autograd through the matmuls.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from miras.ir import ChunkForm
+from miras.runtime.core import Runtime, State
+
+STATE_NAMES = ("H_kk", "H_vk")
+
+
+def initial_state(batch: int, heads: int, d_phi: int, d_v: int, dtype, device) -> State:
+    """Zero statistics: the objective before any token is the ridge alone (W_0 = 0)."""
+    return {
+        "H_kk": torch.zeros(batch, heads, d_phi, d_phi, dtype=dtype, device=device),
+        "H_vk": torch.zeros(batch, heads, d_v, d_phi, dtype=dtype, device=device),
+    }
+
+
+def check_state(initial, default: State) -> State:
+    """The caller's statistics (a dict H_kk, H_vk of the default's shapes) or the default."""
+    if initial is None:
+        return default
+    if not isinstance(initial, dict) or set(initial) != set(STATE_NAMES):
+        got = sorted(initial) if isinstance(initial, dict) else type(initial).__name__
+        raise ValueError(
+            f"initial_state: optimizer exact's state is the objective's statistics, a dict with "
+            f"keys {list(STATE_NAMES)}, got {got}"
+        )
+    state = {}
+    for name in STATE_NAMES:
+        given, expected = initial[name], default[name]
+        if not isinstance(given, torch.Tensor) or tuple(given.shape) != tuple(expected.shape):
+            shape = list(given.shape) if isinstance(given, torch.Tensor) else type(given).__name__
+            raise ValueError(
+                f"initial_state[{name!r}]: expected shape {list(expected.shape)}, got {shape}"
+            )
+        state[name] = given.to(expected.dtype)
+    kk = state["H_kk"].detach()
+    # The read's Cholesky factor sees one triangle of H_kk: an asymmetric one is not a sum of
+    # k k^T, and its solve would depend on which triangle is read.
+    if not torch.allclose(kk, kk.mT, rtol=1e-5, atol=1e-6 * float(kk.abs().max().clamp_min(1))):
+        raise ValueError(
+            "initial_state['H_kk']: expected a symmetric matrix (the decayed sum of "
+            f"gamma k k^T), got one with |H - H^T| up to {float((kk - kk.mT).abs().max()):.3g}"
+        )
+    return state
+
+
+def _per_token(component, name: str | None, gates, like: torch.Tensor) -> torch.Tensor:
+    """A gate [B, H, T, X], or the spec's fixed value (1 without the field) as [B, H, T, 1]."""
+    value = 1.0 if name is None else getattr(component, name)
+    if value == "gate":
+        return gates[name]
+    return torch.full_like(like[..., :1], float(value))
+
+
+def inputs(rt: Runtime, phi_k, v, gates) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log a [B, H, T], gamma [B, H, T], r = -dL/dy(0, v) [B, H, T, Dv])."""
+    spec = rt.spec
+    decay = _per_token(spec.retention, spec.retention.decay_gate, gates, phi_k)[..., 0]
+    gamma = _per_token(spec.window, "gamma", gates, phi_k)[..., 0]
+    bias_args = [gates[n] for n in rt.bias_gates]
+    r = -rt.functions.bias_grad(torch.zeros_like(v), v, *bias_args)
+    return decay.log(), gamma, r
+
+
+def ridge_of(rt: Runtime, gates, phi_q: torch.Tensor) -> torch.Tensor:
+    """The ridge lambda_t [B, H, T, Dphi] (a per-head gate or a fixed value broadcast)."""
+    ridge = _per_token(rt.spec.optimizer, "ridge", gates, phi_q)
+    d_phi = phi_q.shape[-1]
+    if ridge.shape[-1] not in (1, d_phi):
+        raise ValueError(
+            f"gates['ridge']: per key channel it must have Dphi = {d_phi} entries, the feature "
+            f"map's width, got {ridge.shape[-1]}; pass it per head [B, T, H] instead"
+        )
+    return ridge.expand(*phi_q.shape)
+
+
+def solve(kk: torch.Tensor, ridge: torch.Tensor, slope: float, rhs: torch.Tensor, first: int = 0):
+    """x with (slope kk + diag(ridge)) x = rhs. kk [..., D, D] symmetric, ridge and rhs
+    [..., D]. `first`: the token of the first system along axis 2 of per-token batches
+    [B, H, n, D, D], for the error where a system is not positive definite."""
+    return _CholeskySolve.apply(slope * kk + torch.diag_embed(ridge), rhs, first)
+
+
+class _CholeskySolve(torch.autograd.Function):
+    """x = A^-1 b for symmetric positive definite A [..., D, D], b [..., D], by the Cholesky
+    factor L (A = L L^T). The backward is the implicit derivative of A x = b: with
+    y = A^-1 dx (the same factor, A = A^T), db = y and dA = -y x^T, the gradient of the solve
+    of the full matrix A (fla's torch.linalg.solve has it), where autograd through
+    torch.linalg.cholesky would give a gradient on A's lower triangle only (equal for every
+    input that reaches A symmetrically, k k^T, but not for a caller's initial H_kk)."""
+
+    @staticmethod
+    def forward(ctx, system: torch.Tensor, b: torch.Tensor, first: int) -> torch.Tensor:
+        factor, info = torch.linalg.cholesky_ex(system)
+        if bool((info != 0).any()):
+            bad = (info != 0).nonzero()[0].tolist()
+            token = first + (bad[2] if info.dim() > 2 else 0)
+            raise ValueError(
+                f"optimizer exact: the system s H_kk + diag(ridge) is not positive definite in "
+                f"{str(system.dtype).removeprefix('torch.')} at token {token} (batch row "
+                f"{bad[0]}, head {bad[1]}); raise the ridge gate (MesaNet keeps lambda >= "
+                "0.25) or run in float64"
+            )
+        x = torch.cholesky_solve(b.unsqueeze(-1), factor).squeeze(-1)
+        ctx.save_for_backward(factor, x)
+        return x
+
+    @staticmethod
+    def backward(ctx, dx: torch.Tensor):
+        factor, x = ctx.saved_tensors
+        y = torch.cholesky_solve(dx.unsqueeze(-1), factor).squeeze(-1)
+        return -y.unsqueeze(-1) * x.unsqueeze(-2), y, None
+
+
+def recurrent(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State):
+    """One token at a time: returns o [B, H, T, Dv] and the final statistics."""
+    log_a, gamma, r = inputs(rt, phi_k, v, gates)
+    ridge = ridge_of(rt, gates, phi_q)
+    kk, vk = state["H_kk"], state["H_vk"]
+    outputs = []
+    for t in range(phi_q.shape[2]):
+        a = log_a[:, :, t, None, None].exp()
+        k = phi_k[:, :, t]
+        kk = a * kk + gamma[:, :, t, None, None] * k.unsqueeze(-1) * k.unsqueeze(-2)
+        vk = a * vk + gamma[:, :, t, None, None] * r[:, :, t].unsqueeze(-1) * k.unsqueeze(-2)
+        x = solve(kk, ridge[:, :, t], form.slope, phi_q[:, :, t], first=t)
+        outputs.append((vk @ x.unsqueeze(-1)).squeeze(-1))
+    return torch.stack(outputs, dim=2), {"H_kk": kk, "H_vk": vk}
+
+
+def chunked(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State, chunk_size: int):
+    """Chunks of `chunk_size` tokens, each in masked matmuls; returns o and the statistics."""
+    log_a, gamma, r = inputs(rt, phi_k, v, gates)
+    ridge = ridge_of(rt, gates, phi_q)
+    kk, vk = state["H_kk"], state["H_vk"]
+    length, d = phi_q.shape[2], phi_q.shape[-1]
+    outputs = []
+    for start in range(0, length, chunk_size):
+        sl = slice(start, min(start + chunk_size, length))
+        q, k, n = phi_q[:, :, sl], phi_k[:, :, sl], phi_q[:, :, sl].shape[2]
+        g = log_a[:, :, sl].cumsum(-1)  # log A_t [B, H, n]
+        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        # log(A_t / A_i) for i <= t; -inf above the diagonal (exp 0, never inf * 0).
+        gap = (g.unsqueeze(-1) - g.unsqueeze(-2)).masked_fill(~causal, -torch.inf)
+        mix = gap.exp() * gamma[:, :, sl].unsqueeze(-2)  # [B, H, t, i]
+        outer = (k.unsqueeze(-1) * k.unsqueeze(-2)).flatten(-2)  # [B, H, n, D*D]
+        inside = (mix @ outer).unflatten(-1, (d, d))  # [B, H, n, D, D]
+        kk_t = g.exp()[..., None, None] * kk.unsqueeze(2) + inside
+        x = solve(kk_t, ridge[:, :, sl], form.slope, q, first=start)  # [B, H, n, D]
+        carried = g.exp().unsqueeze(-1) * (x @ vk.transpose(-1, -2))  # A_t H_vk,0 x_t
+        outputs.append(carried + ((x @ k.transpose(-1, -2)) * mix) @ r[:, :, sl])
+        last = mix[:, :, -1]  # A_n / A_i gamma_i [B, H, n]
+        kk = kk_t[:, :, -1]
+        vk = (
+            g[:, :, -1, None, None].exp() * vk
+            + (r[:, :, sl] * last.unsqueeze(-1)).transpose(-1, -2) @ k
+        )
+    return torch.cat(outputs, dim=2), {"H_kk": kk, "H_vk": vk}
+
+
+def forward(
+    rt: Runtime,
+    form: ChunkForm,
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    gates: dict[str, torch.Tensor],
+    initial,
+    backend: str,
+    chunk_size: int,
+    mode: str,
+):
+    """phi_q, phi_k [B, H, T, Dphi], v [B, H, T, Dv], gates [B, H, T, X] (heads first, in the
+    state's dtype); `initial`: None or a dict H_kk, H_vk. Returns o [B, H, T, Dv] and the
+    final statistics (a dict H_kk [B, H, Dphi, Dphi], H_vk [B, H, Dv, Dphi])."""
+    if backend == "triton":
+        raise ValueError(
+            f"backend: 'triton' has no kernel for spec '{rt.spec.name}' (optimizer exact); use "
+            "backend='chunk' (parallel) or 'recurrent' (the exact reference)"
+        )
+    if mode == "start":
+        raise ValueError(
+            f"chunk_mode: 'start' does not apply to spec '{rt.spec.name}': optimizer exact "
+            "takes no gradient step to approximate, and its chunk form is exact; use 'auto'"
+        )
+    b, h, _, d_phi = phi_k.shape
+    default = initial_state(b, h, d_phi, v.shape[-1], phi_k.dtype, phi_k.device)
+    state = check_state(initial, default)
+    if backend == "recurrent":
+        return recurrent(rt, form, phi_q, phi_k, v, gates, state)
+    return chunked(rt, form, phi_q, phi_k, v, gates, state, chunk_size)
