@@ -1,6 +1,6 @@
 """The prepared GPU run: every check and timing a CUDA machine should make, in one command.
 
-    .venv/bin/python benchmarks/gpu.py [--out gpu_report.json] [--budget 450]
+    .venv/bin/python benchmarks/gpu.py [--out gpu_report.json] [--budget 420]
     .venv/bin/python benchmarks/gpu.py --dry-run     # anywhere: what it would run, then exit 0
 
 Three sections, written as one JSON file (`--out`) and printed as one table, a row per item as
@@ -28,17 +28,20 @@ it finishes:
    warm-ups; the delta-rule ops also in nominal TFLOP/s (below).
 3. compile: the per-kernel compile report of every covered spec (registers, spills, shared
    memory; `miras.compiler.gpu_compile`, imported when this section starts: where it is
-   missing, the output says so and the run goes on) at the device's own target, D = 128.
+   missing, the output says so and the run goes on) at the device's own target, D = 128,
+   the spec's default chunk size and the timing shape's (B, T, H) for the launch grid, each
+   passed under whichever name the report function gives it (`compile_item`).
 
-The budget (an H200; `--budget`, default 450 s, scales every figure): check 60% (270 s), timing
-30% (135 s), compile 10% (45 s). Items run in order (check: T = 512 first, each T in float32
+The budget (an H200; `--budget`, default 420 s, scales every figure): check 60% (252 s), timing
+30% (126 s), compile 10% (42 s). Items run in order (check: T = 512 first, each T in float32
 then bfloat16), each under a wall-clock cap (SIGALRM): a check item 60 s (the first item of a
 spec and form includes its Triton compile; later ones reuse it), a timing pair 40 s, a compile
 report 20 s, cut to what is left of the section. An item that would start with under 3 s left
 is recorded as skipped, one that runs past its cap as timed out (a Triton compile is a ptxas
 subprocess, which the alarm ends; the spec and form's later items are then skipped, not
-compiled again), so no section overruns its budget, and the whole run ends
-within --budget plus the start-up (imports, CUDA initialization: about 20 s), under 8 minutes.
+compiled again), so no section overruns its budget (by more than one CUDA call the alarm
+waits for), and the whole run ends within --budget plus the start-up (imports, CUDA
+initialization, compiling the covered specs' rules: under a minute), under 8 minutes.
 
 Nothing is installed at run time: fla and titans-pytorch are used where importable and named
 as absent otherwise. Without CUDA (and without --dry-run) it prints why and exits 0. The exit
@@ -56,9 +59,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -86,7 +91,7 @@ CHECK_SHAPE = dict(batch=1, heads=4, dim=128)
 TIMING_SHAPE = dict(batch=8, length=4096, heads=16, dim=128, chunk=64)
 TITANS_SHAPE = dict(batch=2, length=2048, d_model=256, heads=4, chunk=16)
 REPS = 10
-BUDGET_S = 450.0
+BUDGET_S = 420.0
 SHARES = {"check": 0.6, "timing": 0.3, "compile": 0.1}
 ITEM_CAP_S = {"check": 60.0, "timing": 40.0, "compile": 20.0}
 MIN_START_S = 3.0
@@ -519,41 +524,79 @@ def titans_pair(depth: int, device) -> dict:
 COMPILE_MODULE = "miras.compiler.gpu_compile"
 
 
+REPORT_FUNCTIONS = ("report", "compile_report", "kernel_report", "spec_report")
+# The report function's parameters, by the names it may give them -> what this run passes.
+REPORT_ARGUMENTS = {
+    ("spec", "path", "rule", "source"): "spec",
+    ("target", "arch", "sm"): "target",
+    ("d", "dim", "head_dim", "d_head", "width"): "dim",
+    ("chunk_size", "chunk"): "chunk",
+    ("shape", "launch_shape"): "shape",
+}
+
+
 def compile_item(module, spec: str, target: str, dim: int) -> dict:
-    """The module's per-kernel report of one spec (its `report` function, whichever of the
-    known keyword spellings it takes), as plain JSON data."""
-    fn = next(
-        (
-            getattr(module, n)
-            for n in ("report", "compile_report", "kernel_report")
-            if hasattr(module, n)
-        ),
-        None,
-    )
+    """The module's per-kernel report of one spec at `target` and head width `dim`: its report
+    function called with the arguments it names (the spec's path, the target, the width, the
+    spec's default chunk size and the timing shape (B, T, H) for the launch grid), the result
+    as plain JSON data."""
+    fn = next((getattr(module, n) for n in REPORT_FUNCTIONS if hasattr(module, n)), None)
     if fn is None:
         public = sorted(n for n in dir(module) if not n.startswith("_"))
         return {
             "status": "error",
-            "reason": f"miras.compiler.gpu_compile has no report function (it has {public})",
+            "reason": f"{COMPILE_MODULE} has none of {REPORT_FUNCTIONS} (it has {public})",
         }
     path = ROOT / "specs" / f"{spec}.yaml"
-    result = fn(path, target=target, d=dim)
-    data = json.loads(json.dumps(result, default=lambda o: getattr(o, "__dict__", repr(o))))
-    kernels = (
-        data
-        if isinstance(data, list)
-        else data.get("kernels", data)
-        if isinstance(data, dict)
-        else data
-    )
-    n = len(kernels) if isinstance(kernels, (list, dict)) else "?"
+    rule = miras.compile(path)
+    form = rule.plan.chunk_form.form
+    values = {
+        "spec": path,
+        "target": target,
+        "dim": dim,
+        "chunk": default_chunk_size("exact" if form == "exact" else "start", rule.spec.window.c),
+        "shape": (TIMING_SHAPE["batch"], TIMING_SHAPE["length"], TIMING_SHAPE["heads"]),
+    }
+    signature = inspect.signature(fn)
+    args, kwargs = [], {}
+    for name, param in signature.parameters.items():
+        what = next((w for names, w in REPORT_ARGUMENTS.items() if name in names), None)
+        if what is None:
+            if param.default is inspect.Parameter.empty and param.kind not in (
+                param.VAR_POSITIONAL, param.VAR_KEYWORD
+            ):  # fmt: skip
+                return {
+                    "status": "error",
+                    "reason": f"{fn.__name__}{signature}: no value for {name}",
+                }
+            continue
+        if param.kind == param.POSITIONAL_ONLY:
+            args.append(values[what])
+        else:
+            kwargs[name] = values[what]
+    data = plain(fn(*args, **kwargs))
+    kernels = data.get("kernels", data) if isinstance(data, dict) else data
+    count = len(kernels) if isinstance(kernels, (list, dict)) else "?"
     return {
         "status": "ok",
         "spec": spec,
         "target": target,
         "report": data,
-        "summary": f"{n} kernels",
+        "summary": f"{count} kernels at {target}, D = {dim}",
     }
+
+
+def plain(x):
+    """JSON data of a report: dataclasses and objects as dicts of their fields."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return plain(dataclasses.asdict(x))
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return plain(vars(x)) if hasattr(x, "__dict__") else repr(x)
 
 
 # Main ------------------------------------------------------------------------------------------

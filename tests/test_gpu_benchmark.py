@@ -153,3 +153,39 @@ def test_a_spec_and_form_that_timed_out_is_not_run_again(tmp_path, monkeypatch):
             "reason": f"{first} timed out",
         }
         assert rows[f"fast start {dtype} T={t}"]["status"] == "ok"
+
+
+def test_compile_item_passes_what_the_report_function_names():
+    import dataclasses
+    import types
+
+    @dataclasses.dataclass
+    class Kernel:
+        name: str
+        registers: int
+
+    seen = {}
+
+    def report(spec, *, target, d, chunk_size=64, shape=None):
+        seen.update(spec=spec, target=target, d=d, chunk_size=chunk_size, shape=shape)
+        return [Kernel("linear_forward", 96), Kernel("linear_backward", 128)]
+
+    row = gpu.compile_item(types.SimpleNamespace(report=report), "swla", "sm_90", 128)
+    assert row["status"] == "ok" and row["summary"].startswith("2 kernels")
+    assert row["report"] == [
+        {"name": "linear_forward", "registers": 96},
+        {"name": "linear_backward", "registers": 128},
+    ]
+    # swla: the exact form with window c = 8, so the layer's chunk is 64 // 8.
+    assert seen == dict(
+        spec=ROOT / "specs" / "swla.yaml", target="sm_90", d=128, chunk_size=8,
+        shape=(8, 4096, 16),
+    )  # fmt: skip
+
+    def needs_more(spec, target, registers_bound):
+        return []
+
+    row = gpu.compile_item(types.SimpleNamespace(report=needs_more), "swla", "sm_90", 128)
+    assert row["status"] == "error" and "registers_bound" in row["reason"]
+    row = gpu.compile_item(types.SimpleNamespace(other=needs_more), "swla", "sm_90", 128)
+    assert row["status"] == "error" and "'other'" in row["reason"]
