@@ -236,21 +236,46 @@ def _strong(pattern: str, decay: torch.Tensor) -> torch.Tensor:
     return a
 
 
-@pytest.mark.parametrize("pattern", ["uniform", "reset"])
-@pytest.mark.parametrize("grad_at", ["state", "retained"])
-def test_strong_decay_matches_chunk(pattern, grad_at):
-    """Decay factors far below exp(-100) over a chunk: the linear kernels stay finite and equal
-    the chunk backend, outputs and every gradient. The decay matrix and the decay to the
-    chunk's end are exponentials of segment sums of log a (never of cs_t - cs_s, which rounds
-    cs's magnitude into every later factor), and d log a_j sums only the factors holding a_j
-    (row minus column sums left O(1) rounding, divided by a_j: 1e31 here)."""
+# (per-channel decay: the general kernels, else the linear ones; decay pattern; grad_at). The
+# general kernels run token by token, slowly under the interpreter: one case.
+STRONG = [
+    *(
+        (False, pattern, grad_at)
+        for pattern in ("uniform", "reset")
+        for grad_at in ("state", "retained")
+    ),
+    (True, "reset", "retained"),
+]
+
+
+@pytest.mark.parametrize(
+    ("per_channel", "pattern", "grad_at"),
+    STRONG,
+    ids=[f"{'general' if c else 'linear'}-{p}-{g}" for c, p, g in STRONG],
+)
+def test_strong_decay_matches_chunk(per_channel, pattern, grad_at):
+    """Decay factors far below exp(-100) over a chunk: the kernels stay finite and equal the
+    chunk backend, outputs and every gradient. In the linear kernels the decay matrix and the
+    decay to the chunk's end are exponentials of segment sums of log a (never of cs_t - cs_s,
+    which rounds cs's magnitude into every later factor), and d log a_j sums only the factors
+    holding a_j (row minus column sums left O(1) rounding, divided by a_j: 1e31 here). A
+    per-channel decay runs the general kernels, which decay token by token."""
     rule = miras.compile(
         {"name": "strong-decay", "bias": "l2", "retention": {"kind": "l2", "grad_at": grad_at}}
     )
     b, h, d, chunk = 1, 2, 16, 16
-    q, k, v, gates = random_inputs(rule, b=b, t=40, h=h, dk=d, dv=d, dtype=torch.float32)
+    q, k, v, gates = random_inputs(
+        rule,
+        b=b,
+        t=24 if per_channel else 40,
+        h=h,
+        dk=d,
+        dv=d,
+        per_channel=per_channel,
+        dtype=torch.float32,
+    )
     gates["decay"] = _strong(pattern, gates["decay"])
-    log_sum = float(gates["decay"][0, :chunk, 0].double().log().sum())
+    log_sum = float(gates["decay"][0, :chunk, 0].double().log().sum(0).max())
     assert log_sum < -100
     inputs = (q, k, v, gates, _initial_state(rule, b, h, d), rule.default_params(torch.float32))
     inputs = tuple(
