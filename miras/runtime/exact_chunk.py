@@ -106,10 +106,12 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
     theta = steps(opt, "momentum") if rt.has_momentum else None
 
     # Window terms [B, H, P+T, .] -> [B, H, N, n*c, .], row t*c + j is token t's offset j.
+    # Keys and queries contiguous once (they arrive as [B, T, H, D] transposed): every batched
+    # matmul below would copy a strided operand again.
     slope, offset = _signals(rt, form, seq)
-    keys = _window_rows(seq.phi_k, past, c, chunks, n, pad)
+    keys = _window_rows(seq.phi_k, past, c, chunks, n, pad).contiguous()
     slope, offset = (_window_rows(z, past, c, chunks, n, pad) for z in (slope, offset))
-    queries = _pad_tokens(seq.phi_q, pad).unflatten(2, (chunks, n))
+    queries = _pad_tokens(seq.phi_q, pad).unflatten(2, (chunks, n)).contiguous()
 
     like = lr[..., :1]  # [B, H, N, n, 1]
     a = decay if decay is not None else torch.ones_like(like)
@@ -120,49 +122,62 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
         big_theta = torch.cumprod(theta, dim=3)  # Theta_t
         mix = mix_a @ mix_theta  # M = L^a L^theta
         carry = (mix_a @ _rows(big_theta).unsqueeze(-1)).squeeze(-1).movedim(-1, 3)
-    else:
-        mix, carry = mix_a, None
+        mix_lr = mix * _rows(lr).unsqueeze(-2)  # M[t, s] lr_s: [B, H, N, X, n, n]
+    else:  # L^a is read only here: scaled in place
+        carry, mix_lr = None, _mul_fresh(mix_a, _rows(lr).unsqueeze(-2))
     rho = a if rt.retained_gradient else torch.ones_like(like)
     coef_w = rho * _shift(d, 1.0)  # rho_t D_{t-1}: [B, H, N, n, X]
     coef_s = rho * _shift(carry, 0.0) if carry is not None else None
 
-    mix_lr = mix * _rows(lr).unsqueeze(-2)  # M[t, s] lr_s: [B, H, N, X, n, n]
     solve = form.slope != 0.0  # a zero slope (dot): the signals do not depend on the state
     per_head = mix_lr.shape[3] == 1 and slope.shape[-1] == 1
-    if solve:
-        # K over (t, j') x (s, j): rho_t M[t-1, s] lr_s times the keys' Gram matrix; T = I + A K.
+    # R = base + E_W W_0^T - E_S S_0^T, with base = T^-1 C and E = T^-1 diag(A coef) X, where
+    # T = I + A K over (t, j') x (s, j): K = rho_t M[t-1, s] lr_s times the keys' Gram matrix.
+    if solve and per_head:
+        # Row factors (the slope A of row (t, j'), and rho_t) scale the left keys of the Gram
+        # matrix, [nc, Dphi] instead of [nc, nc]; the token matrix multiplies it in place.
+        # A constant slope (l2: 1, no gamma gate, no carried window) is a number, not a pass.
+        const = _constant_slope(rt, form, seq)
+        slope = slope if const is None else const
         if theta is None and rt.retained_gradient:  # a_t L^a[t-1, s] = L^a[t, s], s < t
+            # The diagonal is never read; with a window, a token's own c x c block must be 0.
+            k_tok, row = mix_lr, slope
+            if c > 1:
+                k_tok = mix_lr * _lower(n, True, str(mix_lr.device))
+        else:
+            k_tok, row = _shift_rows(mix_lr), slope * _expand_tokens(rho, c)
+        left = keys if isinstance(row, float) and row == 1.0 else keys * row
+        system = _mul_fresh(left @ keys.mT, _expand_rows(_expand_cols(k_tok, c), c)[:, :, :, 0])
+        scale_w = slope * _expand_tokens(coef_w, c)  # [B, H, N, nc, 1]
+        rhs = [offset, scale_w * keys]
+        if coef_s is not None:
+            rhs.append((slope * _expand_tokens(coef_s, c)) * keys)
+        base, from_w, *rest = _unit_lower_solve(system, *rhs)
+        from_s = rest[0] if rest else None
+    elif solve:  # one system per value channel: the inverse, then its column-scaled copies
+        if theta is None and rt.retained_gradient:
             k_tok = mix_lr * _lower(n, True, str(mix_lr.device))
         else:
             k_tok = _rows(rho).unsqueeze(-1) * _shift_rows(mix_lr)  # [B, H, N, X, n, n]
         gram_kk = (keys @ keys.transpose(-1, -2)).unsqueeze(3)  # [B, H, N, 1, nc, nc]
         system = _expand_rows(_expand_cols(k_tok, c), c) * gram_kk * _rows(slope).unsqueeze(-1)
-        # R = base + E_W W_0^T - E_S S_0^T, with base = T^-1 C and E = T^-1 diag(A coef) X.
         scale_w = slope * _expand_tokens(coef_w, c)  # [B, H, N, nc, X]
         scale_s = slope * _expand_tokens(coef_s, c) if coef_s is not None else None
-        if per_head:  # one solve for every right-hand side: [C | A coef_W X | A coef_S X]
-            rhs = [offset, scale_w * keys] + ([scale_s * keys] if scale_s is not None else [])
-            solved = _unit_lower_solve(system.squeeze(3), torch.cat(rhs, dim=-1))
-            widths = [offset.shape[-1]] + [keys.shape[-1]] * (len(rhs) - 1)
-            base, from_w, *rest = solved.split(widths, dim=-1)
-            from_s = rest[0] if rest else None
-        else:  # one system per value channel: the inverse, then its column-scaled copies
-            eye = torch.eye(n * c, dtype=system.dtype, device=system.device)
-            inverse = _unit_lower_solve(system, eye.expand_as(system))  # [B, H, N, Dv, nc, nc]
-            base = _mix(inverse, offset)
-            from_w = inverse * _rows(scale_w).unsqueeze(-2)
-            from_s = inverse * _rows(scale_s).unsqueeze(-2) if scale_s is not None else None
+        inverse = _unit_lower_inverse_of(system)  # [B, H, N, Dv, nc, nc]
+        base = _mix(inverse, offset)
+        from_w = inverse * _rows(scale_w).unsqueeze(-2)
+        from_s = inverse * _rows(scale_s).unsqueeze(-2) if scale_s is not None else None
     else:
         base, from_w, from_s = offset, None, None
 
     # Row e of the chunk's end: n - 1, or the last real token in the last chunk.
     ends = [n - 1] * (chunks - 1) + [length - 1 - (chunks - 1) * n]
     end = torch.tensor(ends, device=lr.device)
-    last_w = _at_row(_expand_cols(mix_lr, c), end)  # [B, H, N, X, nc]
+    last_w = _expand_cols(_at_row(mix_lr, end), c)  # [B, H, N, X, nc]
     d_end = _at_token(d, end)  # [B, H, N, X]
     last_s = carry_end = theta_end = None
     if theta is not None:
-        last_s = _at_row(_expand_cols(mix_theta * _rows(lr).unsqueeze(-2), c), end).mT
+        last_s = _expand_cols(_at_row(mix_theta, end) * _rows(lr), c).mT
         carry_end, theta_end = _at_token(carry, end), _at_token(big_theta, end)
     return Prepared(
         length, c, queries, keys, d, carry, mix_lr,
@@ -308,55 +323,174 @@ class _ScanChunks(torch.autograd.Function):
 
 
 def _scan(base, keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end, w, s):
-    """The forward recurrence of `scan_chunks`, a loop over chunks of small products."""
+    """The forward recurrence of `scan_chunks`, a loop over chunks of small products. Per head
+    (X = 1) the end weights scale the keys once for all chunks, lw_i * K_i, so each chunk is
+    two fused multiply-adds (baddbmm) on [B*H] batches: r_i = base_i + F_i W_i^T and
+    W_{i+1} = d_i W_i - r_i^T (lw_i * K_i)."""
     per_channel = from_w is not None and from_w.dim() == 6
     chunks = base.shape[2]
     signals, starts_w, starts_s = [], [], []
+    per_head = last_w.shape[-1] == 1 and d_end.shape[-1] == 1
+    if per_head:  # [B, H, N, nc, Dphi]
+        lw_keys = last_w * keys
+        ls_keys = last_s * keys if s is not None else None
     for i in range(chunks):
         k = keys[:, :, i]
         starts_w.append(w)
         starts_s.append(s)
-        r = base[:, :, i]  # [B, H, nc, Dv]
         if per_channel:
-            r = r + _mix(from_w[:, :, i], k @ w.mT)
+            r = base[:, :, i] + _mix(from_w[:, :, i], k @ w.mT)
             if s is not None:
                 r = r - _mix(from_s[:, :, i], k @ s.mT)
         elif from_w is not None:
-            r = r + from_w[:, :, i] @ w.mT
+            r = _plus_mm(base[:, :, i], from_w[:, :, i], w.mT)
             if s is not None:
-                r = r - from_s[:, :, i] @ s.mT
+                r = _plus_mm(r, from_s[:, :, i], s.mT, alpha=-1)
+        else:
+            r = base[:, :, i]  # [B, H, nc, Dv]
         signals.append(r)
-        w_new = d_end[:, :, i, :, None] * w - (r * last_w[:, :, i]).mT @ k
-        if s is not None:
-            w_new = w_new - carry_end[:, :, i, :, None] * s
-            s = theta_end[:, :, i, :, None] * s + (r * last_s[:, :, i]).mT @ k
+        if per_head:
+            w_new = _plus_mm(d_end[:, :, i, :, None] * w, r.mT, lw_keys[:, :, i], alpha=-1)
+            if s is not None:
+                w_new = w_new.sub_(carry_end[:, :, i, :, None] * s)
+                s = _plus_mm(theta_end[:, :, i, :, None] * s, r.mT, ls_keys[:, :, i])
+        else:
+            w_new = d_end[:, :, i, :, None] * w - (r * last_w[:, :, i]).mT @ k
+            if s is not None:
+                w_new = w_new - carry_end[:, :, i, :, None] * s
+                s = theta_end[:, :, i, :, None] * s + (r * last_s[:, :, i]).mT @ k
         w = w_new
     starts_s = torch.stack(starts_s, dim=2) if s is not None else None
     return torch.stack(signals, dim=2), torch.stack(starts_w, dim=2), starts_s, w, s
+
+
+def _plus_mm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0):
+    """c + alpha a @ b for [B, H, ., .] operands, as one baddbmm over B*H matrices."""
+    out = torch.baddbmm(c.flatten(0, 1), a.flatten(0, 1), b.flatten(0, 1), alpha=alpha)
+    return out.unflatten(0, c.shape[:2])
 
 
 def read(prep: Prepared, r: torch.Tensor, starts_w: torch.Tensor, starts_s: torch.Tensor | None):
     """The outputs for all chunks at once, o [B, H, T, Dv], from the signals r [B, H, N, nc, Dv]
     and the chunk-start states [B, H, N, Dv, Dphi]:
         o_t = D_t W_0 q_t - carry_t S_0 q_t - sum_{s<=t} M[t, s] lr_s sum_j (x_{s,j} . q_t) r_{s,j}.
-    """
+    Per head (X = 1) the row factors D_t and carry_t scale the queries ([n, Dphi]) instead of
+    the products, and the subtraction is fused into one baddbmm."""
     queries, keys = prep.queries, prep.keys
-    read_mix = _expand_cols(prep.mix_lr, prep.c) * (queries @ keys.mT).unsqueeze(3)
-    o = prep.d * (queries @ starts_w.mT)
-    if read_mix.shape[3] == 1:  # o -= read_mix r in place of a new tensor
-        o = torch.baddbmm(o.flatten(0, 2), read_mix.flatten(0, 3), r.flatten(0, 2), alpha=-1)
-        o = o.unflatten(0, r.shape[:3])
-    else:
-        o = o - _mix(read_mix, r)
+    mix = _expand_cols(prep.mix_lr, prep.c)  # [B, H, N, X, n, nc]
+    read_mix = _mul_fresh(queries @ keys.mT, mix.squeeze(3)) if mix.shape[3] == 1 else None
+    if read_mix is not None and prep.d.shape[-1] == 1:
+        o = (prep.d * queries) @ starts_w.mT
+        if starts_s is not None:
+            o = o - (prep.carry * queries) @ starts_s.mT
+        # o -= read_mix r in place of a new tensor
+        o = torch.baddbmm(o.flatten(0, 2), read_mix.flatten(0, 2), r.flatten(0, 2), alpha=-1)
+        return o.unflatten(0, r.shape[:3]).flatten(2, 3)[:, :, : prep.length]
+    read_mix = mix * (queries @ keys.mT).unsqueeze(3) if read_mix is None else read_mix.unsqueeze(3)
+    o = prep.d * (queries @ starts_w.mT) - _mix(read_mix, r)
     if starts_s is not None:
         o = o - prep.carry * (queries @ starts_s.mT)
     return o.flatten(2, 3)[:, :, : prep.length]
 
 
-def _unit_lower_solve(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-    """(I + system)^-1 rhs for a strictly lower-triangular `system`: `unitriangular` reads
-    neither the diagonal nor the upper triangle, so I + system is never formed."""
-    return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+def _unit_lower_solve(system: torch.Tensor, *rhs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(I + system)^-1 R for each right-hand side R, `system` [.., m, m] strictly lower
+    triangular (its diagonal and upper triangle are never read, so I + system is never formed):
+    one inverse (`_unit_lower_inverse`), then one matmul per right-hand side."""
+    return _UnitLowerSolve.apply(system, *rhs)
+
+
+def _unit_lower_inverse_of(system: torch.Tensor) -> torch.Tensor:
+    """(I + system)^-1 for a strictly lower-triangular `system` [.., m, m], differentiable."""
+    return _UnitLowerInverse.apply(system)
+
+
+# The diagonal blocks `_unit_lower_inverse` hands to LAPACK; every larger block is matmuls.
+# torch's batched solve_triangular loops over the batch in small trsm calls: at 64 rows and 128
+# right-hand columns it ran at 13 GFLOP/s on one core, where this inverse plus a matmul per
+# right-hand side takes a third of its time (docs/benchmarks.md, "Roofline").
+_BLOCK = 16
+
+
+def _unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
+    """(I + a)^-1 for a strictly lower-triangular a [.., m, m] (diagonal and upper not read),
+    by blocks: LAPACK inverts the diagonal 16 x 16 blocks of every matrix in one call, then
+    each doubling of the block size fills the lower-left block of every 2 x 2 block matrix,
+    T21 = -T22 A21 T11, with two batched matmuls. m is padded with identity rows to 16 * 2^k."""
+    m = a.shape[-1]
+    if m <= _BLOCK:
+        eye = torch.eye(m, dtype=a.dtype, device=a.device).expand_as(a)
+        return torch.linalg.solve_triangular(a, eye, upper=False, unitriangular=True)
+    size = _BLOCK
+    while size < m:
+        size *= 2
+    if size != m:  # zero rows and columns of a: the inverse is the identity there
+        a = F.pad(a, (0, size - m, 0, size - m))
+    out = a.new_zeros(a.shape)
+    eye = torch.eye(_BLOCK, dtype=a.dtype, device=a.device)
+    diag = _diagonal_blocks(a, _BLOCK)
+    _diagonal_blocks(out, _BLOCK).copy_(
+        torch.linalg.solve_triangular(diag, eye.expand_as(diag), upper=False, unitriangular=True)
+    )
+    s = _BLOCK
+    while s < size:
+        t, lower = _diagonal_blocks(out, 2 * s), _diagonal_blocks(a, 2 * s)[..., s:, :s]
+        t[..., s:, :s] = (t[..., s:, s:] @ lower).neg_() @ t[..., :s, :s]
+        s *= 2
+    return out if size == m else out[..., :m, :m]
+
+
+def _diagonal_blocks(x: torch.Tensor, s: int) -> torch.Tensor:
+    """The diagonal s x s blocks of x [.., m, m] as a view [.., m / s, s, s]."""
+    g = x.shape[-1] // s
+    blocks = x.unflatten(-1, (g, s)).unflatten(-3, (g, s))  # [.., g, s, g, s]
+    return blocks.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+class _UnitLowerSolve(torch.autograd.Function):
+    """X_i = (I + A)^-1 R_i. Backward (A strictly lower): dR_i = T^T dX_i and
+    dA = -tril_{-1}(sum_i dR_i X_i^T), T = (I + A)^-1: two matmuls per right-hand side, the
+    same as solve_triangular's own backward without its second solve."""
+
+    @staticmethod
+    def forward(ctx, system, *rhs):
+        inverse = _unit_lower_inverse(system)
+        xs = tuple(inverse @ r for r in rhs)
+        ctx.save_for_backward(inverse, *xs)
+        return xs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *g_xs):
+        inverse, *xs = ctx.saved_tensors
+        g_system, g_rhs = None, []
+        for g, x in zip(g_xs, xs, strict=True):
+            if g is None:
+                g_rhs.append(None)
+                continue
+            g_r = inverse.mT @ g
+            g_rhs.append(g_r)
+            term = g_r @ x.mT
+            g_system = term if g_system is None else g_system.add_(term)
+        if g_system is not None:
+            g_system = g_system.tril_(-1).neg_()
+        return (g_system, *g_rhs)
+
+
+class _UnitLowerInverse(torch.autograd.Function):
+    """T = (I + A)^-1, A strictly lower; backward dA = -tril_{-1}(T^T dT T^T)."""
+
+    @staticmethod
+    def forward(ctx, system):
+        inverse = _unit_lower_inverse(system)
+        ctx.save_for_backward(inverse)
+        return inverse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_inverse):
+        (inverse,) = ctx.saved_tensors
+        return ((inverse.mT @ g_inverse @ inverse.mT).tril_(-1).neg_(),)
 
 
 # Helpers. Token-major tensors are [B, H, N, n, X]; matrices over a chunk [B, H, N, X, n, n].
@@ -397,6 +531,15 @@ def _signals(rt: Runtime, form: ChunkForm, seq: Tokens):
     return torch.where(live, slope, 0.0), torch.where(live, offset, 0.0)
 
 
+def _constant_slope(rt: Runtime, form: ChunkForm, seq: Tokens) -> float | None:
+    """The slope of `_signals` as a number where it is one for every window slot: a constant
+    d2L/dy2 times a constant gamma, with no empty slot; else None."""
+    gamma = rt.spec.window.gamma
+    if form.slope is None or gamma == "gate" or seq.past:
+        return None
+    return float(form.slope) * float(gamma)
+
+
 def _window_rows(z: torch.Tensor, past: int, c: int, chunks: int, n: int, pad: int):
     """[B, H, P+T, D] (the window arrays) -> [B, H, N, n*c, D]: row t*c + j of chunk m holds
     token m*n + t - j; zero rows past the end."""
@@ -424,8 +567,18 @@ def _decay_matrix(f: torch.Tensor) -> torch.Tensor:
     n = f.shape[3]
     device = str(f.device)
     rows = _rows(f).unsqueeze(-1).expand(*f.shape[:3], f.shape[-1], n, n)  # [t, s] = f_t
-    factors = torch.where(_lower(n, True, device), rows, torch.ones_like(rows))
-    return torch.cumprod(factors, dim=-2) * _lower(n, False, device)
+    factors = torch.where(_lower(n, True, device), rows, 1.0)
+    if torch.is_grad_enabled():
+        return torch.cumprod(factors, dim=-2) * _lower(n, False, device)
+    return factors.cumprod_(dim=-2).mul_(_lower(n, False, device))  # a temporary: in place
+
+
+def _mul_fresh(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x * y, written into x when no graph is being recorded and y broadcasts to x's shape:
+    x must be a temporary the caller owns (one pass and no new [.., n, n] tensor)."""
+    if torch.is_grad_enabled() or torch.broadcast_shapes(x.shape, y.shape) != x.shape:
+        return x * y
+    return x.mul_(y)
 
 
 def _rows(z: torch.Tensor) -> torch.Tensor:
