@@ -249,3 +249,89 @@ def test_packed_sequences_equal_each_sequence_alone():
         )  # fmt: skip
         torch.testing.assert_close(o[:, sl], alone)
         torch.testing.assert_close(final["H_vk"][i : i + 1], state["H_vk"])
+
+
+# The layer, a trained task, the probes, a study ------------------------------------------------
+
+
+def test_a_layer_decodes_token_by_token_as_it_runs_in_parallel():
+    """The statistics start at zero and are not learned (a learned H_kk could leave the PSD
+    cone); one token at a time from the cache equals the parallel chunk form."""
+    from miras.models.layer import MirasLayer
+
+    torch.manual_seed(0)
+    layer = MirasLayer(miras.load_spec(MESANET), d_model=16, n_heads=2).double()
+    assert not any("H_" in name for name, _ in layer.named_parameters())
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    whole, _ = layer(x)
+    cache, pieces = layer.empty_cache(2), []
+    for t in range(13):
+        y, cache = layer(x[:, t : t + 1], cache)
+        pieces.append(y)
+    torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=1e-10, atol=1e-12)
+
+
+def test_mesanet_trains_on_a_tiny_mqar():
+    """A one-layer MesaNet on MQAR at T = 32 (4 pairs): the loss falls in 40 steps."""
+    import math
+
+    from miras.tasks import make_task
+
+    spec = {**miras.load_spec(MESANET).normalized(), "model": {"d_model": 32, "n_layers": 1}}
+    task = make_task("mqar", seq_len=32, num_pairs=4, vocab_size=32)
+    result = miras.train(
+        spec, task, steps=40, batch_size=16, lr=3.0e-3, warmup=2, eval_every=40,
+        eval_batches=1, progress=False,
+    )  # fmt: skip
+    first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
+    assert math.isfinite(result.metrics["loss"]) and last < first - 0.2, (first, last)
+
+
+def test_the_probes_read_the_minimizer_the_statistics_stand_for():
+    """Below d_k pairs the exact minimizer with a small ridge recalls almost exactly; one
+    delta-rule step per pair does not (capacity probe, in context, one pass)."""
+    from miras.probes.suite import capacity, interference, outliers
+
+    opts = dict(d_k=8, trials=4, seeds=2)
+    exact = capacity(MESANET, pair_counts=[4], **opts).rows()[0]["mean"]
+    delta = capacity(ROOT / "specs/deltanet.yaml", pair_counts=[4], **opts).rows()[0]["mean"]
+    assert exact < 0.05 < delta
+    for probe in (interference, outliers):  # the other probes run on it too
+        rows = probe(
+            MESANET, d_k=8, trials=2, seeds=1, gates={"decay": 1, "ridge": 0.1, "gamma": 1}
+        ).rows()
+        assert rows and all(0 <= r["mean"] < 2 for r in rows)
+
+
+def test_a_study_searches_the_exact_optimizer(tmp_path):
+    """`optimizer.kind: {choices: [gd, exact]}` through the search API: the grid trains one
+    trial of each (a global window and an l2 decay, which both take)."""
+    import math
+
+    from search_support import trials_of, write_study
+
+    from miras.search import search
+
+    study = write_study(
+        tmp_path,
+        spec={
+            "memory": "matrix",
+            "bias": "l2",
+            "retention": {"kind": "l2", "decay": "gate"},
+            "optimizer": {"kind": {"choices": ["gd", "exact"]}},
+            "window": "global",
+            "model": {"d_model": 16, "n_layers": 1, "n_heads": 1},
+        },
+        train={"steps": 5, "batch_size": 8, "lr": 3.0e-3, "warmup": 1, "eval_every": 5,
+               "eval_batches": 1},
+        sampler="grid",
+        pruner="none",
+        trials=2,
+    )  # fmt: skip
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    summary = search(study, storage=storage, threads=1)
+    assert summary.counts.complete == 2
+    trials = trials_of(storage, "tiny")
+    kinds = sorted(miras.load_spec(t.user_attrs["spec"]).optimizer.kind for t in trials)
+    assert kinds == ["exact", "gd"]
+    assert all(math.isfinite(t.user_attrs["metrics"]["loss"]) for t in trials)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from miras.rule import MemoryRule
+from miras.runtime import exact_minimizer
 from miras.stats import confidence_interval
 from miras.tasks.capacity import as_rule, features
 
@@ -35,6 +36,7 @@ GATE_GRID: dict[str, tuple[float, ...]] = {
     "radius": (0.03, 0.3),
     "threshold": (0.001, 0.01),
     "gamma": (1.0,),
+    "ridge": (0.001, 0.01, 0.1, 1.0),  # optimizer exact: lambda on diag(H_kk)
 }
 # What the recall error means, for every table and figure of a probe.
 SCALE = "0 is exact recall; 1 is no better than reading zero"
@@ -179,6 +181,10 @@ def recall_errors(
     _, state = rule(seq_k, seq_k, seq_v, gates, backend="recurrent", output_final_state=True)
     state = {"W": state} if isinstance(state, torch.Tensor) else state
     rt = rule.runtime
+    if rule.plan.chunk_form.form == "minimizer":  # statistics: W solves the normal equations
+        ridge = gates["ridge"][:, -1, :, None] if "ridge" in gates else rule.spec.optimizer.ridge
+        ridge = torch.as_tensor(ridge, dtype=k.dtype)
+        state = {"W": exact_minimizer.weights(rule.plan.chunk_form, state, ridge)}
     weights = {name: w.unsqueeze(2) for name, w in rt.weights(state).items()}  # [B, H, 1, o, i]
     phi = features(rule, episode.read_k)[:, None]  # [B, 1, M, d_phi]
     phi = phi.expand(b, h, *phi.shape[2:])

@@ -139,6 +139,18 @@ class _CholeskySolve(torch.autograd.Function):
         return -y.unsqueeze(-1) * x.unsqueeze(-2), y, None
 
 
+def weights(form: ChunkForm, state: State, ridge: torch.Tensor) -> torch.Tensor:
+    """W = H_vk (s H_kk + diag(ridge))^-1, the minimizer the statistics stand for, for reads
+    outside a sequence (the probes): state H_kk [B, H, D, D], H_vk [B, H, Dv, D]; ridge
+    [B, H, D] (or broadcasting). Returns W [B, H, Dv, D]."""
+    kk, vk = state["H_kk"], state["H_vk"]
+    rows = vk.shape[-2]
+    # Row j of W is A^-1 (row j of H_vk), A symmetric: one system per value channel.
+    kk = kk.unsqueeze(-3).expand(*kk.shape[:-2], rows, *kk.shape[-2:])
+    ridge = ridge.expand(*vk.shape[:-2], vk.shape[-1]).unsqueeze(-2).expand(vk.shape)
+    return solve(kk, ridge, form.slope, vk)
+
+
 def recurrent(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State):
     """One token at a time: returns o [B, H, T, Dv] and the final statistics."""
     log_a, gamma, r = inputs(rt, phi_k, v, gates)
