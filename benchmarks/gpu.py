@@ -312,10 +312,12 @@ GATE_RANGES = {"decay": (0.9, 1.0), "momentum": (0.5, 0.9), "lr": (0.1, 0.5)}
 def gates_for(rule, b, t, h, dtype, device, summed: int, gen) -> dict[str, torch.Tensor]:
     """In-range gates [B, T, H]: decays in [0.9, 1), momentum in [0.5, 0.9), learning rates in
     [0.1, 0.5) / `summed` (the tokens a chunk-start chunk sums at one state, as the layer
-    starts it), any other gate in [0.5, 1.5)."""
+    starts it), any other gate in [0.5, 1.5), or [0.5, 0.9) of its bound where it has one."""
     out = {}
     for info in rule.plan.gates:
-        lo, hi = GATE_RANGES.get(info.name, (0.5, 1.5))
+        top = info.allowed.hi
+        default = (0.5, 1.5) if math.isinf(top) else (0.5 * top, 0.9 * top)
+        lo, hi = GATE_RANGES.get(info.name, default)
         if info.name == "lr":
             lo, hi = lo / summed, hi / summed
         r = torch.rand(b, t, h, generator=gen, dtype=torch.float64)
