@@ -37,7 +37,9 @@ from miras.components.memory.nonparametric import NonparametricMemory
 from miras.components.optimizer.gd import GD
 from miras.components.optimizer.momentum import Momentum
 from miras.components.optimizer.muon import Muon, newton_schulz
+from miras.components.optimizer.exact import Exact
 from miras.components.optimizer.nesterov import Nesterov
+from miras.components.optimizer.proximal import Proximal
 from miras.components.retention.f_divergence import FDivergenceRetention
 from miras.errors import DerivationError
 from miras.runtime.triton_coverage import unsupported_reason
@@ -92,6 +94,9 @@ class OptimizerContract:
     """Every optimizer passes these. Subclass: set `optimizer`, write `expected`."""
 
     optimizer: Optimizer
+    # The spec fields `test_backends_run_the_update` runs on: a memory whose chunk-start form
+    # calls `update` per token (the general path).
+    backend_fields: dict = {"memory": "mlp"}
 
     def expected(self, g, s, gates) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The published (u_t, s_t) from g_t and s_{t-1}, written by hand in torch."""
@@ -169,7 +174,7 @@ class OptimizerContract:
             calls.append(1)
             return original(self_, *args, **kwargs)
 
-        spec = {"name": f"contract_{self.optimizer.kind}", "memory": "mlp"}
+        spec = {"name": f"contract_{self.optimizer.kind}", **self.backend_fields}
         spec["optimizer"] = {"kind": self.optimizer.kind, **self.optimizer.parameters()}
         monkeypatch.setattr(type(self.optimizer), "update", spy)
         recurrent = _run(spec, "recurrent")
@@ -213,6 +218,67 @@ class TestNesterov(OptimizerContract):
 
     def test_not_the_fast_forms(self):
         assert self.optimizer.linear_form is None
+
+
+class TestExact(OptimizerContract):
+    """The exact minimizer takes no step: `update` is never called, and the contract's
+    per-token checks become what it does instead (tests/test_exact_minimizer.py has the rest)."""
+
+    optimizer = Exact()
+    fields = {"retention": {"kind": "l2", "decay": "gate"}, "window": "global"}
+
+    def test_update_is_the_published_rule(self):
+        g, s, gates = self._step(0)
+        with pytest.raises(ValueError, match="no per-token update"):
+            self.optimizer.update(g, s, **gates)
+
+    def test_fixed_gates_are_accepted(self):
+        spec = {
+            "name": "contract_exact",
+            **self.fields,
+            "optimizer": {"kind": "exact", "ridge": 0.5},
+        }
+        o = _run(spec, "chunk", chunk_size=4)
+        assert bool(torch.isfinite(o).all())
+
+    def test_triton_runs_only_the_linear_forms(self):
+        spec = miras.load_spec({"name": "contract", **self.fields, "optimizer": {"kind": "exact"}})
+        assert "exact optimizer" in unsupported_reason(spec)
+
+    def test_update_lines_name_u_t(self):
+        """No u_t: the step is the statistics, then W_t, the minimizer."""
+        assert "no update" in "\n".join(plain_lines(self.optimizer.update_lines()))
+        spec = miras.load_spec({"name": "contract", **self.fields, "optimizer": {"kind": "exact"}})
+        text = "\n".join(plain_lines(self.optimizer.whole_step_lines(spec)))
+        assert "H_kk,t =" in text and "W_t =" in text
+
+    def test_backends_run_the_update(self):
+        """Both backends run the statistics, and agree at chunk sizes 1 and 4."""
+        spec = {"name": "contract_exact", **self.fields, "optimizer": {"kind": "exact"}}
+        recurrent = _run(spec, "recurrent")
+        for size in (1, 4):
+            chunk = _run(spec, "chunk", chunk_size=size)
+            torch.testing.assert_close(chunk, recurrent, rtol=1e-12, atol=1e-12)
+
+
+class TestProximal(OptimizerContract):
+    optimizer = Proximal()
+    # A matrix memory (the closed form needs one) with KL retention: the general chunk-start
+    # path, which calls `update` per token.
+    backend_fields = {"memory": "matrix", "retention": "kl"}
+
+    def expected(self, g, s, gates):
+        # `update` takes the step size eta_t that `step_size` made of lr_t (the runtime applies
+        # it first), so u_t = eta_t g_t.
+        return gates["lr"] * g, None
+
+    def test_step_size_is_the_proximal_one(self):
+        """eta = lr / (1 + lr c): below lr and below 1 / c, so a write never overshoots."""
+        lr = torch.tensor([0.0, 0.1, 1.0, 10.0, 1e6], dtype=f64)
+        for curvature in (0.0, 0.5, 1e4):
+            eta = self.optimizer.step_size(lr, torch.tensor(curvature, dtype=f64))
+            torch.testing.assert_close(eta, lr / (1 + lr * curvature), rtol=RTOL, atol=0)
+            assert bool((eta <= lr).all()) and bool((eta * curvature < 1).all())
 
 
 # Memories --------------------------------------------------------------------------------------
