@@ -39,6 +39,7 @@ from miras.components.optimizer.gd import GD
 from miras.components.optimizer.momentum import Momentum
 from miras.components.optimizer.muon import Muon, newton_schulz
 from miras.components.optimizer.nesterov import Nesterov
+from miras.components.optimizer.proximal import Proximal
 from miras.components.retention.f_divergence import FDivergenceRetention
 from miras.errors import DerivationError
 from miras.runtime.triton_coverage import unsupported_reason
@@ -93,6 +94,9 @@ class OptimizerContract:
     """Every optimizer passes these. Subclass: set `optimizer`, write `expected`."""
 
     optimizer: Optimizer
+    # The spec fields `test_backends_run_the_update` runs on: a memory whose chunk-start form
+    # calls `update` per token (the general path).
+    backend_fields: dict = {"memory": "mlp"}
 
     def expected(self, g, s, gates) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The published (u_t, s_t) from g_t and s_{t-1}, written by hand in torch."""
@@ -170,7 +174,7 @@ class OptimizerContract:
             calls.append(1)
             return original(self_, *args, **kwargs)
 
-        spec = {"name": f"contract_{self.optimizer.kind}", "memory": "mlp"}
+        spec = {"name": f"contract_{self.optimizer.kind}", **self.backend_fields}
         spec["optimizer"] = {"kind": self.optimizer.kind, **self.optimizer.parameters()}
         monkeypatch.setattr(type(self.optimizer), "update", spy)
         recurrent = _run(spec, "recurrent")
@@ -258,6 +262,26 @@ class TestExact(OptimizerContract):
         for size in (1, 4):
             chunk = _run(spec, "chunk", chunk_size=size)
             torch.testing.assert_close(chunk, recurrent, rtol=1e-12, atol=1e-12)
+
+
+class TestProximal(OptimizerContract):
+    optimizer = Proximal()
+    # A matrix memory (the closed form needs one) with KL retention: the general chunk-start
+    # path, which calls `update` per token.
+    backend_fields = {"memory": "matrix", "retention": "kl"}
+
+    def expected(self, g, s, gates):
+        # `update` takes the step size eta_t that `step_size` made of lr_t (the runtime applies
+        # it first), so u_t = eta_t g_t.
+        return gates["lr"] * g, None
+
+    def test_step_size_is_the_proximal_one(self):
+        """eta = lr / (1 + lr c): below lr and below 1 / c, so a write never overshoots."""
+        lr = torch.tensor([0.0, 0.1, 1.0, 10.0, 1e6], dtype=f64)
+        for curvature in (0.0, 0.5, 1e4):
+            eta = self.optimizer.step_size(lr, torch.tensor(curvature, dtype=f64))
+            torch.testing.assert_close(eta, lr / (1 + lr * curvature), rtol=RTOL, atol=0)
+            assert bool((eta <= lr).all()) and bool((eta * curvature < 1).all())
 
 
 # Memories --------------------------------------------------------------------------------------
