@@ -417,7 +417,7 @@ BAD = [
     ),
     pytest.param(
         {"optimizer": {"kind": "gd", "keys": "per_step"}},
-        "optimizer.keys",
+        "optimizer.steps",
         ["per_step", "steps >= 2", "got steps: 1"],
         id="gd-per-step-keys-one-step",
     ),

@@ -61,9 +61,9 @@ class GD(Optimizer):
         if self.keys == "per_step" and self.steps == 1:
             problems.append(
                 Problem(
-                    "optimizer.keys",
+                    "optimizer.steps",
                     "keys: per_step gives each of a token's steps its own key and value; it "
-                    "needs steps >= 2, got steps: 1 (use keys: same)",
+                    "needs steps >= 2, got steps: 1 (or use keys: same)",
                 )
             )
         if self.steps == 1:

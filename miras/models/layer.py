@@ -150,6 +150,7 @@ class GateMaps(nn.Module):
         rank: int,
         summed_steps: int = 1,
         feature_norm: float = 1.0,
+        per_step: dict[str, int] | None = None,
     ):
         """`summed_steps`: how many tokens' gradients the chunk form takes at one state (the
         chunk size in the chunk-start and dual forms, 1 in the exact form); the learning rate
@@ -168,20 +169,23 @@ class GateMaps(nn.Module):
         super().__init__()
         self.infos, self.n_heads, self.summed_steps = gates, n_heads, summed_steps
         self.feature_norm = feature_norm
+        # `per_step`: gate name -> n for a gate with one value per optimizer step (DeltaProduct's
+        # beta), returned packed [B, T*n, H]; every other gate is [B, T, H].
+        self.counts = [(per_step or {}).get(info.name, 1) for info in gates]
         if not gates:
             return
         self.down = nn.Linear(d_model, rank, bias=False)
-        self.up = nn.Linear(rank, len(gates) * n_heads)
+        self.up = nn.Linear(rank, sum(self.counts) * n_heads)
         nn.init.zeros_(self.up.weight)  # start every gate at its bias: GATE_START
         with torch.no_grad():
             self.up.bias.copy_(self.initial_bias())
 
     def initial_bias(self) -> torch.Tensor:
         biases = []
-        for info in self.infos:
+        for info, count in zip(self.infos, self.counts, strict=True):
             start = GATE_START.get(info.name, 1.0)
             ceiling = GATE_CEILING.get(info.name)
-            for h in range(self.n_heads):
+            for h in [h for _ in range(count) for h in range(self.n_heads)]:
                 value = start(h) if callable(start) else start
                 if info.name == "lr":
                     value = min(value, 1.0 / self.feature_norm) / self.summed_steps
@@ -195,11 +199,14 @@ class GateMaps(nn.Module):
         # bits a decay of 0.999 rounds to 1.0 and the memory would never forget.
         with torch.autocast(x.device.type, enabled=False):
             raw = self.up(self.down(x.to(self.up.weight.dtype)))
-            raw = raw.unflatten(-1, (len(self.infos), self.n_heads))
-            return {
-                info.name: squash(raw[..., i, :], info.allowed, GATE_CEILING.get(info.name))
-                for i, info in enumerate(self.infos)
-            }
+            raw = raw.unflatten(-1, (sum(self.counts), self.n_heads))  # [B, T, sum n, H]
+            out, first = {}, 0
+            for info, count in zip(self.infos, self.counts, strict=True):
+                part = raw[..., first : first + count, :]  # [B, T, n, H]
+                first += count
+                gate = squash(part, info.allowed, GATE_CEILING.get(info.name))
+                out[info.name] = gate.squeeze(-2) if count == 1 else gate.flatten(1, 2)
+            return out
 
 
 class Norm(nn.RMSNorm):
@@ -316,11 +323,18 @@ class MirasLayer(nn.Module):
         self.backend = backend
         self.chunk_mode = chunk_mode
         self.check_inputs = check_inputs
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.conv = ShortConv(3 * d_model, conv_size)
+        # keys: per_step (DeltaProduct): n keys and values per token, the rule's [B, T*n, H, D].
+        opt = spec.optimizer
+        per_step = {name: opt.steps_per_token() for name in opt.per_step_inputs()}
+        self.keys_per_token = per_step.get("k", 1)
+        width = (1 + 2 * self.keys_per_token) * d_model
+        self.qkv = nn.Linear(d_model, width, bias=False)
+        self.conv = ShortConv(width, conv_size)
         summed = 1 if mode == "exact" else self.chunk_size
         bound = feature_norm_bound(self.rule, self.head_dim)
-        self.gates = GateMaps(self.rule.plan.gates, d_model, n_heads, gate_rank, summed, bound)
+        self.gates = GateMaps(
+            self.rule.plan.gates, d_model, n_heads, gate_rank, summed, bound, per_step
+        )
         self.out_norm = Norm(self.head_dim, eps=1e-6)
         self.out_gate = nn.Linear(d_model, d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
@@ -344,12 +358,17 @@ class MirasLayer(nn.Module):
         return x.unflatten(-1, (self.n_heads, self.head_dim))
 
     def memory_inputs(self, x: torch.Tensor, conv_cache: torch.Tensor | None):
-        """q, k [B, T, H, Dk] (l2-normalized), v [B, T, H, Dv], gates, and the conv cache."""
+        """q, k [B, T, H, Dk] (l2-normalized), v [B, T, H, Dv], gates, and the conv cache;
+        with n keys per token (`keys_per_token`) k, v [B, T*n, H, D], step j of token t at
+        t*n + j (fla's packing)."""
         qkv, conv_cache = self.conv(self.qkv(x), conv_cache)
         # The rule's inputs in the parameters' precision (float32): under bf16 autocast the
         # projections are bf16 products, cast up exactly, to meet the float32 gates.
         dtype = self.qkv.weight.dtype
-        q, k, v = (self.split_heads(t).to(dtype) for t in qkv.chunk(3, dim=-1))
+        n, d = self.keys_per_token, self.d_model
+        q, k, v = qkv.split([d, n * d, n * d], dim=-1)
+        k, v = (t.unflatten(-1, (n, d)).flatten(1, 2) for t in (k, v))  # [B, T*n, D]
+        q, k, v = (self.split_heads(t).to(dtype) for t in (q, k, v))
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         return q, k, v, self.gates(x), conv_cache
 

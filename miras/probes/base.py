@@ -168,17 +168,25 @@ def recall_errors(
     Returns [H, B]: the mean relative recall error over the read pairs, per configuration
     (H = len(configs)) and trial."""
     k, v = episode.write_k, episode.write_v
+    # A rule with n keys per token (DeltaProduct's `keys: per_step`) writes the stream n pairs
+    # a token, after pad < n empty steps (lr 0) so that n divides its length.
+    opt = rule.spec.optimizer
+    n = opt.steps_per_token() if "k" in opt.per_step_inputs() else 1
+    pad = (-k.shape[1]) % n
+    k, v = (torch.cat([x.new_zeros(x.shape[0], pad, x.shape[2]), x], dim=1) for x in (k, v))
     b, t, _ = k.shape
     h = len(configs)
     seq_k = k[:, :, None].expand(b, t, h, k.shape[-1])  # [B, T, H, d_k]
     seq_v = v[:, :, None].expand(b, t, h, v.shape[-1])
     params = rule.default_params(k.dtype)
     norm2 = rule.runtime.feature(k, params).pow(2).sum(-1, keepdim=True)  # [B, T, 1]
+    norm2[:, :pad] = math.inf  # the empty steps: lr 0
     gates = {}
     for name in rule.gates:
         values = torch.tensor([c[name] for c in configs], dtype=k.dtype)  # [H]
-        gates[name] = values / norm2 if name == "lr" else values.expand(b, t, h)
-    _, state = rule(seq_k, seq_k, seq_v, gates, backend="recurrent", output_final_state=True)
+        gates[name] = values / norm2 if name == "lr" else values.expand(b, t // n, h)
+    seq_q = seq_k[:, n - 1 :: n]  # unread: the probe reads the final state
+    _, state = rule(seq_q, seq_k, seq_v, gates, backend="recurrent", output_final_state=True)
     state = {"W": state} if isinstance(state, torch.Tensor) else state
     rt = rule.runtime
     if rule.plan.chunk_form.form == "minimizer":  # statistics: W solves the normal equations
