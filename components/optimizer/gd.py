@@ -117,4 +117,19 @@ class GD(Optimizer):
     def update_lines(self) -> list:
         from miras.terms import Line, scalar, sym, times
 
-        return [Line(sym("u_t"), times(scalar(self.lr, "lr"), sym("g_t")))]
+        lines = [Line(sym("u_t"), times(scalar(self.lr, "lr"), sym("g_t")))]
+        if self.steps > 1:
+            each = (
+                "on k_t,j, v_t,j with lr_t,j, j = 1..n (keys: per_step)"
+                if self.keys == "per_step"
+                else "on the same k_t, v_t"
+            )
+            lines.append(
+                Line(
+                    None,
+                    None,
+                    f"(steps: {self.steps}: the whole step n times per token {each}; "
+                    "the decay a_t at the first only, o_t after the last)",
+                )
+            )
+        return lines
