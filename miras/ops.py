@@ -340,7 +340,8 @@ def chunk_options(
     chunk-start and dual forms."""
     form = rule.plan.chunk_form
     if chunk_mode is None:
-        if backend != "recurrent" and form.form != "exact":
+        # The minimizer form (optimizer exact) is exact at any chunk size too.
+        if backend != "recurrent" and form.form not in ("exact", "minimizer"):
             start = START_CHUNK_SIZE if chunk_size is None else chunk_size
             raise ValueError(
                 f"chunk_mode: spec '{rule.spec.name}' has no exact chunk form ({form.reason}), so "

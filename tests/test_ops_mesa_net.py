@@ -100,6 +100,16 @@ def test_without_initial_states_and_final_states():
     assert_rel_rms(o, o_ref, FLA_TOL, "o")
 
 
+def test_the_functional_op_of_the_spec_takes_its_gates_by_name():
+    """ops.functional over the mesanet spec needs no chunk_mode (its form is exact at any chunk
+    size): g is the decay, gamma and ridge go by name, and it equals chunk_mesa_net."""
+    q, k, v, g, beta, lamb, _, _ = mesa_inputs(t=20)
+    op = ops.functional(ops.KNOWN_SPECS["mesanet"])
+    o, _ = op(q, k, v, g=g, scale=1.0, gates={"gamma": beta, "ridge": lamb.expand(*q.shape)})
+    expected, _, _ = ops.chunk_mesa_net(q, k, v, g, beta, lamb)
+    torch.testing.assert_close(o, expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
