@@ -109,3 +109,16 @@ def test_non_invertible_potential_needs_newton():
     spec["retention"]["solver"] = "newton"
     rule = miras.compile(spec)
     assert "then w <- w - (F'(w) - z)/F''(w), bisecting in s" in str(rule.derivation())
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_first_compile_under_no_grad_still_checks(mode):
+    """The check pass differentiates: a rule first compiled under the caller's torch.no_grad()
+    (a benchmark timing a forward) or inference_mode raised autograd's RuntimeError ('element 0
+    of tensors does not require grad')."""
+    import torch
+
+    spec = {"name": f"first_compile_{mode}", "bias": "huber", "retention": "l2"}
+    with getattr(torch, mode)():
+        rule = miras.compile(spec)
+    assert rule.gates == ["delta", "decay", "lr"]

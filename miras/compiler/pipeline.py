@@ -119,7 +119,12 @@ def emit(c: CompiledRule) -> str:
 
 
 def check(c: CompiledRule) -> str:
-    c.checks = check_bias(c.spec.bias, c.bias) + check_retention(c.spec.retention, c.retention)
+    import torch
+
+    # The checks differentiate (autograd against the derived pieces): also when the rule is
+    # first compiled under a caller's torch.no_grad() or inference_mode.
+    with torch.inference_mode(False), torch.enable_grad():
+        c.checks = check_bias(c.spec.bias, c.bias) + check_retention(c.spec.retention, c.retention)
     failed = [r for r in c.checks if not r.passed]
     if failed:
         lines = [
