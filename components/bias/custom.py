@@ -198,3 +198,15 @@ class CustomBias(Bias):
                 "or norm() is a whole-vector loss, so every channel term must sit inside one"
             )
         return expr
+
+    def constant_slope(self) -> tuple[float | None, str]:
+        """Derived: the compiler's affine analysis of the formula's gradient (sympy)."""
+        from miras.compiler.affine import slope_of
+        from miras.compiler.bias_derive import derive_bias
+
+        slope, why = slope_of(self, derive_bias(self))
+        if slope is None:
+            return None, why
+        if not slope.is_number:
+            return None, f"d2L/dy^2 of {self.label()} is {slope}, not one number"
+        return float(slope), ""

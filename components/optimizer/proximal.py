@@ -89,7 +89,7 @@ class Proximal(Optimizer):
                 Problem(
                     "optimizer.kind",
                     f"{WHY} for a bias whose dL/dy is affine in y with a constant slope (l2, "
-                    f"dot, a custom quadratic) only: {why}; {spec.bias.label()} {newton}; use "
+                    f"dot, a custom quadratic) only: {why}; any other bias {newton}; use "
                     "optimizer: gd",
                 )
             )

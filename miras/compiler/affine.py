@@ -19,14 +19,19 @@ recurrence and the exact form solves one system per channel.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import sympy as sp
 
 from miras.compiler.bias_derive import derive_bias
 from miras.formula import MAX_SIMPLIFY_OPS, bounded_simplify, not_finite, value_at
 from miras.ir import BiasRule, ChunkForm
-from miras.spec import Spec
 from miras.symbols import e, gate_symbol, v, y
+
+if TYPE_CHECKING:  # annotations only: a bias's own slope (`slope_of`) is asked for while
+    # its spec is validated, so this module must not import miras.spec
+    from miras.components.base import Bias
+    from miras.spec import Spec
 
 
 def _start(reason: str) -> ChunkForm:
@@ -36,8 +41,13 @@ def _start(reason: str) -> ChunkForm:
 def bias_slope(spec: Spec, rule: BiasRule) -> tuple[sp.Expr | None, str]:
     """(slope, "") with slope = d(dL/dy_j)/dy_j free of y, fixed parameters substituted; or
     (None, why not) when dL/dy is not affine in y or couples the value channels."""
-    name = spec.bias.label()
-    fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in spec.bias.fixed().items()}
+    return slope_of(spec.bias, rule)
+
+
+def slope_of(bias: Bias, rule: BiasRule) -> tuple[sp.Expr | None, str]:
+    """`bias_slope` of one bias and its derived rule."""
+    name = bias.label()
+    fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in bias.fixed().items()}
     gradient = rule.gradient.subs(fixed).subs(e, y - v)
     for _, term in rule.sums:  # a sum of v alone is a per-vector constant: allowed
         if term.subs(e, y - v).has(y):
