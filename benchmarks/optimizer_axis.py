@@ -84,6 +84,64 @@ def deltaproduct_fla_naive(n: int):
     return f
 
 
+# Longhorn (Liu et al. 2024, arXiv:2407.14207): the proximal step, miras's exact chunk form of
+# specs/longhorn.yaml, against fla's delta rule with beta / (1 + beta ||k||^2). Keys are not
+# normalized (||k||^2 about 2.6), so the step size differs from beta.
+
+
+def proximal_inputs(t: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, t, H, D, generator=gen)
+    k = 0.2 * torch.randn(B, t, H, D, generator=gen)
+    v = torch.randn(B, t, H, D, generator=gen)
+    beta = 0.1 + 0.9 * torch.rand(B, t, H, generator=gen)
+    return q, k, v, beta
+
+
+def proximal_miras(q, k, v, beta):
+    import miras
+
+    with torch.enable_grad():  # compiling checks the derivation by autograd (cached after)
+        rule = miras.compile("specs/longhorn.yaml")
+    return rule(q * D**-0.5, k, v, {"lr": beta}, backend="chunk", chunk_size=64)[0]
+
+
+def proximal_fla_naive(q, k, v, beta):
+    naive = _fla("fla.ops.delta_rule.naive", "delta_rule_recurrence")
+    eta = beta / (1 + beta * (k * k).sum(-1))  # [B, T, H]
+    o, _ = naive(*(x.transpose(1, 2) for x in (q, k, v, eta)), output_final_state=False)
+    return o.transpose(1, 2)
+
+
+# MesaNet (von Oswald et al. 2025, arXiv:2506.05233): optimizer exact, the statistics per chunk of
+# 64 and a Cholesky solve per token, against fla's naive_mesa_net_exact (the statistics token by
+# token, then torch.linalg.solve per token). lamb [H, K] is MesaNet's ridge, >= 0.25.
+
+
+def mesa_inputs(t: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, t, H, D, generator=gen)
+    k = F.normalize(torch.randn(B, t, H, D, generator=gen), dim=-1)
+    v = torch.randn(B, t, H, D, generator=gen)
+    g = torch.log(0.9 + 0.1 * torch.rand(B, t, H, generator=gen))
+    beta = torch.rand(B, t, H, generator=gen).sigmoid()
+    lamb = 0.25 + F.softplus(torch.rand(H, D, generator=gen))
+    return q, k, v, g, beta, lamb
+
+
+def mesa_miras(q, k, v, g, beta, lamb):
+    from miras import ops
+
+    with torch.enable_grad():  # compiling checks the derivation by autograd (cached after)
+        ops.known_rule("mesanet")
+    return ops.chunk_mesa_net(q, k, v, g, beta, lamb, chunk_size=64)[0]
+
+
+def mesa_fla_naive(q, k, v, g, beta, lamb):
+    naive = _fla("fla.ops.mesa_net.naive", "naive_mesa_net_exact")
+    return naive(q, k, v, g, lamb, beta)[0]
+
+
 # fla's own chunk reference for DeltaProduct (fla.ops.gated_delta_product.chunk_ref) calls its
 # Triton kernels and refuses float32, so the recurrent naive function is the pure-torch
 # reference here.
@@ -93,6 +151,18 @@ CASES: list[Case] = [
         deltaproduct_miras(2),
         deltaproduct_fla_naive(2),
         deltaproduct_inputs(2),
+    ),
+    Case(
+        "longhorn (proximal, exact chunk 64) vs fla delta_rule_recurrence with beta/(1+beta||k||^2)",
+        proximal_miras,
+        proximal_fla_naive,
+        proximal_inputs,
+    ),
+    Case(
+        "chunk_mesa_net (exact, chunk 64, Cholesky) vs fla naive_mesa_net_exact",
+        mesa_miras,
+        mesa_fla_naive,
+        mesa_inputs,
     ),
 ]
 
