@@ -113,35 +113,6 @@ def proximal_fla_naive(q, k, v, beta):
     return o.transpose(1, 2)
 
 
-# MesaNet (von Oswald et al. 2025, arXiv:2506.05233): optimizer exact, the statistics per chunk of
-# 64 and a Cholesky solve per token, against fla's naive_mesa_net_exact (the statistics token by
-# token, then torch.linalg.solve per token). lamb [H, K] is MesaNet's ridge, >= 0.25.
-
-
-def mesa_inputs(t: int, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, t, H, D, generator=gen)
-    k = F.normalize(torch.randn(B, t, H, D, generator=gen), dim=-1)
-    v = torch.randn(B, t, H, D, generator=gen)
-    g = torch.log(0.9 + 0.1 * torch.rand(B, t, H, generator=gen))
-    beta = torch.rand(B, t, H, generator=gen).sigmoid()
-    lamb = 0.25 + F.softplus(torch.rand(H, D, generator=gen))
-    return q, k, v, g, beta, lamb
-
-
-def mesa_miras(q, k, v, g, beta, lamb):
-    from miras import ops
-
-    with torch.enable_grad():  # compiling checks the derivation by autograd (cached after)
-        ops.known_rule("mesanet")
-    return ops.chunk_mesa_net(q, k, v, g, beta, lamb, chunk_size=64)[0]
-
-
-def mesa_fla_naive(q, k, v, g, beta, lamb):
-    naive = _fla("fla.ops.mesa_net.naive", "naive_mesa_net_exact")
-    return naive(q, k, v, g, lamb, beta)[0]
-
-
 # fla's own chunk reference for DeltaProduct (fla.ops.gated_delta_product.chunk_ref) calls its
 # Triton kernels and refuses float32, so the recurrent naive function is the pure-torch
 # reference here.
@@ -157,12 +128,6 @@ CASES: list[Case] = [
         proximal_miras,
         proximal_fla_naive,
         proximal_inputs,
-    ),
-    Case(
-        "chunk_mesa_net (exact, chunk 64, Cholesky) vs fla naive_mesa_net_exact",
-        mesa_miras,
-        mesa_fla_naive,
-        mesa_inputs,
     ),
 ]
 
