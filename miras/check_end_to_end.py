@@ -269,14 +269,17 @@ def _retention_objective(rule: MemoryRule) -> ModuleType:
     return load_module(module_source(f"retention {retention.kind}: objective", sources))
 
 
-def proximal_update(rule: MemoryRule, weights, x, v, bias_args, lr) -> dict[str, torch.Tensor]:
-    """u = W_e - argmin_W [L(M_W(x), v) + ||W - W_e||^2 / (2 lr)] for each parameter, the
+def proximal_update(
+    rule: MemoryRule, weights, x, v, bias_args, lr, gamma=1.0
+) -> dict[str, torch.Tensor]:
+    """u = W_e - argmin_W [gamma L(M_W(x), v) + ||W - W_e||^2 / (2 lr)] for each parameter, the
     argmin found numerically, never by the closed form: Newton's method on the objective's
     autograd gradient and full autograd Hessian (all entries of every parameter at once, a
     torch.linalg.solve), from W_e until a step is below float64 precision, on the printed
     `bias_loss` and the memory's forward. (L-BFGS, which compares objective values, stops near
     sqrt(eps) ~ 1e-8 of the minimizer; the check's tolerance is 1e-9.) weights [B, H, out, in]
-    (W_e); x [B, H, Dphi]; v [B, H, Dv]; lr [B, H, X, 1] (per head or per row) or a number > 0."""
+    (W_e); x [B, H, Dphi]; v [B, H, Dv]; lr [B, H, X, 1] (per head or per row) or a number > 0;
+    gamma [B, H, 1] (the window's weight of the token, c = 1) or a number."""
     forward, loss_of = rule.runtime.memory.forward, rule.functions.bias_loss
     start = {n: w.detach() for n, w in weights.items()}
     names, shapes = list(start), [w.shape for w in start.values()]
@@ -286,7 +289,7 @@ def proximal_update(rule: MemoryRule, weights, x, v, bias_args, lr) -> dict[str,
         parts = torch.split(flat, sizes)
         pieces = zip(names, parts, shapes, strict=True)
         point = {n: part.reshape(shape) for n, part, shape in pieces}
-        total = loss_of(forward(point, x), v, *bias_args).sum()
+        total = (gamma * loss_of(forward(point, x), v, *bias_args)).sum()
         for n, w in point.items():
             total = total + ((w - start[n]) ** 2 / (2 * lr)).sum()
         return total
@@ -382,7 +385,9 @@ def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
         if rule.plan.implicit_step is not None:
             bias_args = [gates_[n][:, :, t] for n in spec.bias.gates()]
             lr = values[rule.plan.implicit_step.gate]
-            updates = proximal_update(rule, weights, phi_k[:, :, t], v_[:, :, t], bias_args, lr)
+            gamma = _gate_at(spec.window, "gamma", gates_, t)  # c = 1: the token's own weight
+            x, target = phi_k[:, :, t], v_[:, :, t]
+            updates = proximal_update(rule, weights, x, target, bias_args, lr, gamma)
         for n, g in grads.items() if not updates else ():
             updates[n], s = opt.update(g, state.get(f"S.{n}"), **values)
             if opt.stateful:

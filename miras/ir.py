@@ -80,8 +80,8 @@ class ChunkForm:
 class ImplicitStep:
     """An implicit optimizer step (proximal) in closed form: every form runs the explicit
     step with the gate `gate` replaced, per token, by the optimizer's `step_size(lr_t, c_t)`,
-    c_t = slope ||phi(k_t)||^2 (the loss's curvature along its gradient on a matrix memory;
-    `slope` = d2L/dy^2 of the bias, a constant)."""
+    c_t = slope gamma_t ||phi(k_t)||^2 (the loss's curvature along its gradient on a matrix
+    memory; `slope` = d2L/dy^2 of the bias, a constant; gamma_t the window's weight, c = 1)."""
 
     gate: str
     slope: float

@@ -308,3 +308,24 @@ def test_longhorn_trains_on_a_tiny_mqar():
     )  # fmt: skip
     first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
     assert math.isfinite(result.metrics["loss"]) and last < first - 0.2, (first, last)
+
+
+@pytest.mark.parametrize("gamma", ["gate", 0.25], ids=["gated", "fixed"])
+def test_the_window_weight_scales_the_loss_inside_the_argmin(gamma):
+    """c = 1 with gamma: argmin_W gamma/2 ||W k - v||^2 + ||W - W_e||^2 / (2 lr) is
+    W_e - lr gamma / (1 + lr gamma ||k||^2) (W_e k - v) k^T: gamma enters the curvature too.
+    Checked against the normal equations and against miras check's oracle."""
+    rule = miras.compile(prox(window={"c": 1, "gamma": gamma}))
+    _, k, v, lr = inputs(t=1, key_scale=2.0)
+    g = 0.2 + 3 * torch.rand(lr.shape, generator=torch.Generator().manual_seed(8), dtype=lr.dtype)
+    weight = g if gamma == "gate" else torch.full_like(lr, gamma)
+    gates = {"lr": lr, **({"gamma": g} if gamma == "gate" else {})}
+    w_e = torch.randn(2, 3, 7, 5, generator=torch.Generator().manual_seed(1), dtype=k.dtype)
+    _, final = rule(torch.zeros_like(k), k, v, gates, backend="recurrent", initial_state=w_e,
+                    output_final_state=True)  # fmt: skip
+    k1, v1, lr1, w1 = k[:, 0], v[:, 0], lr[:, 0, ..., None, None], weight[:, 0, ..., None, None]
+    system = w1 * k1.unsqueeze(-1) * k1.unsqueeze(-2) + torch.eye(5, dtype=k.dtype) / lr1
+    rhs = w1 * v1.unsqueeze(-1) * k1.unsqueeze(-2) + w_e / lr1  # [B, H, Dv, Dk]
+    expected = torch.linalg.solve(system, rhs.mT).mT  # W system = rhs (system symmetric)
+    torch.testing.assert_close(final, expected, rtol=1e-10, atol=1e-10)
+    assert all(r.passed for r in rule.check(triton=False) if "end-to-end" in r.piece)

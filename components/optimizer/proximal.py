@@ -37,8 +37,9 @@ class Proximal(Optimizer):
     implicit: ClassVar[bool] = True
 
     def step_size(self, lr: Any, curvature: Any) -> Any:
-        """eta_t = lr_t / (1 + lr_t c_t), c_t = s ||phi(k_t)||^2 >= 0 (validated: s >= 0), so
-        eta_t <= lr_t and eta_t c_t < 1. `lr` [..., X], `curvature` [..., 1]."""
+        """eta_t = lr_t / (1 + lr_t c_t), c_t = gamma_t s ||phi(k_t)||^2 >= 0 (validated:
+        s >= 0; gamma_t > 0 the window's weight), so eta_t <= lr_t and eta_t c_t < 1. `lr`
+        [..., X], `curvature` [..., 1]."""
         return lr / (1 + lr * curvature)
 
     def update(
