@@ -125,10 +125,28 @@ def kernel(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write the source to FILE.")
     ] = None,
+    report: Annotated[
+        bool,
+        typer.Option(
+            "--report",
+            help="Compile every kernel for a GPU (no GPU needed) and print registers, spills "
+            "and shared memory per kernel and autotune config.",
+        ),
+    ] = False,
+    target: Annotated[str, typer.Option(help="With --report: sm_80 or sm_90.")] = "sm_90",
+    dim: Annotated[int, typer.Option(help="With --report: head width, 64, 128 or 256.")] = 128,
+    chunk_size: Annotated[int, typer.Option(help="With --report: the chunk size.")] = 64,
+    shape: Annotated[
+        str, typer.Option(help="With --report: B,T,H of the launch grid.")
+    ] = "1,2048,8",
 ) -> None:
-    """Print (or write) the Triton module the compiler emits for a matrix-memory spec."""
+    """Print (or write) the Triton module the compiler emits for a matrix-memory spec; with
+    --report, compile its kernels for a GPU and print what each uses."""
     from miras.runtime.triton_coverage import kernel_source
 
+    if report:
+        _kernel_report(spec, target, dim, chunk_size, shape)
+        return
     try:
         source = kernel_source(load_spec(spec))
     except (SpecError, DerivationError, ValueError) as error:
@@ -139,6 +157,39 @@ def kernel(
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(source)
     out.print(f"wrote {output} ({len(source.splitlines())} lines)", highlight=False)
+
+
+def _kernel_report(spec: Path, target: str, dim: int, chunk_size: int, shape: str) -> None:
+    from miras.compiler.emit import cache_dir
+    from miras.runtime import gpu_compile
+
+    try:
+        found = gpu_compile.check_target(target)
+        gpu_compile.check_width(dim)
+        grid_shape = gpu_compile.parse_shape(shape)
+        if chunk_size < 1:
+            raise ValueError(f"chunk-size: expected a positive integer, got {chunk_size}")
+        rows = gpu_compile.compile_report(
+            load_spec(spec), target, dim, chunk_size, grid_shape, cache_dir() / "gpu_compile"
+        )
+    except (SpecError, DerivationError, ValueError) as error:
+        raise _fail(error) from None
+    title = (
+        f"{load_spec(spec).name} on {found.name} ({found.gpu}): d = {dim}, chunk {chunk_size}, "
+        f"(B, T, H) = {grid_shape}; shared limit {found.shared_limit} B, spill bound "
+        f"{gpu_compile.SPILL_BOUND} B"
+    )
+    grid = Table(title=title, title_justify="left")
+    for column in gpu_compile.COLUMNS:
+        grid.add_column(column)
+    for cells in gpu_compile.table(rows):
+        grid.add_row(*(escape(c) for c in cells))
+    out.print(grid)
+    problems = gpu_compile.over_limits(rows)
+    for line in problems:
+        err.print(escape(line), highlight=False)
+    if problems:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -303,7 +303,7 @@ from triton.compiler import ASTSource
 spec = importlib.util.spec_from_file_location("emitted", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-kernel = module.linear_backward
+kernel = module.linear_backward.fn  # the jit function under @triton.autotune
 constants = {"BT": 16, "BK": 16, "BV": 16, "ACC": tl.float32}
 sizes = {"T", "CS", "NC", "DK", "DV"}
 signature = {

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from miras.kernels.common.io import load_rows, store_rows
+from miras.kernels.common.tuning import PRUNE, SCAN, configs
 
 
 @triton.jit
@@ -76,6 +77,7 @@ def _apply_systems(f, p):
     return tl.trans(tl.sum(f * tl.trans(p)[:, None, :], axis=2))
 
 
+@triton.autotune(configs=configs(SCAN), key=["R", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def exact_scan_forward(
     base, f, g, keys, lw, ls, d, ce, te, w0, s0,
@@ -137,6 +139,7 @@ def exact_scan_forward(
         tl.store(s_out + pid * DV * DK + st, s.to(s_out.dtype.element_ty), mask=m2)
 
 
+@triton.autotune(configs=configs(SCAN), key=["R", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def exact_scan_backward(
     f, g, keys, lw, ls, d, ce, te, r_saved, w_starts, s_starts,

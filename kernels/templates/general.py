@@ -21,6 +21,7 @@ window row feeds up to c tokens, possibly in the previous chunk.
 """
 
 FORWARD = '''
+@triton.autotune(configs=configs(CHUNK), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def general_forward(
     q, k, v, valid, w0, s0,
@@ -97,6 +98,7 @@ def general_forward(
 '''
 
 BACKWARD = '''
+@triton.autotune(configs=configs(CHUNK), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def general_backward(
     q, k, v, valid, w_chunks, s_chunks, do, dw_out, ds_out,

@@ -17,6 +17,7 @@ same expressions; the decay's gradient is d log a_j, summed over the factors tha
 """
 
 FORWARD = '''
+@triton.autotune(configs=configs(CHUNK), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def linear_forward(
     q, k, v, valid, w0,
@@ -81,6 +82,7 @@ def linear_forward(
 '''
 
 BACKWARD = '''
+@triton.autotune(configs=configs(CHUNK), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def linear_backward(
     q, k, v, valid, w_chunks, do, dw_out,

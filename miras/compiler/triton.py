@@ -387,7 +387,8 @@ from miras.kernels.common.math import (
     acosh, asinh, atanh, cosh, expm1, hypot, log1p, logaddexp, sign, sinh, soft_threshold,
     softplus, tanh,
 )
-from miras.kernels.common.state import lq_read, lq_read_vjp, row_softmax, row_softmax_vjp"""
+from miras.kernels.common.state import lq_read, lq_read_vjp, row_softmax, row_softmax_vjp
+from miras.kernels.common.tuning import CHUNK, PRUNE, configs"""
 
 
 def _linear_step_ok(rule: RetentionRule, spec: Spec) -> None:

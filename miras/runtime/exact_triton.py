@@ -24,6 +24,7 @@ from miras.runtime.triton_backend import (
     _pow2,
     check_available,
     dot_precision,
+    launcher,
 )
 
 # Value channels per program. Per head the state tile is [BV, BK]; per channel each program
@@ -77,7 +78,7 @@ class ScanLaunch:
             BV=self.block_v,
             ACC=acc,
             DOT_PRECISION=dot_precision(self.precision, acc),
-            num_stages=1,  # the chunk loop carries the state: no prefetch buffers
+            # num_warps and num_stages: the kernels' autotune configs (kernels/common/tuning.py)
         )
 
 
@@ -99,7 +100,7 @@ class ExactScan(torch.autograd.Function):
             s_out = _poisoned(bh, dv, dk, like=base)
         else:  # never written
             s_starts = s_out = base.new_zeros(1)
-        exact_scan_forward[(bh, launch.value_blocks)](
+        launcher(exact_scan_forward, (bh, launch.value_blocks))(
             base, f, g, keys, lw, ls, d, ce, te, w0, s0,
             r, w_starts, s_starts, w_out, s_out,
             *launch.gate_strides(), nc, rows, dk, dv, **launch.meta(base),
@@ -157,7 +158,7 @@ class ExactScan(torch.autograd.Function):
             if launch.has_f:
                 d_g = _poisoned(*d_f.shape, like=r)
                 written["d g"] = d_g
-        exact_scan_backward[(bh, parts)](
+        launcher(exact_scan_backward, (bh, parts))(
             f, g, keys, lw, ls, d, ce, te, r, w_starts, s_starts,
             dr, dw_starts, ds_starts, dw_out, ds_out,
             d_base, d_f, d_g, d_keys, d_lw, d_ls, d_d, d_ce, d_te, dw0, ds0,

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from miras.rule import MemoryRule
 
 CHECK_ENV = "MIRAS_TRITON_CHECK"
+CONFIG_ENV = "MIRAS_TRITON_CONFIG"  # an autotune config index to run alone
 
 # The linear kernel splits the value channels (rows of W) into blocks of at most this many,
 # one program each, when the bias is elementwise (rows then evolve independently): a smaller
@@ -95,10 +96,7 @@ class Launch:
             BV=self.block_v,
             ACC=acc,
             DOT_PRECISION=dot_precision(self.precision, acc),
-            num_warps=8 if _pow2(self.d_k) * self.block_v >= 128 * 128 else 4,
-            # The chunk loop carries the state: no software pipelining, whose prefetch buffers
-            # would double the shared memory (past the 227 KB of an H100 at D = 128).
-            num_stages=1,
+            # num_warps and num_stages: the kernels' autotune configs (kernels/common/tuning.py)
         )
 
     def sizes(self) -> tuple[int, ...]:
@@ -111,6 +109,22 @@ class Launch:
         for g, width in zip(gates, self.gate_widths, strict=True):
             args += [g, width, 0 if width == 1 else 1]
         return args
+
+
+def launcher(kernel, grid):
+    """kernel[grid], autotuned over its configs (kernels/common/tuning.py); with
+    MIRAS_TRITON_CONFIG=i in the environment, config i alone, untuned (tests compare them)."""
+    pinned = os.environ.get(CONFIG_ENV, "")
+    if pinned == "":
+        return kernel[grid]
+    configs = kernel.configs
+    if not pinned.isdigit() or int(pinned) >= len(configs):
+        raise ValueError(
+            f"{CONFIG_ENV}: expected an index into {kernel.base_fn.__name__}'s "
+            f"{len(configs)} autotune configs (0 to {len(configs) - 1}), got {pinned!r}"
+        )
+    pinned = configs[int(pinned)].all_kwargs()
+    return lambda *args, **meta: kernel.fn[grid](*args, **meta, **pinned)
 
 
 def _acc(x: torch.Tensor):
@@ -140,7 +154,7 @@ def _forward(launch: Launch, q, k, v, valid, w0, s0, gates):
     meta = launch.meta(_acc(q))
     grid = (bh, launch.n_value_blocks)
     if launch.linear:
-        launch.module.linear_forward[grid](
+        launcher(launch.module.linear_forward, grid)(
             q, k, v, valid, w0, *launch.gate_args(gates), o, w_out, w_chunks,
             *launch.sizes(), **meta,
         )  # fmt: skip
@@ -158,7 +172,7 @@ def _forward(launch: Launch, q, k, v, valid, w0, s0, gates):
     g_scratch = torch.empty(
         bh, launch.past + 1, meta["BT"], meta["BV"], dtype=q.dtype, device=q.device
     )
-    launch.module.general_forward[grid](
+    launcher(launch.module.general_forward, grid)(
         q, k, v, valid, w0, s0, *launch.gate_args(gates), o, w_out, s_out, w_chunks, s_chunks,
         g_scratch, *launch.sizes(), **meta,
     )  # fmt: skip
@@ -186,7 +200,7 @@ def _backward(launch: Launch, saved, do, dw_out, ds_out):
     meta = launch.meta(_acc(q))
     grid = (bh, parts)
     if launch.linear:
-        launch.module.linear_backward[grid](
+        launcher(launch.module.linear_backward, grid)(
             q, k, v, valid, w_chunks, do, dw_out, *launch.gate_args(tuple(gates)), *gate_grads,
             dq, dk_, dv_, dw0, *launch.sizes(), **meta,
         )  # fmt: skip
@@ -200,7 +214,7 @@ def _backward(launch: Launch, saved, do, dw_out, ds_out):
         dg_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
         w_scratch = torch.empty(bh, bt, bv, bk, **scratch)
         s_scratch = torch.empty(bh, bt, bv, bk, **scratch) if momentum else w_scratch[:1, :1]
-        launch.module.general_backward[grid](
+        launcher(launch.module.general_backward, grid)(
             q, k, v, valid, w_chunks, s_chunks, do, dw_out, ds_out,
             *launch.gate_args(tuple(gates)), *gate_grads, dq, dk_, dv_, dw0, ds0,
             g_scratch, dg_scratch, w_scratch, s_scratch, *launch.sizes(), **meta,
@@ -273,11 +287,30 @@ def check_available(x: torch.Tensor) -> None:
         ) from None
 
 
+def choose_kernels(compiled, d_v: int, per_channel_decay: bool) -> tuple[bool, int]:
+    """(linear, BV): whether a call runs the linear kernels, and the value channels per
+    program, for a compiled rule (`rule.ir`) at value width d_v. `miras.runtime.gpu_compile`
+    asks the same question to compile what a launch would run."""
+    from miras.runtime.triton_coverage import linear_applies
+
+    # A bias with channel sums keeps every value channel in one program; above 64 channels the
+    # linear backward would then need more shared memory than a GPU block has (272 KB at
+    # Dv = Dphi = 128, past the 227 KB of an H100), so the general kernels take it.
+    whole_rows = not compiled.bias.elementwise
+    linear = (
+        linear_applies(compiled)
+        and not per_channel_decay
+        and not (whole_rows and _pow2(d_v) > LINEAR_BLOCK_V)
+    )
+    split = linear and not whole_rows
+    return linear, min(_pow2(d_v), LINEAR_BLOCK_V) if split else _pow2(d_v)
+
+
 def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int, precision: str = "ieee"):
     """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum).
     `precision`: tl.dot's input precision on float32 tiles, checked by the caller
     (`inputs.check_triton_precision`)."""
-    from miras.runtime.triton_coverage import gate_plan, linear_applies, load_kernels
+    from miras.runtime.triton_coverage import gate_plan, load_kernels
 
     spec = rule.spec
     check_available(seq.phi_q)
@@ -296,16 +329,7 @@ def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int, precis
     ]
     widths = tuple(g.shape[-1] for g in gates)
     per_channel_decay = "decay" in plan.step and widths[plan.order.index("decay")] != 1
-    # A bias with channel sums keeps every value channel in one program; above 64 channels the
-    # linear backward would then need more shared memory than a GPU block has (272 KB at
-    # Dv = Dphi = 128, past the 227 KB of an H100), so the general kernels take it.
-    whole_rows = not rule.bias.elementwise
-    linear = (
-        linear_applies(rule.ir)
-        and not per_channel_decay
-        and not (whole_rows and _pow2(d_v) > LINEAR_BLOCK_V)
-    )
-    split = linear and not whole_rows
+    linear, block_v = choose_kernels(rule.ir, d_v, per_channel_decay)
     launch = Launch(
         module=module,
         linear=linear,
@@ -318,7 +342,7 @@ def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int, precis
         d_k=d_k,
         d_v=d_v,
         chunk_size=chunk_size,
-        block_v=min(_pow2(d_v), LINEAR_BLOCK_V) if split else _pow2(d_v),
+        block_v=block_v,
         window_gates=plan.window,
         precision=precision,
     )

@@ -1,0 +1,34 @@
+"""Autotune configs of the chunk kernels and of the exact scan, and which of them a launch tries.
+
+Each kernel is `@triton.autotune(configs=configs(CHUNK), key=[...], prune_configs_by=PRUNE)`,
+keyed on the chunk and the widths (CS or R, DK, DV; triton adds the dtypes). The configs vary
+num_warps and num_stages only: every block size is fixed by a buffer's layout (BT the chunk,
+BK the whole feature width of the state tile, BV the value channels that the launcher sizes
+the scratch buffers and the per-block gradient parts by), so none is free to tune.
+
+num_stages 1: the chunk loop carries the state, and the software pipeliner's prefetch buffers
+would double the shared memory (past an H100's 227 KiB at d = 128). The compile-only checks
+(`miras.runtime.gpu_compile`) compile every config on sm_80 and sm_90.
+"""
+
+import triton
+
+# (num_warps, num_stages) of the chunk kernels (general, linear) and of the exact scan.
+CHUNK = ((4, 1), (8, 1))
+SCAN = ((4, 1), (8, 1))
+
+
+def configs(choices) -> list:
+    return [triton.Config({}, num_warps=warps, num_stages=stages) for warps, stages in choices]
+
+
+def first_under_interpreter(configs, named_args, **kwargs) -> list:
+    """The configs a launch benchmarks: all on a GPU; under TRITON_INTERPRET=1, which ignores
+    num_warps and num_stages, the first alone (no benchmarking: the interpreter would run the
+    kernel once per config and repeat, multiplying test time for identical results)."""
+    if triton.knobs.runtime.interpret:
+        return configs[:1]
+    return configs
+
+
+PRUNE = {"early_config_prune": first_under_interpreter}

@@ -1,0 +1,482 @@
+"""Compile-only checks of the Triton kernels for a GPU, on a machine without one.
+
+    rows = compile_report(spec, "sm_90", d=128, chunk_size=64, shape=(B, T, H))
+    problems = over_limits(rows)          # [] when every kernel fits the target
+
+Triton's front end and the `ptxas` its wheel ships run without a device: every kernel a spec
+runs on (`general`, `linear`, the exact `scan`; forward and backward) is compiled for the
+target with the block sizes and constexprs the launcher would pass at that width
+(`triton_backend.choose_kernels`, `Launch.meta`, `exact_triton.ScanLaunch.meta`) and with each
+of the kernel's autotune configs (num_warps, num_stages). Each row holds what ptxas reports:
+registers per thread, spill stores, shared memory per block, and the launch grid for a
+(B, T, H) shape.
+
+The interpreter (TRITON_INTERPRET=1) replaces `triton.jit` when triton is imported, and a
+Triton cache hit skips ptxas (whose log holds registers and spills), so the compiles run in a
+child process that does not interpret, with a fresh Triton cache (`python -m
+miras.runtime.gpu_compile`, one per batch of kernels). Results are cached by the kernel's
+source, constexprs, config and target: in this process, and on disk under `cache_dir`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from miras.errors import did_you_mean
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    capability: int  # GPUTarget("cuda", capability, 32)
+    gpu: str
+    shared_limit: int  # bytes of shared memory one block may use (with the opt-in)
+
+
+TARGETS = {
+    "sm_80": Target("sm_80", 80, "A100", 166912),  # 163 KiB
+    "sm_90": Target("sm_90", 90, "H100/H200", 232448),  # 227 KiB
+}
+WIDTHS = (64, 128, 256)  # head widths Dk = Dv the checks cover
+
+# Spill stores per thread, in bytes, that a kernel may reach. Spills are not errors (the
+# kernel runs, slower: local memory is cached in L1/L2), so the bound is set where it says
+# something: the float32 ("ieee") products of these kernels are FMA loops that ptxas cannot
+# keep in registers at d = 128 (it reports tens of KB of spills there), so a bound of 0 would
+# refuse every float32 kernel at the widths models use. 256 KiB is half of the 512 KiB of local
+# memory a thread may address: a kernel past it is one retiling away from not launching.
+SPILL_BOUND = 256 * 1024
+
+# Arguments of the kernels that are integers (sizes and strides); every other non-constexpr
+# argument is a pointer to float32 (`Launch` and `ScanLaunch` pass nothing else).
+_SIZES = {"T", "CS", "NC", "DK", "DV", "R", "BH"}
+_STRIDE = re.compile(r"^(g_\w+_(rs|sc)|(lw|ls|d|ce|te)_(w|c))$")
+
+
+def check_target(target: str) -> Target:
+    if target not in TARGETS:
+        raise ValueError(
+            f"target: expected one of {', '.join(TARGETS)}, got {target!r}"
+            f"{did_you_mean(target, TARGETS)}"
+        )
+    return TARGETS[target]
+
+
+def check_width(d: int) -> int:
+    if d not in WIDTHS:
+        allowed = ", ".join(str(w) for w in WIDTHS)
+        raise ValueError(f"dim: expected one of {allowed} (the head width Dk = Dv), got {d}")
+    return d
+
+
+@dataclass(frozen=True)
+class Job:
+    """One kernel to compile: where its module is, its constexprs and config, plain data."""
+
+    form: str  # "general", "linear" or "scan"
+    kernel: str
+    module: str  # a file path (an emitted module) or a dotted module name
+    source_hash: str  # of the module's text
+    constexprs: tuple[tuple[str, object], ...]  # ACC and DOT_PRECISION as text
+    config: int  # index into the kernel's autotune configs
+    num_warps: int
+    num_stages: int
+    grid: tuple[int, int]
+    variant: str = ""  # the scan's layout: "per head" or "per channel"
+
+    def key(self, target: Target) -> str:
+        text = json.dumps(
+            [
+                self.source_hash,
+                self.kernel,
+                self.constexprs,
+                self.num_warps,
+                self.num_stages,
+                target.capability,
+            ],
+            default=str,
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Row:
+    """What ptxas reported for one job on one target (error: the compile's message)."""
+
+    form: str
+    kernel: str
+    variant: str
+    config: int
+    num_warps: int
+    num_stages: int
+    grid: tuple[int, int]
+    registers: int
+    spills: int  # bytes of spill stores per thread
+    stack: int  # bytes of stack frame per thread
+    shared: int  # bytes of shared memory per block
+    target: str
+    error: str = ""
+
+
+def _configs(kernel, meta: dict) -> list[tuple[int, int]]:
+    """(num_warps, num_stages) of each autotune config of a kernel (the launch's own, for a
+    kernel without configs)."""
+    if hasattr(kernel, "configs"):
+        return [(c.num_warps, c.num_stages) for c in kernel.configs]
+    return [(meta.get("num_warps", 4), meta.get("num_stages", 3))]  # triton's defaults
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _text(meta: dict) -> tuple[tuple[str, object], ...]:
+    """Constexprs as plain data: triton dtypes by name."""
+    out = []
+    for name, value in meta.items():
+        if name in ("num_warps", "num_stages"):
+            continue
+        out.append((name, str(value) if not isinstance(value, (bool, int, str)) else value))
+    return tuple(out)
+
+
+def jobs(spec, d: int, chunk_size: int = 64, shape: tuple[int, int, int] = (1, 2048, 8)):
+    """Every kernel `spec` runs on at head width d (Dk = Dv = d) and this chunk size, in every
+    form it covers, with every autotune config: [Job]. Raises ValueError when the Triton
+    kernels do not cover the spec."""
+    import torch
+    import triton.language as tl
+
+    from miras.compiler.pipeline import compile_ir
+    from miras.runtime import exact_triton, triton_backend
+    from miras.runtime.triton_coverage import gate_plan, kernel_source, load_kernels
+    from miras.spec import load_spec
+
+    spec = load_spec(spec)
+    source = kernel_source(spec)  # raises when not covered
+    compiled = compile_ir(spec)
+    module = load_kernels(compiled)
+    batch, length, heads = shape
+    plan = gate_plan(spec)
+    out: list[Job] = []
+    choices = {False: "general"}
+    if triton_backend.choose_kernels(compiled, d, per_channel_decay=False)[0]:
+        choices[True] = "linear"
+    for linear, form in choices.items():
+        _, block_v = triton_backend.choose_kernels(compiled, d, per_channel_decay=not linear)
+        launch = triton_backend.Launch(
+            module=module,
+            linear=linear,
+            gate_names=plan.order,
+            gate_widths=(1,) * len(plan.order),
+            batch=batch,
+            heads=heads,
+            length=length,
+            past=spec.window.c - 1,
+            d_k=d,
+            d_v=d,
+            chunk_size=chunk_size,
+            block_v=block_v,
+            window_gates=plan.window,
+        )
+        meta = launch.meta(tl.float32)
+        grid = (launch.bh, launch.n_value_blocks)
+        for direction in ("forward", "backward"):
+            name = f"{form}_{direction}"
+            for i, (warps, stages) in enumerate(_configs(getattr(module, name), meta)):
+                out.append(
+                    Job(
+                        form,
+                        name,
+                        module.__file__,
+                        _sha(source),
+                        _text(meta),
+                        i,
+                        warps,
+                        stages,
+                        grid,
+                    )
+                )
+    form = compiled.plan.chunk_form
+    if exact_triton.applies(form, chunk_size):
+        from miras.kernels.templates import exact
+
+        scan_source = inspect.getsource(exact)
+        rows = min(chunk_size, length) * spec.window.c
+        momentum = spec.optimizer.linear_form == "momentum"
+        for per_channel in (False, True):
+            launch = exact_triton.ScanLaunch(
+                batch * heads,
+                -(-length // chunk_size),
+                rows,
+                d,
+                d,
+                has_f=True,
+                momentum=momentum,
+                per_channel=per_channel,
+                widths=(1,) * 5,
+            )
+            meta = launch.meta(torch.empty(0, dtype=torch.float32))
+            grid = (launch.bh, launch.value_blocks)
+            variant = "per channel" if per_channel else "per head"
+            for direction in ("forward", "backward"):
+                name = f"exact_scan_{direction}"
+                for i, (warps, stages) in enumerate(_configs(getattr(exact, name), meta)):
+                    out.append(
+                        Job(
+                            "scan",
+                            name,
+                            exact.__name__,
+                            _sha(scan_source),
+                            _text(meta),
+                            i,
+                            warps,
+                            stages,
+                            grid,
+                            variant,
+                        )
+                    )
+    return out
+
+
+# Compiling ------------------------------------------------------------------------------------
+
+_DONE: dict[str, Row] = {}
+
+
+def _row(job: Job, target: Target, found: dict) -> Row:
+    return Row(
+        job.form,
+        job.kernel,
+        job.variant,
+        job.config,
+        job.num_warps,
+        job.num_stages,
+        job.grid,
+        target=target.name,
+        **found,
+    )
+
+
+def compile_jobs(jobs: list[Job], target: Target, cache_dir: Path | None = None) -> list[Row]:
+    """Compile every job for `target` (cached in this process and under `cache_dir`)."""
+    todo: dict[str, Job] = {}
+    for job in jobs:
+        key = job.key(target)
+        if key in _DONE or key in todo:
+            continue
+        cached = cache_dir / f"{key}.json" if cache_dir else None
+        if cached is not None and cached.exists():
+            _DONE[key] = _row(job, target, json.loads(cached.read_text()))
+            continue
+        todo[key] = job
+    if todo:
+        payload = [dict(asdict(job), capability=target.capability) for job in todo.values()]
+        found = _run_worker(payload)
+        for (key, job), result in zip(todo.items(), found, strict=True):
+            if cache_dir is not None and not result["error"]:
+                cache_dir.mkdir(parents=True, exist_ok=True)
+                (cache_dir / f"{key}.json").write_text(json.dumps(result))
+            _DONE[key] = _row(job, target, result)
+    rows = []
+    for job in jobs:
+        done = _DONE[job.key(target)]
+        # The same compiled kernel, with this job's own grid and config index.
+        rows.append(_row(job, target, {f: getattr(done, f) for f in _FOUND}))
+    return rows
+
+
+_FOUND = ("registers", "spills", "stack", "shared", "error")
+
+
+def _run_worker(payload: list[dict]) -> list[dict]:
+    # Always a child process: one that does not interpret, with a fresh Triton cache.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "miras.runtime.gpu_compile"],
+        input=json.dumps(payload, default=str),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"gpu_compile worker failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _load(module: str):
+    import importlib
+    import importlib.util
+
+    if not module.endswith(".py"):
+        return importlib.import_module(module)
+    name = "miras_gpu_compile_" + Path(module).stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, module)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    sys.modules[name] = loaded
+    return loaded
+
+
+_DTYPES = {"fp32": lambda tl: tl.float32, "fp64": lambda tl: tl.float64}
+
+
+def _compile_one(job: dict) -> dict:
+    """Compile one job in this (non-interpreting) process; what ptxas said about it."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = getattr(_load(job["module"]), job["kernel"])
+    fn = kernel.fn if hasattr(kernel, "configs") else kernel  # under the autotuner
+    constexprs = {}
+    for name, value in job["constexprs"]:
+        constexprs[name] = _DTYPES[value](tl) if value in _DTYPES else value
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in _SIZES or _STRIDE.match(name):
+            signature[name] = "i32"
+        else:  # torch allocations are 16-byte aligned, which the launch specializes on
+            signature[name] = "*fp32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    target = GPUTarget("cuda", job["capability"], 32)
+    options = dict(num_warps=job["num_warps"], num_stages=job["num_stages"])
+    log = io.StringIO()
+    triton.knobs.nvidia.dump_ptxas_log = True
+    try:
+        with contextlib.redirect_stdout(log):
+            compiled = triton.compile(
+                ASTSource(fn, signature, constexprs, attrs), target=target, options=options
+            )
+    except Exception as error:  # a compile error is the finding: report it, do not raise
+        return dict(
+            registers=0,
+            spills=0,
+            stack=0,
+            shared=0,
+            error=f"{type(error).__name__}: {error}"[:2000],
+        )
+    text = log.getvalue()
+
+    def number(pattern: str) -> int:
+        found = re.search(pattern, text)
+        return int(found.group(1)) if found else -1
+
+    return dict(
+        registers=number(r"Used (\d+) registers"),
+        spills=number(r"(\d+) bytes spill stores"),
+        stack=number(r"(\d+) bytes stack frame"),
+        shared=int(compiled.metadata.shared),
+        error="",
+    )
+
+
+def _worker() -> None:
+    """Read jobs (JSON) on stdin, compile each, print the results (JSON) as the last line."""
+    payload = json.loads(sys.stdin.read())
+    with tempfile.TemporaryDirectory(prefix="miras-gpu-compile-") as tmp:
+        # A fresh Triton cache: a cache hit skips ptxas, whose log holds registers and spills.
+        os.environ["TRITON_CACHE_DIR"] = tmp
+        os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+        results = [_compile_one(job) for job in payload]
+    sys.stdout.write("\n" + json.dumps(results) + "\n")
+
+
+# Reports --------------------------------------------------------------------------------------
+
+
+def compile_report(
+    spec, target: str, d: int = 128, chunk_size: int = 64, shape=(1, 2048, 8), cache_dir=None
+) -> list[Row]:
+    """Every kernel of `spec` compiled for `target` at head width d: one Row per kernel and
+    autotune config."""
+    found = check_target(target)
+    check_width(d)
+    return compile_jobs(jobs(spec, d, chunk_size, shape), found, cache_dir)
+
+
+def over_limits(rows: list[Row]) -> list[str]:
+    """What does not fit: compile errors, shared memory over the target's limit, spills over
+    SPILL_BOUND; one line each."""
+    problems = []
+    for r in rows:
+        what = f"{r.kernel} {r.variant} (num_warps {r.num_warps}, num_stages {r.num_stages}) on {r.target}".replace(
+            "  ", " "
+        )
+        limit = TARGETS[r.target].shared_limit
+        if r.error:
+            problems.append(f"{what}: does not compile: {r.error}")
+        elif r.shared > limit:
+            problems.append(
+                f"{what}: {r.shared} bytes of shared memory, over the {limit} a block may use"
+            )
+        elif r.spills > SPILL_BOUND:
+            problems.append(
+                f"{what}: {r.spills} bytes of spill stores, over the bound {SPILL_BOUND}"
+            )
+    return problems
+
+
+COLUMNS = ("kernel", "layout", "warps", "stages", "grid", "registers", "spills", "shared", "fits")
+
+
+def table(rows: list[Row]) -> list[tuple[str, ...]]:
+    """The report as text cells, one tuple per row, in COLUMNS' order."""
+    out = []
+    for r in rows:
+        limit = TARGETS[r.target].shared_limit
+        if r.error:
+            fits = "compile error"
+        elif r.shared > limit:
+            fits = f"no: shared > {limit}"
+        elif r.spills > SPILL_BOUND:
+            fits = f"no: spills > {SPILL_BOUND}"
+        else:
+            fits = "yes"
+        out.append(
+            (
+                r.kernel,
+                r.variant or "-",
+                str(r.num_warps),
+                str(r.num_stages),
+                f"{r.grid[0]} x {r.grid[1]}",
+                str(r.registers),
+                f"{r.spills} B",
+                f"{r.shared} B",
+                fits,
+            )
+        )
+    return out
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """'B,T,H' -> (B, T, H), each a positive integer."""
+    parts = text.split(",")
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"shape: expected B,T,H (three positive integers), got {text!r}")
+    return shape
+
+
+if __name__ == "__main__":
+    _worker()
