@@ -1,14 +1,15 @@
 """The end-to-end check of an optimizer that solves exactly (exact, MesaNet) against an
 autograd oracle that never forms the statistics H_kk, H_vk.
 
-At every token t the oracle writes the objective out with the printed `bias_loss`,
+At every token t the oracle writes the objective out with the printed `bias_loss`, over the
+window's tokens i (all i <= t, or the last c),
 
-    J_t(W) = sum_{i<=t} a_{i+1..t} gamma_i L(W phi(k_i), v_i) + 1/2 sum_j ridge_t,j ||W_{:,j}||^2,
+    J_t(W) = sum_i a_{i+1..t} gamma_i L(W phi(k_i), v_i) + 1/2 sum_j ridge_t,j ||W_{:,j}||^2,
 
 takes its gradient at W = 0 and its Hessian by autograd (float64), and lands on the minimizer
 with one Newton step, W_t = -Hess^-1 grad J_t(0) (exact for a quadratic J_t); o_t = W_t phi(q_t).
-The runtime's final statistics are compared through the W they imply,
-W_T = H_vk (s H_kk + diag(ridge_T))^-1.
+The runtime's final state is compared through the W it implies,
+W_T = H_vk (s H_kk + diag(ridge_T))^-1 (with a finite window, the sums of its carried tokens).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def oracle(rule: MemoryRule, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor
         w = flat.view(b, h, d_v, d_phi)
         total = 0.0
         weight = torch.ones(b, h, 1, dtype=DTYPE)  # a_{i+1..t}, from i = t down
-        for i in range(t, -1, -1):
+        first = 0 if spec.window.is_global else max(0, t - spec.window.c + 1)
+        for i in range(t, first - 1, -1):
             y = (w @ phi_k[:, :, i].unsqueeze(-1)).squeeze(-1)  # [B, H, Dv]
             bias_args = [gates_[n][:, :, i] for n in spec.bias.gates()]
             term = rule.functions.bias_loss(y, v_[:, :, i], *bias_args)  # [B, H, 1]
@@ -64,9 +66,13 @@ def oracle(rule: MemoryRule, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor
 
 
 def implied_weights(rule: MemoryRule, final: dict, ridge: torch.Tensor) -> torch.Tensor:
-    """W_T = H_vk (s H_kk + diag(ridge))^-1 from the runtime's statistics; ridge [B, H, Dphi]."""
-    system = rule.plan.chunk_form.slope * final["H_kk"] + torch.diag_embed(ridge)
-    return torch.linalg.solve(system, final["H_vk"], left=False)
+    """W_T = H_vk (s H_kk + diag(ridge))^-1 from the runtime's final state (the statistics, or
+    the window's last c tokens, summed here); ridge [B, H, Dphi]."""
+    from miras.runtime.exact_minimizer import window_statistics
+
+    kk, vk = (final["H_kk"], final["H_vk"]) if "H_kk" in final else window_statistics(final)
+    system = rule.plan.chunk_form.slope * kk + torch.diag_embed(ridge)
+    return torch.linalg.solve(system, vk, left=False)
 
 
 def check_minimizer_end_to_end(rule: MemoryRule, *, seed: int = 0) -> list[CheckResult]:
@@ -78,7 +84,10 @@ def check_minimizer_end_to_end(rule: MemoryRule, *, seed: int = 0) -> list[Check
     _, phi_k, _, gates_ = _heads_first(rule, q, k, v, gates)
     last = _fixed_or_gate(rule.spec.optimizer, "ridge", gates_, sizes.length - 1, phi_k[:, :, -1])
     ridge = last.expand(*phi_k.shape[:2], phi_k.shape[-1])
-    what = f"end-to-end {{}} (chunk size {{}}) vs the autograd argmin: T={sizes.length}, c=global"
+    what = (
+        f"end-to-end {{}} (chunk size {{}}) vs the autograd argmin: T={sizes.length}, "
+        f"c={rule.spec.window.c}"
+    )
     results = []
     for backend, chunk_size in (("recurrent", 1), ("chunk", 4)):
         o, final = rule(

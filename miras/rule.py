@@ -69,10 +69,10 @@ class MemoryRule:
     def initial_state(self, batch: int, heads: int, d_key: int, d_value: int, dtype=torch.float32):
         """The default initial state for inputs of these sizes (what `initial_state=None` uses)."""
         d_phi = self.spec.feature_map.output_dim(d_key)
-        if self.plan.chunk_form.form == "minimizer":  # zero statistics H_kk, H_vk (W_0 = 0)
+        if self.plan.chunk_form.form == "minimizer":  # zero statistics, or an empty window
             from miras.runtime.exact_minimizer import initial_state
 
-            return initial_state(batch, heads, d_phi, d_value, dtype, "cpu")
+            return initial_state(batch, heads, d_phi, d_value, dtype, "cpu", self.spec.window.c)
         state = self.runtime.initial_state(batch, heads, d_phi, d_value, dtype, "cpu")
         return state["W"] if list(state) == ["W"] else state
 

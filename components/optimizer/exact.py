@@ -11,8 +11,9 @@ if TYPE_CHECKING:
 
 
 class Exact(Optimizer):
-    """The exact minimizer of the decayed, gamma-weighted objective over the whole prefix plus a
-    ridge term, instead of one step on it (MesaNet, von Oswald et al. 2025, arXiv:2506.05233).
+    """The exact minimizer of the decayed, gamma-weighted objective over the Omega window (the
+    whole prefix, or the last c tokens) plus a ridge term, instead of one step on it (MesaNet,
+    von Oswald et al. 2025, arXiv:2506.05233, with window: global).
 
     Equation: W_t = argmin_W sum_{i<=t} a_{i+1..t} gamma_i L(W phi(k_i), v_i) + 1/2 sum_j lambda_j ||W_{:,j}||^2 = H_vk (s H_kk + diag(lambda_t))^-1
     """
@@ -37,9 +38,9 @@ class Exact(Optimizer):
         )
 
     def spec_problems(self, spec: Spec) -> list:
-        """Where the objective is not quadratic in W, or its minimizer not a function of
-        running sums: a matrix memory, a bias with one curvature d2L/dy2 = s (l2: 1,
-        dot: 0), retention none or l2 (the decay of the past terms), the whole prefix."""
+        """Where the objective is not quadratic in W: a matrix memory, a bias with one
+        curvature d2L/dy2 = s (l2: 1, dot: 0), retention none or l2 (the decay of the past
+        terms). Any window: the whole prefix (statistics) or the last c tokens (carried)."""
         from miras.errors import Problem
 
         memory = spec.memory
@@ -77,16 +78,6 @@ class Exact(Optimizer):
                     "choose; leave grad_at unset (state)",
                 )
             )
-        if not spec.window.is_global:
-            problems.append(
-                Problem(
-                    "window.c",
-                    "optimizer exact minimizes over the whole prefix (the decayed sums H_kk, "
-                    f"H_vk), got c = {spec.window.c}; dropping the term c tokens back would "
-                    "subtract it from decayed sums, which cancels catastrophically in floating "
-                    "point; use window: global (a decay gate shortens the memory)",
-                )
-            )
         return problems
 
     def update_lines(self) -> list:
@@ -96,18 +87,78 @@ class Exact(Optimizer):
 
     def whole_step_lines(self, spec: Spec) -> list:
         """The step t in the sufficient statistics, then W_t, the minimizer, and the read."""
-        from miras.terms import PHI, Call, Juxt, Line, Name, Plus, Power, Transpose, sym, times
+        from miras.terms import (
+            PHI,
+            Call,
+            Juxt,
+            Line,
+            Name,
+            Plus,
+            Power,
+            Transpose,
+            WindowSum,
+            sym,
+            times,
+        )
         from miras.terms import scalar as gate
 
         decay = getattr(spec.retention, "decay", 1.0)
         a, gamma = gate(decay, "decay"), gate(spec.window.gamma, "gamma")
         k = Call(PHI, (sym("k_t"),))
         kk = times(gamma, Juxt((k, Transpose(k))))
-        vk = times(gamma, Juxt((Name("-dL/dy(0, v_t)"), Transpose(k))))
-        curvature = Plus((Juxt((sym("s"), sym("H_kk,t"))), Name("diag(ridge_t)")))
+        vk = times(
+            gamma,
+            Juxt(
+                (
+                    Name("-dL/dy(0, v_t)", r"-\frac{\partial \mathcal{L}}{\partial y}(0, v_{t})"),
+                    Transpose(k),
+                )
+            ),
+        )
+        curvature = Plus(
+            (
+                Juxt((sym("s"), sym("H_kk,t"))),
+                Name("diag(ridge_t)", r"\operatorname{diag}(\mathrm{ridge}_{t})"),
+            )
+        )
+        c = spec.window.c
+        if c == "global":  # running sums
+            sums = [
+                Line(sym("H_kk,t"), Plus((times(a, sym("H_kk,t-1")), kk))),
+                Line(sym("H_vk,t"), Plus((times(a, sym("H_vk,t-1")), vk))),
+            ]
+        else:  # the last c tokens, each decayed by the decays after it
+            k = Call(PHI, (sym("k_i"),))
+            # a_{i+1..t}: the product of the decays after token i (a^(t-i) for a fixed a).
+            if decay == "gate":
+                after = Name("decay_{i+1..t}", r"\mathrm{decay}_{i+1..t}")
+            else:
+                after = None if decay == 1 else Name(f"{decay:g}^(t-i)", f"{decay:g}^{{t-i}}")
+            weight = times(after, gate(spec.window.gamma, "gamma", "i"))
+            lo = "t" if c == 1 else f"t-{c - 1}"
+            sums = [
+                Line(sym("H_kk,t"), WindowSum(lo, times(weight, Juxt((k, Transpose(k)))))),
+                Line(
+                    sym("H_vk,t"),
+                    WindowSum(
+                        lo,
+                        times(
+                            weight,
+                            Juxt(
+                                (
+                                    Name(
+                                        "-dL/dy(0, v_i)",
+                                        r"-\frac{\partial \mathcal{L}}{\partial y}(0, v_{i})",
+                                    ),
+                                    Transpose(k),
+                                )
+                            ),
+                        ),
+                    ),
+                ),
+            ]
         return [
-            Line(sym("H_kk,t"), Plus((times(a, sym("H_kk,t-1")), kk))),
-            Line(sym("H_vk,t"), Plus((times(a, sym("H_vk,t-1")), vk))),
+            *sums,
             Line(sym("W_t"), Juxt((sym("H_vk,t"), Power(curvature, "-1")))),
             Line(
                 None,

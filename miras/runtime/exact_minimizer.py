@@ -30,14 +30,28 @@ import torch
 from miras.ir import ChunkForm
 from miras.runtime.core import Runtime, State
 
-STATE_NAMES = ("H_kk", "H_vk")
 
+def initial_state(
+    batch: int, heads: int, d_phi: int, d_v: int, dtype, device, window: int | str = "global"
+) -> State:
+    """The state before any token: the objective is the ridge alone (W_0 = 0). With the whole
+    prefix (`window` "global"), zero statistics; with a window of c tokens, c empty slots of
+    the carried tokens, all zeros (gamma 0: no term; log-decay 0), so that a state of zeros is
+    the empty one (as the layer starts it)."""
+    if window == "global":
+        return {
+            "H_kk": torch.zeros(batch, heads, d_phi, d_phi, dtype=dtype, device=device),
+            "H_vk": torch.zeros(batch, heads, d_v, d_phi, dtype=dtype, device=device),
+        }
 
-def initial_state(batch: int, heads: int, d_phi: int, d_v: int, dtype, device) -> State:
-    """Zero statistics: the objective before any token is the ridge alone (W_0 = 0)."""
+    def slots(value: float, width: int) -> torch.Tensor:
+        return torch.full((batch, heads, window, width), value, dtype=dtype, device=device)
+
     return {
-        "H_kk": torch.zeros(batch, heads, d_phi, d_phi, dtype=dtype, device=device),
-        "H_vk": torch.zeros(batch, heads, d_v, d_phi, dtype=dtype, device=device),
+        "window.k": slots(0.0, d_phi),
+        "window.r": slots(0.0, d_v),
+        "window.gamma": slots(0.0, 1),
+        "window.log_decay": slots(0.0, 1),
     }
 
 
@@ -45,14 +59,16 @@ def check_state(initial, default: State) -> State:
     """The caller's statistics (a dict H_kk, H_vk of the default's shapes) or the default."""
     if initial is None:
         return default
-    if not isinstance(initial, dict) or set(initial) != set(STATE_NAMES):
+    names = list(default)
+    if not isinstance(initial, dict) or set(initial) != set(names):
         got = sorted(initial) if isinstance(initial, dict) else type(initial).__name__
+        what = "statistics" if "H_kk" in default else "window's last c tokens"
         raise ValueError(
-            f"initial_state: optimizer exact's state is the objective's statistics, a dict with "
-            f"keys {list(STATE_NAMES)}, got {got}"
+            f"initial_state: optimizer exact's state is the objective's {what}, a dict with "
+            f"keys {names}, got {got}"
         )
     state = {}
-    for name in STATE_NAMES:
+    for name in names:
         given, expected = initial[name], default[name]
         if not isinstance(given, torch.Tensor) or tuple(given.shape) != tuple(expected.shape):
             shape = list(given.shape) if isinstance(given, torch.Tensor) else type(given).__name__
@@ -60,6 +76,8 @@ def check_state(initial, default: State) -> State:
                 f"initial_state[{name!r}]: expected shape {list(expected.shape)}, got {shape}"
             )
         state[name] = given.to(expected.dtype)
+    if "H_kk" not in state:
+        return state
     kk = state["H_kk"].detach()
     # The read's Cholesky factor sees one triangle of H_kk: an asymmetric one is not a sum of
     # k k^T, and its solve would depend on which triangle is read.
@@ -143,7 +161,10 @@ def weights(form: ChunkForm, state: State, ridge: torch.Tensor) -> torch.Tensor:
     """W = H_vk (s H_kk + diag(ridge))^-1, the minimizer the statistics stand for, for reads
     outside a sequence (the probes): state H_kk [B, H, D, D], H_vk [B, H, Dv, D]; ridge
     [B, H, D] (or broadcasting). Returns W [B, H, Dv, D]."""
-    kk, vk = state["H_kk"], state["H_vk"]
+    if "H_kk" not in state:  # the window's c tokens: their statistics at the last one
+        kk, vk = window_statistics(state)
+    else:
+        kk, vk = state["H_kk"], state["H_vk"]
     rows = vk.shape[-2]
     # Row j of W is A^-1 (row j of H_vk), A symmetric: one system per value channel.
     kk = kk.unsqueeze(-3).expand(*kk.shape[:-2], rows, *kk.shape[-2:])
@@ -197,6 +218,91 @@ def chunked(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State, 
     return torch.cat(outputs, dim=2), {"H_kk": kk, "H_vk": vk}
 
 
+def window_statistics(state: State) -> tuple[torch.Tensor, torch.Tensor]:
+    """H_kk, H_vk of the objective at the last carried token, from the window's c tokens."""
+    k, r, gamma = state["window.k"], state["window.r"], state["window.gamma"]
+    # a_{i+1..last}: the decays after each token, a reversed cumulative product.
+    log_decay = state["window.log_decay"]
+    after = torch.cat([log_decay[:, :, 1:], torch.zeros_like(gamma[:, :, :1])], 2).exp()
+    weight = after.flip(2).cumprod(2).flip(2) * gamma  # [B, H, c, 1]
+    return (weight * k).transpose(-1, -2) @ k, (weight * r).transpose(-1, -2) @ k
+
+
+def _carried(rt: Runtime, phi_k, v, gates, state: State):
+    """The window's c carried tokens, then the sequence's: k [B, H, c+T, D], r [B, H, c+T, Dv],
+    gamma and log a [B, H, c+T]."""
+    log_a, gamma, r = inputs(rt, phi_k, v, gates)
+    return (
+        torch.cat([state["window.k"], phi_k], 2),
+        torch.cat([state["window.r"], r], 2),
+        torch.cat([state["window.gamma"][..., 0], gamma], 2),
+        torch.cat([state["window.log_decay"][..., 0], log_a], 2),
+    )
+
+
+def _window_out(k, r, gamma, log_a, c: int) -> State:
+    """The last c tokens, the state for the next call."""
+    return {
+        "window.k": k[:, :, -c:],
+        "window.r": r[:, :, -c:],
+        "window.gamma": gamma[:, :, -c:, None],
+        "window.log_decay": log_a[:, :, -c:, None],
+    }
+
+
+def window_recurrent(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State):
+    """A window of c tokens, one token at a time: token t's statistics summed over the tokens
+    t-c+1..t (the carried ones first), each decayed by the decays after it."""
+    c = rt.spec.window.c
+    k, r, gamma, log_a = _carried(rt, phi_k, v, gates, state)
+    ridge = ridge_of(rt, gates, phi_q)
+    outputs = []
+    for t in range(phi_q.shape[2]):
+        kk, vk = 0.0, 0.0
+        weight = torch.ones_like(gamma[:, :, 0, None, None])  # a_{i+1..t}
+        for i in range(t + c, t, -1):  # token t sits at c + t
+            w = weight * gamma[:, :, i, None, None]
+            kk = kk + w * k[:, :, i].unsqueeze(-1) * k[:, :, i].unsqueeze(-2)
+            vk = vk + w * r[:, :, i].unsqueeze(-1) * k[:, :, i].unsqueeze(-2)
+            weight = weight * log_a[:, :, i, None, None].exp()
+        x = solve(kk, ridge[:, :, t], form.slope, phi_q[:, :, t], first=t)
+        outputs.append((vk @ x.unsqueeze(-1)).squeeze(-1))
+    return torch.stack(outputs, dim=2), _window_out(k, r, gamma, log_a, c)
+
+
+def window_chunked(
+    rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State, chunk_size: int
+):
+    """A window of c tokens in chunks: each chunk's per-token statistics from its tokens and
+    the c before it by a banded mask (no carried sums, so nothing is ever subtracted)."""
+    c = rt.spec.window.c
+    k, r, gamma, log_a = _carried(rt, phi_k, v, gates, state)
+    ridge = ridge_of(rt, gates, phi_q)
+    length, d = phi_q.shape[2], phi_q.shape[-1]
+    outputs = []
+    for start in range(0, length, chunk_size):
+        n = min(chunk_size, length - start)
+        sl = slice(start, start + c + n)  # the c tokens before the chunk, then the chunk's
+        g = log_a[:, :, sl].cumsum(-1)  # [B, H, c+n]
+        rows = torch.arange(c, c + n, device=g.device).unsqueeze(-1)  # token t at row c + t
+        cols = torch.arange(c + n, device=g.device)
+        band = (cols <= rows) & (cols > rows - c)  # i in t-c+1..t
+        gap = (g[:, :, c:].unsqueeze(-1) - g.unsqueeze(-2)).masked_fill(~band, -torch.inf)
+        mix = gap.exp() * gamma[:, :, sl].unsqueeze(-2)  # [B, H, n, c+n]
+        ks = k[:, :, sl]
+        outer = (ks.unsqueeze(-1) * ks.unsqueeze(-2)).flatten(-2)  # [B, H, c+n, D*D]
+        kk_t = (mix @ outer).unflatten(-1, (d, d))  # [B, H, n, D, D]
+        x = solve(
+            kk_t,
+            ridge[:, :, start : start + n],
+            form.slope,
+            phi_q[:, :, start : start + n],
+            first=start,
+        )
+        outputs.append(((x @ ks.transpose(-1, -2)) * mix) @ r[:, :, sl])
+    return torch.cat(outputs, dim=2), _window_out(k, r, gamma, log_a, c)
+
+
 def forward(
     rt: Runtime,
     form: ChunkForm,
@@ -223,8 +329,13 @@ def forward(
             "takes no gradient step to approximate, and its chunk form is exact; use 'auto'"
         )
     b, h, _, d_phi = phi_k.shape
-    default = initial_state(b, h, d_phi, v.shape[-1], phi_k.dtype, phi_k.device)
+    window = rt.spec.window.c
+    default = initial_state(b, h, d_phi, v.shape[-1], phi_k.dtype, phi_k.device, window)
     state = check_state(initial, default)
+    if window != "global":
+        if backend == "recurrent":
+            return window_recurrent(rt, form, phi_q, phi_k, v, gates, state)
+        return window_chunked(rt, form, phi_q, phi_k, v, gates, state, chunk_size)
     if backend == "recurrent":
         return recurrent(rt, form, phi_q, phi_k, v, gates, state)
     return chunked(rt, form, phi_q, phi_k, v, gates, state, chunk_size)
