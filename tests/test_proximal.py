@@ -329,3 +329,17 @@ def test_the_window_weight_scales_the_loss_inside_the_argmin(gamma):
     expected = torch.linalg.solve(system, rhs.mT).mT  # W system = rhs (system symmetric)
     torch.testing.assert_close(final, expected, rtol=1e-10, atol=1e-10)
     assert all(r.passed for r in rule.check(triton=False) if "end-to-end" in r.piece)
+
+
+# --- probes -----------------------------------------------------------------------------------
+
+
+def test_a_large_step_recalls_orthogonal_pairs_as_the_projection_does():
+    """The capacity probe: with orthogonal unit keys and lr = 1e6, the proximal step size is
+    1e6 / (1 + 1e6): the delta rule's exact projection (step 1) to 1e-6."""
+    from miras.probes import capacity
+
+    small = {"d_k": 8, "trials": 4, "seeds": 2}
+    result = capacity(str(LONGHORN), keys="orthogonal", pair_counts=[4, 8], gates={"lr": 1e6},
+                      **small)  # fmt: skip
+    assert all(p.mean < 1e-5 for p in result.points), [p.mean for p in result.points]
