@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 import miras
-from miras.components.optimizer.gd import MAX_STEPS
+from miras.components.optimizer.steps import MAX_STEPS
 from miras.rule import MemoryRule
 from miras.runtime import per_channel_gates, run
 from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size, resolve_mode

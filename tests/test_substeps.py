@@ -6,8 +6,8 @@
   (exact at chunk sizes that end inside a token, chunk-start and dual at chunk size 1), forward
   and gradients.
 - n keys and values per token (`keys: per_step`, DeltaProduct): the same against an autograd
-  loop over each token's own keys, values and learning rates (float64, tight); packed
-  sequences equal each sequence alone.
+  loop over each token's own keys, values and learning rates (float64, tight), for gd and for
+  momentum (its state advancing at every step); packed sequences equal each sequence alone.
 - The boundary: packed inputs of the wrong length are refused naming n and T*n; a one-step
   spec's long form (and digest) has no `steps`.
 """
@@ -50,10 +50,14 @@ def leaves(n: int, *, per_step: bool, seed: int = 0, batch: int = B):
     return [x.requires_grad_(True) for x in (q, k, v, lr, decay, w0)]
 
 
-def autograd_loop(q, k, v, lr, decay, w0, n: int, per_step: bool, gated: bool = True):
+def autograd_loop(
+    q, k, v, lr, decay, w0, n: int, per_step: bool, gated: bool = True, momentum=None
+):
     """The n steps written out: W <- a_t W; for j < n, W <- W - lr_j grad_W 1/2 ||W k_j -
-    v_j||^2 by autograd (k_j = k_t for the same key); o_t = W q_t. [B, T, H, .] -> o."""
-    w, out = w0, []
+    v_j||^2 by autograd (k_j = k_t for the same key); o_t = W q_t. [B, T, H, .] -> o. With
+    `momentum` theta [B, T, H] (momentum's state starts at 0 and advances at every step):
+    s <- theta_t s + lr_j grad, W <- W - s."""
+    w, out, s = w0, [], 0.0
     for t in range(T):
         if gated:
             w = decay[:, t, :, None, None] * w
@@ -62,7 +66,10 @@ def autograd_loop(q, k, v, lr, decay, w0, n: int, per_step: bool, gated: bool = 
             point = w if w.requires_grad else w.requires_grad_(True)
             loss = 0.5 * ((point @ k[:, i, :, :, None]).squeeze(-1) - v[:, i]).pow(2).sum()
             (grad,) = torch.autograd.grad(loss, point, create_graph=True)
-            w = w - lr[:, i, :, None, None] * grad
+            step = lr[:, i, :, None, None] * grad
+            if momentum is not None:
+                step = s = momentum[:, t, :, None, None] * s + step
+            w = w - step
         out.append((w @ q[:, t, :, :, None]).squeeze(-1))
     return torch.stack(out, dim=1), w
 
@@ -120,6 +127,25 @@ def test_per_step_keys_equal_the_autograd_loop(n, backend, chunk, mode):
     o, w = rule(q, k, v, {"lr": lr, "decay": decay}, initial_state=w0, **run)
     assert o.shape == (B, T, H, D)
     assert_same([o, w], list(autograd_loop(q, k, v, lr, decay, w0, n, True)), inputs, NAMES)
+
+
+@pytest.mark.parametrize("backend, chunk, mode", EXACT_RUNS, ids=lambda x: str(x))
+def test_momentum_takes_its_steps_with_its_state(backend, chunk, mode):
+    """optimizer: {kind: momentum, steps: 2, keys: per_step}: the surprise decays and grows at
+    every step; the exact chunk form covers it as for gd."""
+    n = 2
+    q, k, v, lr, decay, w0 = inputs = leaves(n, per_step=True, seed=21)
+    theta = 0.9 * torch.rand(B, T, H, generator=torch.Generator().manual_seed(2), dtype=f64)
+    theta.requires_grad_(True)
+    opt = {"kind": "momentum", "steps": n, "keys": "per_step"}
+    rule = miras.compile(spec(n) | {"name": "momentum_steps", "optimizer": opt})
+    assert rule.plan.chunk_form.form == "exact"
+    gates = {"lr": lr, "momentum": theta, "decay": decay}
+    state = {"W": w0, "S.W": torch.zeros_like(w0)}
+    run = dict(backend=backend, chunk_size=chunk, chunk_mode=mode, output_final_state=True)
+    o, final = rule(q, k, v, gates, initial_state=state, **run)
+    o_ref, w_ref = autograd_loop(q, k, v, lr, decay, w0, n, True, momentum=theta)
+    assert_same([o, final["W"]], [o_ref, w_ref], [*inputs, theta], [*NAMES, "dtheta"])
 
 
 def test_no_decay_and_a_fixed_learning_rate():

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import SerializerFunctionWrapHandler, model_serializer
-
-from miras.components.base import NONNEGATIVE, Optimizer, Range, gate_or, number
+from miras.components.base import NONNEGATIVE, Range, gate_or
+from miras.components.optimizer.steps import SteppedOptimizer
 
 if TYPE_CHECKING:
     import torch  # annotations only; imported where used (loading a spec needs no torch)
 
 
-# The most gradient steps a token may take (`steps`): each one is a sub-step of the sequence
-# the runtime runs, so n multiplies its length.
-MAX_STEPS = 16
-
-
-class GD(Optimizer):
+class GD(SteppedOptimizer):
     """Plain gradient descent with a learning-rate gate; `steps: n` takes n steps per token,
     on the token's key and value or (`keys: per_step`) on n keys and values of its own
     (DeltaProduct, Siems et al. 2025, arXiv:2502.10297, eq. 4).
@@ -27,86 +21,8 @@ class GD(Optimizer):
 
     kind: Literal["gd"] = "gd"
     lr: gate_or(NONNEGATIVE) = "gate"
-    # n gradient steps per token, the one-step rule composed n times; the retention's decay
-    # applies once per token, at its first step (docs/spec.md, "Several steps per token").
-    steps: number(Range(1, MAX_STEPS, lo_closed=True, hi_closed=True), integer=True) = 1
-    # "same": every step reads the token's k, v and lr; "per_step": k, v and lr carry n per
-    # token, packed [B, T*n, ...] (fla's DeltaProduct packing: step j of token t at t*n + j).
-    keys: Literal["same", "per_step"] = "same"
     gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE}
     linear_form: ClassVar[str | None] = "step"
-
-    @model_serializer(mode="wrap")
-    def _long_form(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """The long form leaves out `steps: 1` and `keys: same`, so a one-step spec keeps the
-        digest it had before these fields existed (compile caches, stored studies)."""
-        data = handler(self)
-        if data.get("steps") == 1 and data.get("keys") == "same":
-            data.pop("steps")
-            data.pop("keys")
-        return data
-
-    def steps_per_token(self) -> int:
-        return self.steps
-
-    def per_step_inputs(self) -> tuple[str, ...]:
-        return ("k", "v", "lr") if self.keys == "per_step" else ()
-
-    def spec_problems(self, spec: Any) -> list:
-        """Where n steps per token are not defined: they run as n sub-steps of one-step rule,
-        with the retention's decay at the first one only and no window."""
-        from miras.errors import Problem
-
-        problems = []
-        if self.keys == "per_step" and self.steps == 1:
-            problems.append(
-                Problem(
-                    "optimizer.steps",
-                    "keys: per_step gives each of a token's steps its own key and value; it "
-                    "needs steps >= 2, got steps: 1 (or use keys: same)",
-                )
-            )
-        if self.steps == 1:
-            return problems
-        why = f"steps: {self.steps} runs n gradient steps per token"
-        if not spec.memory.parametric:
-            problems.append(
-                Problem(
-                    "optimizer.steps",
-                    f"{why}; nonparametric memory is softmax attention, which takes no "
-                    "gradient step: use steps 1",
-                )
-            )
-            return problems
-        retention = spec.retention
-        if not retention.linear_step:
-            problems.append(
-                Problem(
-                    "optimizer.steps",
-                    f"{why}, with the retention's decay once per token and none in between: "
-                    "the retention must be none or l2 (W_t = a_t W_(t-1) - u_t), got "
-                    f"{retention.kind!r}",
-                )
-            )
-        elif retention.decay_gate and getattr(retention, retention.decay_gate) not in ("gate", 1):
-            problems.append(
-                Problem(
-                    f"retention.{retention.decay_gate}",
-                    f"{why}, with the decay once per token: the decay must be 'gate' (a "
-                    "per-token input, which the steps after the first see as 1) or 1, got "
-                    f"{getattr(retention, retention.decay_gate)!r}",
-                )
-            )
-        if spec.window.c != 1:
-            problems.append(
-                Problem(
-                    "window.c",
-                    f"{why} on the token's own objective; an Omega window (c > 1) sums earlier "
-                    f"tokens' losses into each step, which it does not define: use window 1, got "
-                    f"{spec.window.c!r}",
-                )
-            )
-        return problems
 
     def update(
         self, grad: torch.Tensor, state: torch.Tensor | None, lr: torch.Tensor
@@ -117,19 +33,4 @@ class GD(Optimizer):
     def update_lines(self) -> list:
         from miras.terms import Line, scalar, sym, times
 
-        lines = [Line(sym("u_t"), times(scalar(self.lr, "lr"), sym("g_t")))]
-        if self.steps > 1:
-            each = (
-                "on k_t,j, v_t,j with lr_t,j, j = 1..n (keys: per_step)"
-                if self.keys == "per_step"
-                else "on the same k_t, v_t"
-            )
-            lines.append(
-                Line(
-                    None,
-                    None,
-                    f"(steps: {self.steps}: the whole step n times per token {each}; "
-                    "the decay a_t at the first only, o_t after the last)",
-                )
-            )
-        return lines
+        return [Line(sym("u_t"), times(scalar(self.lr, "lr"), sym("g_t"))), *self.steps_lines()]

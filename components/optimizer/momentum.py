@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from miras.components.base import HALF_OPEN_UNIT, NONNEGATIVE, Optimizer, Range, gate_or
+from miras.components.optimizer.steps import SteppedOptimizer
 
 if TYPE_CHECKING:
     import torch  # annotations only; imported where used (loading a spec needs no torch)
 
 
-class Momentum(Optimizer):
+class Momentum(SteppedOptimizer):
     """Momentum over the inner gradient: the past surprise decays by theta_t (Titans eq. 10).
 
     Equation: s_t = theta_t s_{t-1} + b_t g_t,  u_t = s_t
@@ -37,7 +38,7 @@ class Momentum(Optimizer):
     def update_lines(self) -> list:
         from miras.terms import Line, sym
 
-        return [*surprise_lines(self), Line(sym("u_t"), sym("S_t"))]
+        return [*surprise_lines(self), Line(sym("u_t"), sym("S_t")), *self.steps_lines()]
 
 
 def surprise_lines(opt: Optimizer) -> list:

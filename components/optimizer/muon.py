@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import (
-    HALF_OPEN_UNIT,
-    NONNEGATIVE,
-    Optimizer,
-    Range,
-    gate_or,
-    number,
-)
+from miras.components.base import HALF_OPEN_UNIT, NONNEGATIVE, Range, gate_or, number
+from miras.components.optimizer.steps import SteppedOptimizer
 
 if TYPE_CHECKING:
     import torch  # annotations only; imported where used (loading a spec needs no torch)
@@ -36,7 +30,7 @@ def newton_schulz(s: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
     return x.mT if tall else x
 
 
-class Muon(Optimizer):
+class Muon(SteppedOptimizer):
     """Momentum of the raw gradient, orthogonalized by Newton-Schulz per matrix parameter, then
     scaled by the step size (ATLAS eq. 30).
 
@@ -75,4 +69,5 @@ class Muon(Optimizer):
         return [
             Line(sym("S_t"), Plus((surprise, sym("g_t")))),
             Line(sym("u_t"), times(scalar(self.lr, "lr"), direction)),
+            *self.steps_lines(),
         ]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from miras.components.base import HALF_OPEN_UNIT, NONNEGATIVE, Optimizer, Range, gate_or
+from miras.components.base import HALF_OPEN_UNIT, NONNEGATIVE, Range, gate_or
+from miras.components.optimizer.steps import SteppedOptimizer
 
 
-class Nesterov(Optimizer):
+class Nesterov(SteppedOptimizer):
     """Nesterov momentum over the inner gradient (Sutskever et al. 2013, in the form of
     PyTorch's SGD with nesterov=True): the step adds the momentum once more, decayed.
 
@@ -32,4 +33,4 @@ class Nesterov(Optimizer):
 
         step = times(scalar(self.lr, "lr"), sym("g_t"))
         ahead = times(scalar(self.momentum, "momentum"), sym("S_t"))
-        return [*surprise_lines(self), Line(sym("u_t"), Plus((ahead, step)))]
+        return [*surprise_lines(self), Line(sym("u_t"), Plus((ahead, step))), *self.steps_lines()]
