@@ -122,19 +122,22 @@ class OptimizerRungContract:
             return value if value != "gate" else gates[name][:, 0, :, None, None]
 
         x, target = k[:, 0], v[:, 0]  # [B, H, D]
-        if opt.implicit:
-            u = proximal_update(rule, {"W": w}, x, target, [], per_matrix("lr"))["W"]
-        else:
-            point = w.clone().requires_grad_()
-            y = (point @ x.unsqueeze(-1)).squeeze(-1)
-            loss = rule.spec.bias.reference_loss(y, target).sum()
-            (g,) = torch.autograd.grad(loss, point)
-            values = {name: per_matrix(name) for name in opt.gateable}
-            u, s = opt.update(g, state.get("S.W"), **values)
-            if opt.stateful:
-                torch.testing.assert_close(final["S.W"], s, rtol=1e-12, atol=1e-12)
-        expected = per_matrix("decay") * w - u
-        torch.testing.assert_close(final["W"], expected, rtol=1e-10, atol=1e-10)
+        # `steps: n` takes the step n times on the token, the decay at the first only.
+        current, s = w, state.get("S.W")
+        for j in range(opt.steps_per_token()):
+            if opt.implicit:
+                u = proximal_update(rule, {"W": current}, x, target, [], per_matrix("lr"))["W"]
+            else:
+                point = current.clone().requires_grad_()
+                y = (point @ x.unsqueeze(-1)).squeeze(-1)
+                loss = rule.spec.bias.reference_loss(y, target).sum()
+                (g,) = torch.autograd.grad(loss, point)
+                values = {name: per_matrix(name) for name in opt.gateable}
+                u, s = opt.update(g, s, **values)
+            current = (per_matrix("decay") if j == 0 else 1.0) * current - u
+        if opt.stateful:
+            torch.testing.assert_close(final["S.W"], s, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(final["W"], current, rtol=1e-10, atol=1e-10)
 
     def test_the_derived_step_agrees_with_autograd(self):
         results = check_end_to_end(miras.compile(self.spec()), triton=False)
@@ -183,6 +186,14 @@ class TestNesterov(OptimizerRungContract):
 
 class TestMuon(OptimizerRungContract):
     fields = {"optimizer": {"kind": "muon", "ns_steps": 3}}
+
+
+class TestGDSteps(OptimizerRungContract):
+    fields = {"optimizer": {"kind": "gd", "steps": 3}}
+
+
+class TestMomentumSteps(OptimizerRungContract):
+    fields = {"optimizer": {"kind": "momentum", "steps": 2}}
 
 
 class TestProximal(OptimizerRungContract):
