@@ -156,6 +156,12 @@ def training_estimate(spec: Spec, *, batch_size: int, seq_len: int, vocab_size: 
     # maps) and the SwiGLU (3 matrices of 2/3 * expansion * D); x4 with gradients and AdamW.
     hidden = max(8, math.ceil(2 * m.mlp_expansion * d / 3))
     per_block = 4 * d * d + 2 * m.gate_rank * d + 3 * d * hidden
+    # n optimizer steps per token: the rule runs T*n steps; with keys per step the layer
+    # projects n keys and values per token (2 (n - 1) more D x D maps).
+    steps = spec.optimizer.steps_per_token() if spec.memory.parametric else 1
+    if "k" in spec.optimizer.per_step_inputs():
+        per_block += 2 * (steps - 1) * d * d
+    rule_steps = t * steps
     if m.variant in ("mal", "mag"):
         per_block += 4 * d * d  # the sliding-window attention beside the memory
     params = vocab_size * d + n_layers * per_block
@@ -181,21 +187,22 @@ def training_estimate(spec: Spec, *, batch_size: int, seq_len: int, vocab_size: 
     if memory and spec.memory.parametric:
         # One state per head at every chunk boundary (every token on the recurrent backend).
         chunk = m.chunk_size or 64
-        saved = t + 1 if m.backend == "recurrent" else math.ceil(t / chunk) + 1
+        saved = rule_steps + 1 if m.backend == "recurrent" else math.ceil(rule_steps / chunk) + 1
         numel = _state_numel(spec, head_dim)
+        stepped = {"optimizer.steps": steps} if steps > 1 else {}
         parts.append(
             Part(
                 "memory states",
                 FLOAT32 * b * h * numel * saved * n_layers,
-                {**_memory_fields(spec), **tokens, "model.chunk_size": chunk},
+                {**_memory_fields(spec), **tokens, "model.chunk_size": chunk, **stepped},
             )
         )
         # The chunk form's within-chunk matrices, [B, H, T / b, b, b], several of them.
         parts.append(
             Part(
                 "chunk matrices",
-                8 * FLOAT32 * b * h * t * min(chunk, t) * n_layers,
-                {"model.chunk_size": chunk, **tokens, "model.n_heads": h},
+                8 * FLOAT32 * b * h * rule_steps * min(chunk, rule_steps) * n_layers,
+                {"model.chunk_size": chunk, **tokens, "model.n_heads": h, **stepped},
             )
         )
         reach = _reach(spec, t)

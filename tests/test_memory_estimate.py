@@ -40,6 +40,7 @@ def test_the_default_model_fits_in_well_under_a_gib():
         ({"memory": {"kind": "mlp", "expansion": 16}}, "memory.expansion"),
         ({"window": "global"}, "window.c"),
         ({"feature_map": "taylor"}, "feature_map.kind"),
+        ({"optimizer": {"kind": "gd", "steps": 4}}, "optimizer.steps"),
     ],
     ids=lambda x: x if isinstance(x, str) else "",
 )
