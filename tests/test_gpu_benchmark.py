@@ -2,7 +2,8 @@
 (spec x form x dtype x T), every timing pair and the compile reports and exits 0; without CUDA
 a real run says why and exits 0; the run itself, on the CPU under Triton's interpreter
 (tests/conftest.py sets TRITON_INTERPRET=1) at a small shape, writes its JSON report; an item
-past its cap is timed out and one that finds its section's budget spent is skipped."""
+past its cap is timed out and one that finds its section's budget spent is skipped; the
+compile reports come back from their child process, unfinished specs skipped at the budget."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def test_without_cuda_a_real_run_says_why_and_exits_0(capsys, monkeypatch, tmp_p
 def test_run_on_the_interpreter_writes_the_report(tmp_path, monkeypatch, capsys):
     """The whole run at T = 20, D = 16: one spec's two forms in both dtypes, an absent timing
     pair and an absent compile module, in the JSON and the table."""
-    monkeypatch.setattr(gpu, "COMPILE_MODULE", "miras.compiler.no_such_module")
+    monkeypatch.setattr(gpu, "COMPILE_MODULES", ("miras.compiler.no_such_module",))
     plan = gpu.CheckPlan(forms=[("deltanet", "exact"), ("omeganet", "start")])
     plan.left_out["titans"] = "Triton does not cover it: mlp memory"
     pairs = [gpu.TimingPair("chunk_delta_rule", "miras", "fla", absent="fla is not installed")]
@@ -129,7 +130,7 @@ def test_the_miras_side_of_each_timing_pair_runs_and_binds_fla_s_signature(monke
 def test_a_spec_and_form_that_timed_out_is_not_run_again(tmp_path, monkeypatch):
     """After one item of a (spec, form) runs past its cap (a compile that does not fit), its
     later items are skipped, naming it; the other specs still run."""
-    monkeypatch.setattr(gpu, "COMPILE_MODULE", "miras.compiler.no_such_module")
+    monkeypatch.setattr(gpu, "COMPILE_MODULES", ("miras.compiler.no_such_module",))
     monkeypatch.setitem(gpu.ITEM_CAP_S, "check", 0.3)
 
     def fake_check(spec_name, form, dtype, t, device, shape):
@@ -185,7 +186,53 @@ def test_compile_item_passes_what_the_report_function_names():
     def needs_more(spec, target, registers_bound):
         return []
 
+    def over_limits(rows):
+        return [f"{k.name}: too many registers" for k in rows if k.registers > 100]
+
+    module = types.SimpleNamespace(report=report, over_limits=over_limits)
+    row = gpu.compile_item(module, "swla", "sm_90", 128)
+    assert row["status"] == "over limits"
+    assert row["problems"] == ["linear_backward: too many registers"]
+
     row = gpu.compile_item(types.SimpleNamespace(report=needs_more), "swla", "sm_90", 128)
     assert row["status"] == "error" and "registers_bound" in row["reason"]
-    row = gpu.compile_item(types.SimpleNamespace(other=needs_more), "swla", "sm_90", 128)
+    row = gpu.compile_item(
+        types.SimpleNamespace(other=needs_more, __name__="fake"), "swla", "sm_90", 128
+    )
     assert row["status"] == "error" and "'other'" in row["reason"]
+
+
+FAKE_REPORT = """
+import time
+
+
+def report(spec, target, d):
+    if spec.stem == "retnet":
+        time.sleep(60)  # never finished: the test ends the child first
+    return [{"kernel": "scan", "spec": spec.stem, "target": target, "d": d}]
+"""
+
+
+def test_compile_reports_run_in_a_child_process_beside_the_checks(tmp_path, monkeypatch):
+    """The compile section's child process: its rows come back into the run's section, and
+    a spec it has not finished when the budget ends is skipped, naming why."""
+    (tmp_path / "fake_gpu_report.py").write_text(FAKE_REPORT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(gpu, "COMPILE_MODULES", ("fake_gpu_report",))
+    out = tmp_path / "report.json"
+    reports = gpu.start_compile_reports(["deltanet", "retnet"], "sm_90", 16, 600.0, out)
+    assert reports.process is not None
+    start = time.perf_counter()
+    while not reports.rows_path.exists() and time.perf_counter() - start < 60:
+        time.sleep(0.2)  # until the child has written deltanet's row (retnet then sleeps)
+    section = gpu.Section("compile", 600.0, gpu.Table())
+    gpu.finish_compile_reports(section, reports, time.perf_counter() + 1)
+    assert reports.process.returncode is not None  # ended at the deadline
+    by_item = {r["item"]: r for r in section.rows}
+    assert by_item["deltanet"]["status"] == "ok"
+    assert by_item["deltanet"]["report"] == [
+        {"kernel": "scan", "spec": "deltanet", "target": "sm_90", "d": 16}
+    ]
+    assert by_item["retnet"]["status"] == "skipped" and "ended" in by_item["retnet"]["reason"]
+    assert (tmp_path / "report.compile.log").exists()
