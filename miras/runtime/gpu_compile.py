@@ -282,12 +282,20 @@ def compile_jobs(jobs: list[Job], target: Target, cache_dir: Path | None = None)
             continue
         todo[key] = job
     if todo:
-        payload = [dict(asdict(job), capability=target.capability) for job in todo.values()]
+        if cache_dir is not None:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+        # The worker writes each result to the cache as it finishes (a batch of d = 256 kernels
+        # takes many minutes; an interrupted run keeps what it compiled).
+        payload = [
+            dict(
+                asdict(job),
+                capability=target.capability,
+                cache_file=str(cache_dir / f"{key}.json") if cache_dir is not None else None,
+            )
+            for key, job in todo.items()
+        ]
         found = _run_worker(payload)
         for (key, job), result in zip(todo.items(), found, strict=True):
-            if cache_dir is not None and not result["error"]:
-                cache_dir.mkdir(parents=True, exist_ok=True)
-                (cache_dir / f"{key}.json").write_text(json.dumps(result))
             _DONE[key] = _row(job, target, result)
     rows = []
     for job in jobs:
@@ -395,7 +403,11 @@ def _worker() -> None:
         # A fresh Triton cache: a cache hit skips ptxas, whose log holds registers and spills.
         os.environ["TRITON_CACHE_DIR"] = tmp
         os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-        results = [_compile_one(job) for job in payload]
+        results = []
+        for job in payload:
+            results.append(_compile_one(job))
+            if job["cache_file"] and not results[-1]["error"]:
+                Path(job["cache_file"]).write_text(json.dumps(results[-1]))
     sys.stdout.write("\n" + json.dumps(results) + "\n")
 
 
