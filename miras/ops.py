@@ -387,7 +387,11 @@ def call(
     rule = _as_rule(rule)
     chunk_mode, chunk_size = chunk_options(rule, backend, chunk_mode, chunk_size)
     q, k = _expand_value_heads(q, k, v)
-    shapes = check_qkv(q, k, v)  # before g and beta are read in q's dtype
+    opt = rule.spec.optimizer
+    if "k" in opt.per_step_inputs():  # k, v packed [B, T*n, H, .] (keys: per_step)
+        shapes = _check_packed(q, k, v, opt.steps_per_token(), "n")
+    else:
+        shapes = check_qkv(q, k, v)  # before g and beta are read in q's dtype
     _check_packing(cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size, shapes)
     scale = _check_scale(scale, q)
     natural = _fla_gates(rule, q, v, g, beta, gates)
@@ -615,10 +619,11 @@ def deltaproduct_rule(n: int, gated: bool) -> MemoryRule:
     return miras.compile(deltaproduct_spec(n, gated))
 
 
-def _check_packed(q, k, v, n: int) -> None:
-    """q [B, T, H, K]; k, v in fla's packing [B, T*n, H, .], n = num_householder."""
+def _check_packed(q, k, v, n: int, n_name: str = "num_householder"):
+    """q [B, T, H, K]; k, v in fla's packing [B, T*n, H, .], n named `n_name`. Returns the
+    shapes of one key per token (T of q)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        length = "T" if name == "q" else "T*num_householder"
+        length = "T" if name == "q" else f"T*{n_name}"
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{name}: expected a tensor [B, {length}, H, D], got {got}")
@@ -626,11 +631,11 @@ def _check_packed(q, k, v, n: int) -> None:
     for name, x in (("k", k), ("v", v)):
         if x.shape[1] != t * n:
             raise ValueError(
-                f"{name}: expected fla's packing [B, T*num_householder, H, "
+                f"{name}: expected fla's packing [B, T*{n_name}, H, "
                 f"{'K' if name == 'k' else 'V'}], T*n = {t * n} for T = {t} tokens of q and "
-                f"num_householder = {n} (step j of token t at t*n + j), got {list(x.shape)}"
+                f"{n_name} = {n} (step j of token t at t*n + j), got {list(x.shape)}"
             )
-    check_qkv(q, k[:, ::n], v[:, ::n])  # B, H, K and dtypes, as for one key per token
+    return check_qkv(q, k[:, ::n], v[:, ::n])  # B, H, K and dtypes, as for one key per token
 
 
 def chunk_gated_delta_product(

@@ -123,6 +123,26 @@ def test_recurrent_backend_and_v_first_state_agree():
     assert_rel_rms(s_rec.transpose(-1, -2), s, FLA_TOL, "final state")
 
 
+def test_functional_runs_the_shipped_spec_in_fla_packing():
+    """ops.functional of specs/deltaproduct.yaml (n = 2) takes the same packed inputs, g and
+    beta, cu_seqlens included, and equals the alias."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "specs/deltaproduct.yaml"
+    q, k, v, beta, g, h0, _ = inputs(50, 2, gated=True, batch=1, states=2)
+    bounds = torch.tensor([0, 9, T])
+    op = ops.functional(path, chunk_size=CHUNK)
+    o, s = op(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=bounds)
+    o_ref, s_ref = ops.chunk_gated_delta_product(
+        q, k, v, g, beta, 2, initial_state=h0, output_final_state=True, cu_seqlens=bounds,
+        chunk_size=CHUNK,
+    )  # fmt: skip
+    torch.testing.assert_close(o, o_ref)
+    torch.testing.assert_close(s, s_ref)
+    with pytest.raises(ValueError, match=r"k: expected fla's packing \[B, T\*n, H, K\]"):
+        op(q, k[:, :T], v, g, beta)
+
+
 def _bad(**change):
     q, k, v, beta, g, _, _ = inputs(40, 2, gated=True)
     args = {**dict(q=q, k=k, v=v, g=g, beta=beta, num_householder=2), **change}
