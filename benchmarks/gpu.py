@@ -33,7 +33,8 @@ it finishes:
    the spec's default chunk size and the timing shape's (B, T, H) for the launch grid, each
    passed under whichever name the report function gives it (`compile_item`). Compiling for
    a target is CPU work (Triton's front end and ptxas), so it runs in a child process on the
-   CPU's cores from the start, alongside the GPU sections; its log is `<out>.compile.log`.
+   CPU's cores from the start, alongside the GPU sections; its log and rows are
+   `gpu_report.compile.log` and `.compile.json` beside `--out` (named after it).
 
 The budget (an H200; `--budget`, default 420 s, scales every figure): check 65% (273 s) then
 timing 35% (147 s) on the GPU, and the compile reports alongside for the whole 420 s. Items run
