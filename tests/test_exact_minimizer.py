@@ -385,3 +385,20 @@ def test_a_study_searches_the_exact_optimizer(tmp_path):
     kinds = sorted(miras.load_spec(t.user_attrs["spec"]).optimizer.kind for t in trials)
     assert kinds == ["exact", "gd"]
     assert all(math.isfinite(t.user_attrs["metrics"]["loss"]) for t in trials)
+
+
+def test_the_hf_model_continues_from_its_cache_without_an_approximation_warning(recwarn):
+    """The minimizer form is exact at every chunk size: prefill in pieces equals one forward,
+    and no warning calls it the chunk-start approximation."""
+    pytest.importorskip("transformers")
+    from miras.hf import MirasForCausalLM
+
+    torch.manual_seed(0)
+    model = MirasForCausalLM.from_spec(MESANET, vocab_size=50, d_model=32, n_layers=1, n_heads=2)
+    x = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        full = model.eval()(x).logits
+        first = model(x[:, :7], use_cache=True)
+        rest = model(x[:, 7:], past_key_values=first.past_key_values, use_cache=True).logits
+    torch.testing.assert_close(torch.cat([first.logits, rest], 1), full, rtol=1e-4, atol=1e-5)
+    assert not [w for w in recwarn if "approximation" in str(w.message)]

@@ -216,7 +216,8 @@ def approximate_layers(lm: LanguageModel) -> str:
         if not isinstance(module, MirasLayer) or module.backend == "recurrent":
             continue
         form = resolve_mode(module.chunk_mode, module.rule.plan.chunk_form, module.rule.spec.name)
-        if form != "exact" and module.chunk_size > 1:
+        # "minimizer" (optimizer exact) is exact at every chunk size, as "exact" is.
+        if form not in ("exact", "minimizer") and module.chunk_size > 1:
             return (
                 f"its memory's chunked forward is the chunk-start approximation ({form} form) "
                 f"at chunk_size {module.chunk_size}"
