@@ -231,6 +231,28 @@ def test_inputs_of_the_wrong_length_are_refused_naming_n(change, words):
         assert word in str(err.value), (word, str(err.value))
 
 
+@pytest.mark.parametrize("keys", ["same", "per_step"])
+def test_bad_values_are_named_at_the_callers_token(keys):
+    """A per-token gate out of range, or a non-finite q or same-key k, is named at its token
+    as given (the expanded run would see token t as step t*n + j)."""
+    n, per_step = 3, keys == "per_step"
+    rule = miras.compile(spec(n, keys))
+    q, k, v, lr, decay, _ = (x.detach() for x in leaves(n, per_step=per_step, seed=9))
+    bad_decay = decay.clone()
+    bad_decay[1, 4, 0] = 1.5
+    with pytest.raises(ValueError, match=r"gates\['decay'\].*found 1.5 at token 4 \(batch row 1"):
+        rule(q, k, v, {"lr": lr, "decay": bad_decay})
+    bad_q = q.clone()
+    bad_q[0, 5, 1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"q: found the non-finite value nan at token 5"):
+        rule(bad_q, k, v, {"lr": lr, "decay": decay})
+    if not per_step:
+        bad_k = k.clone()
+        bad_k[0, 2, 0, 0] = float("inf")
+        with pytest.raises(ValueError, match=r"k: found the non-finite value inf at token 2"):
+            rule(q, bad_k, v, {"lr": lr, "decay": decay})
+
+
 def test_same_key_steps_take_one_key_per_token():
     n = 2
     q, k, v, lr, decay, _ = leaves(n, per_step=True, seed=8)  # k, v packed: wrong here

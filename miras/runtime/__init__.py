@@ -132,7 +132,9 @@ def run(
     if n > 1 and not _substeps:
         # n optimizer steps per token: the one-step rule over T*n steps, chunk_size of them
         # per chunk (miras.runtime.substeps).
-        q, k, v, gates, cu_seqlens = substeps.expand(rule, q, k, v, gates, cu_seqlens)
+        q, k, v, gates, cu_seqlens = substeps.expand(
+            rule, q, k, v, gates, cu_seqlens, check_inputs=check_inputs
+        )
         o, final = run(
             rule,
             q,
@@ -146,7 +148,7 @@ def run(
             output_final_state=output_final_state,
             params=params,
             cu_seqlens=cu_seqlens,
-            check_inputs=check_inputs,
+            check_inputs=False,  # checked before the expansion, in the caller's token numbers
             triton_precision=triton_precision,
             _substeps=True,
         )

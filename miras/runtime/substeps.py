@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from miras.runtime.inputs import Shapes, check_cu_seqlens
+from miras.runtime.inputs import Shapes, check_cu_seqlens, check_finite, first_bad, inside_range
 
 if TYPE_CHECKING:
     from miras.rule import MemoryRule
@@ -56,17 +56,42 @@ def _check_length(rule: MemoryRule, name: str, x, length: int, n: int, axes: str
         )
 
 
-def expand(rule: MemoryRule, q, k, v, gates, cu_seqlens):
+def _check_ranges(rule: MemoryRule, gates, shape: tuple[int, ...]) -> None:
+    """Each per-token gate [B, T, H(, Dv)] inside its range, named at its own token (after the
+    expansion, token t would be step t*n). The expanded run checks the rest."""
+    infos = {info.name: info for info in rule.plan.gates}
+    for name, g in (gates or {}).items():
+        if name not in infos or not isinstance(g, torch.Tensor) or tuple(g.shape[:3]) != shape:
+            continue
+        if not g.dtype.is_floating_point:
+            continue
+        g = g.detach() if g.dim() == 4 else g.detach().unsqueeze(-1)  # [B, T, H, X]
+        bad = ~inside_range(g, infos[name].allowed)
+        if bool(bad.any()):
+            token, row, head = first_bad(bad)
+            value = g[row, token, head][bad[row, token, head]][0].item()
+            raise ValueError(
+                f"gates[{name!r}]: values must lie in {infos[name].allowed} (natural space), "
+                f"found {value:g} at token {token} (batch row {row}, head {head}), the first "
+                "in time"
+            )
+
+
+def expand(rule: MemoryRule, q, k, v, gates, cu_seqlens, *, check_inputs: bool = True):
     """The sub-step sequence of `rule`'s inputs (the module docstring): q, k [B, T*n, H, Dk],
     v [B, T*n, H, Dv], gates name -> [B, T*n, H(, Dv)] or a Python float, cu_seqlens * n.
     The inputs: q [B, T, H, Dk]; k, v [B, T, H, D] or, for the per-step inputs, [B, T*n, H, D];
-    gates [B, T, H(, Dv)], the per-step ones [B, T*n, H(, Dv)]. Shapes beyond the length
-    axis, dtypes and ranges are checked by the run of the expanded sequence."""
+    gates [B, T, H(, Dv)], the per-step ones [B, T*n, H(, Dv)]. With `check_inputs`, q, k, v
+    are checked finite and the per-token gates in range here, so an error names the token (or,
+    for a per-step input, the packed index) as given; shapes beyond the length axis, dtypes and
+    the per-step gates' ranges are checked by the run of the expanded sequence."""
     n = steps_of(rule)
     per_step = set(rule.spec.optimizer.per_step_inputs())
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_axes(name, x)
     t = q.shape[1]
+    if check_inputs:
+        check_finite(q, k, v)
 
     def repeat(x: torch.Tensor) -> torch.Tensor:  # [B, T, ...] -> [B, T*n, ...]
         return x.repeat_interleave(n, dim=1)
@@ -92,6 +117,9 @@ def expand(rule: MemoryRule, q, k, v, gates, cu_seqlens):
         else:
             per_token(name, x, "H, D")
             kv.append(repeat(x))
+    if check_inputs:
+        per_token_gates = {name: g for name, g in (gates or {}).items() if name not in per_step}
+        _check_ranges(rule, per_token_gates, (q.shape[0], t, q.shape[2]))
     q = at(q, n - 1, 0.0)
 
     decay = rule.spec.retention.decay_gate
