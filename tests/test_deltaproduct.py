@@ -114,3 +114,15 @@ def test_a_study_searches_the_steps_per_token(tmp_path):
     assert sorted(load_spec(t.user_attrs["spec"]).optimizer.steps for t in trials) == [2, 3]
     for t in trials:
         assert math.isfinite(t.user_attrs["metrics"]["loss"])
+
+
+def test_a_diverged_layer_names_the_token_and_step_that_overshoots():
+    """With keys per step, k and lr are packed [B, T*n, ...]: the overshooting step lr *
+    ||phi(k)||^2 is found among the steps of the tokens up to the diverged one and named as
+    (token, step) (it was read from the first tokens' worth of packed steps, as token numbers)."""
+    layer = MirasLayer(DELTAPRODUCT, 16, 2)
+    k = F.normalize(torch.randn(1, 12, 2, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
+    lr = torch.full((1, 12, 2), 0.1)
+    lr[0, 7, 0] = 3.0  # token 3, step 1
+    text = layer._likely_cause(k, {"lr": lr, "decay": torch.ones(1, 6, 2)}, 4, 0, 0)
+    assert "reaches 3 at token 3, step 1" in text and "overshoots" in text, text

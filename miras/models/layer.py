@@ -481,14 +481,17 @@ class MirasLayer(nn.Module):
         head, and what to change when it overshoots."""
         if "lr" not in gates:
             return ""
-        keys = k[row : row + 1, : token + 1, head : head + 1].transpose(1, 2)  # [1, 1, t, Dk]
+        n = self.keys_per_token  # k and lr packed [B, T*n, ...] with keys per step
+        steps = (token + 1) * n
+        keys = k[row : row + 1, :steps, head : head + 1].transpose(1, 2)  # [1, 1, t n, Dk]
         phi = self.rule.runtime.feature(keys.to(torch.float64), self.params())
-        norm2 = phi.pow(2).sum(-1).flatten()  # [t]
-        lr = gates["lr"][row, : token + 1, head].reshape(token + 1, -1).amax(-1).double()
+        norm2 = phi.pow(2).sum(-1).flatten()  # [t n]
+        lr = gates["lr"][row, :steps, head].reshape(steps, -1).amax(-1).double()
         step = lr * norm2
         at = int(step.argmax())
+        where = f"token {at // n}" + (f", step {at % n}" if n > 1 else "")
         text = (
-            f"; the memory's step lr * ||phi(k)||^2 reaches {step[at].item():.3g} at token {at} "
+            f"; the memory's step lr * ||phi(k)||^2 reaches {step[at].item():.3g} at {where} "
             f"(lr {lr[at].item():.3g}, ||phi(k)||^2 {norm2[at].item():.3g})"
         )
         if step[at] <= 1:
