@@ -3,9 +3,13 @@ real studies on SQLite (search, resume, report, export, a killed worker, Ctrl-C,
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import signal
 import sqlite3
+import subprocess
+import time
 from pathlib import Path
 
 import optuna
@@ -444,6 +448,80 @@ def test_ctrl_c_marks_the_running_trial_and_keeps_the_storage(tmp_path):
     assert trial.state == TrialState.FAIL and trial.user_attrs["reason"] == "interrupted (Ctrl-C)"
     with sqlite3.connect(tmp_path / "int.db") as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_a_worker_whose_parent_is_gone_interrupts_itself_as_ctrl_c_would():
+    """The watch compares os.getppid() with the pid it was given: a different one means the
+    search process exited and the worker was adopted."""
+    from miras.search import run
+
+    watch = run._ParentWatch(parent=os.getppid() + 1_000_000, interval=0.01, patience=60)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            watch.start()
+            time.sleep(5)  # interrupted long before this ends
+        assert run._ParentWatch.gone
+        assert run._interrupt_reason() == "interrupted (the search process exited)"
+    finally:
+        watch.stop()
+        watch.thread.join(timeout=5)
+        run._ParentWatch.gone = False
+    assert not watch.thread.is_alive()
+    assert run._interrupt_reason() == "interrupted (Ctrl-C)"
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The spawned worker processes of `pid` (not multiprocessing's resource tracker)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    children = [int(c) for c in path.read_text().split()] if path.exists() else []
+    return [c for c in children if b"spawn_main" in _cmdline(c)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has exited
+
+
+@pytest.mark.slow  # worker processes, 30 s or more on 2 cores
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_workers_stop_when_the_search_process_is_killed(tmp_path):
+    """SIGKILL of `miras search --workers 2` leaves no orphan training on: each worker sees
+    its parent gone, marks its running trial and exits."""
+    study = write_study(tmp_path, train={**TINY["train"], "steps": 2000})
+    storage = f"sqlite:///{tmp_path / 'orphan.db'}"
+    search_process = start_worker(study, storage, 4, "--workers", "2")
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers := _workers_of(search_process.pid)) < 2:
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        victim = wait_for_running_trial(storage, "tiny", workers[0])
+        search_process.kill()
+        # The workers share the killed process's pipes: reading them to their end (every
+        # writer gone) both keeps the workers from blocking on a full pipe and waits for them.
+        try:
+            _, stderr = search_process.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("orphaned workers kept running") from None
+        assert not [w for w in workers if _alive(w)]
+        assert stderr.count("exited: this worker stops") == 2, stderr
+    finally:
+        for w in _workers_of(search_process.pid) + workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGKILL)
+    trial = {t.number: t for t in trials_of(storage, "tiny")}[victim.number]
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["reason"] == "interrupted (the search process exited)"
 
 
 # --- bad input at the command line ----------------------------------------------------------

@@ -17,6 +17,7 @@ it: the loser is marked failed with reason 'over budget' before it samples anyth
 
 from __future__ import annotations
 
+import _thread
 import logging
 import multiprocessing
 import os
@@ -197,7 +198,7 @@ def _run_worker(
                 raise KeyboardInterrupt
             return value
         except KeyboardInterrupt:
-            trial.set_user_attr("reason", "interrupted (Ctrl-C)")
+            trial.set_user_attr("reason", _interrupt_reason())
             raise
         except optuna.TrialPruned:
             raise
@@ -289,10 +290,62 @@ def _worker_seed(study: StudyDef, handle: optuna.Study, options: WorkerOptions) 
     return zlib.crc32(where.encode())
 
 
-def worker_main(options: WorkerOptions) -> None:
-    """The entry point of a worker process (`--workers N`): quiet, one share of the CPU."""
+class _ParentWatch:
+    """Interrupts this worker, as Ctrl-C would, once the process that started it is gone.
+
+    A search killed by SIGTERM or SIGKILL gets no chance to stop its workers; without this
+    they would run on as orphans (adopted by init), training and holding the storage. The
+    watch polls the parent's pid every `interval` s: an orphan's parent changes to its adopter.
+    Python drops a KeyboardInterrupt raised inside a finalizer or a callback, so the interrupt
+    is repeated, `patience` s apart, `repeats` times; a worker still alive then exits at once
+    and leaves its trial to the heartbeat's grace period."""
+
+    gone = False  # set in the worker process once its parent has exited
+
+    def __init__(self, parent: int, interval: float = 1.0, repeats: int = 3, patience=5.0):
+        self.parent, self.interval, self.repeats, self.patience = (
+            parent,
+            interval,
+            repeats,
+            patience,
+        )
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="parent-watch", daemon=True)
+
+    def start(self) -> _ParentWatch:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _watch(self) -> None:
+        while os.getppid() == self.parent:
+            if self.stopped.wait(self.interval):
+                return
+        _ParentWatch.gone = True
+        log.error("the search process %d exited: this worker stops", self.parent)
+        for _ in range(self.repeats):
+            _thread.interrupt_main(signal.SIGINT)  # the Ctrl-C path: trial marked, exit 130
+            if self.stopped.wait(self.patience):
+                return
+        log.error("worker %d did not stop after %d interrupts: exiting", os.getpid(), self.repeats)
+        os._exit(130)
+
+
+def _interrupt_reason() -> str:
+    if _ParentWatch.gone:
+        return "interrupted (the search process exited)"
+    return "interrupted (Ctrl-C)"
+
+
+def worker_main(options: WorkerOptions, parent: int | None = None) -> None:
+    """The entry point of a worker process (`--workers N`): quiet, one share of the CPU.
+    `parent`: the pid of the search process, watched so that the worker never outlives it."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
+        if parent is not None:
+            _ParentWatch(parent).start()
         run_worker(options)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
@@ -381,7 +434,10 @@ def _run_processes(options: list[WorkerOptions], report: Callable[[], None]) -> 
     """N worker processes (spawned: torch does not survive fork well), watched every second.
     Ctrl-C reaches every process of the terminal's group: each marks its trial and exits."""
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=worker_main, args=(o,), daemon=False) for o in options]
+    parent = os.getpid()
+    processes = [
+        context.Process(target=worker_main, args=(o, parent), daemon=False) for o in options
+    ]
     for process in processes:
         process.start()
     try:
