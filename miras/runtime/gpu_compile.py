@@ -138,7 +138,15 @@ def _configs(kernel, meta: dict) -> list[tuple[int, int]]:
 
 
 def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """A module's hash for the cache: its text, the shared blocks it imports and the triton
+    version (whose ptxas compiles it)."""
+    import triton
+
+    from miras.kernels.common import intra, math, state, tuning
+    from miras.kernels.common import io as row_io
+
+    shared = "".join(inspect.getsource(m) for m in (intra, row_io, math, state, tuning))
+    return hashlib.sha256((text + shared + triton.__version__).encode()).hexdigest()[:16]
 
 
 def _text(meta: dict) -> tuple[tuple[str, object], ...]:
