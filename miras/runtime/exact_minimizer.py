@@ -189,32 +189,40 @@ def recurrent(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State
 
 
 def chunked(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State, chunk_size: int):
-    """Chunks of `chunk_size` tokens, each in masked matmuls; returns o and the statistics."""
+    """Chunks of `chunk_size` tokens, each in masked matmuls; returns o and the statistics.
+    The per-token statistics of every chunk are built first and factored in one batched call
+    (fewer, larger LAPACK batches), then each chunk's outputs read them."""
     log_a, gamma, r = inputs(rt, phi_k, v, gates)
     ridge = ridge_of(rt, gates, phi_q)
     kk, vk = state["H_kk"], state["H_vk"]
     length, d = phi_q.shape[2], phi_q.shape[-1]
-    outputs = []
+    pieces = []  # per chunk: (slice, log A_t, mix, H_vk at the chunk's start)
+    systems = []
     for start in range(0, length, chunk_size):
         sl = slice(start, min(start + chunk_size, length))
-        q, k, n = phi_q[:, :, sl], phi_k[:, :, sl], phi_q[:, :, sl].shape[2]
+        k, n = phi_k[:, :, sl], phi_k[:, :, sl].shape[2]
         g = log_a[:, :, sl].cumsum(-1)  # log A_t [B, H, n]
-        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        causal = torch.ones(n, n, dtype=torch.bool, device=k.device).tril()
         # log(A_t / A_i) for i <= t; -inf above the diagonal (exp 0, never inf * 0).
         gap = (g.unsqueeze(-1) - g.unsqueeze(-2)).masked_fill(~causal, -torch.inf)
         mix = gap.exp() * gamma[:, :, sl].unsqueeze(-2)  # [B, H, t, i]
         outer = (k.unsqueeze(-1) * k.unsqueeze(-2)).flatten(-2)  # [B, H, n, D*D]
         inside = (mix @ outer).unflatten(-1, (d, d))  # [B, H, n, D, D]
         kk_t = g.exp()[..., None, None] * kk.unsqueeze(2) + inside
-        x = solve(kk_t, ridge[:, :, sl], form.slope, q, first=start)  # [B, H, n, D]
-        carried = g.exp().unsqueeze(-1) * (x @ vk.transpose(-1, -2))  # A_t H_vk,0 x_t
-        outputs.append(carried + ((x @ k.transpose(-1, -2)) * mix) @ r[:, :, sl])
+        systems.append(kk_t)
+        pieces.append((sl, g, mix, vk))
         last = mix[:, :, -1]  # A_n / A_i gamma_i [B, H, n]
         kk = kk_t[:, :, -1]
         vk = (
             g[:, :, -1, None, None].exp() * vk
             + (r[:, :, sl] * last.unsqueeze(-1)).transpose(-1, -2) @ k
         )
+    x = solve(torch.cat(systems, dim=2), ridge, form.slope, phi_q)  # [B, H, T, D]
+    outputs = []
+    for sl, g, mix, vk0 in pieces:
+        xs = x[:, :, sl]
+        carried = g.exp().unsqueeze(-1) * (xs @ vk0.transpose(-1, -2))  # A_t H_vk,0 x_t
+        outputs.append(carried + ((xs @ phi_k[:, :, sl].transpose(-1, -2)) * mix) @ r[:, :, sl])
     return torch.cat(outputs, dim=2), {"H_kk": kk, "H_vk": vk}
 
 
