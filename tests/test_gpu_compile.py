@@ -105,6 +105,19 @@ def test_a_bias_with_channel_sums_above_64_channels_has_no_linear_jobs():
     assert "linear" in {j.form for j in gpu_compile.jobs(spec, d=64)}
 
 
+def test_the_general_kernels_are_refused_above_128_by_128():
+    """At 256 x 256 general_forward needs 320 KiB of shared memory per block (compiled for
+    sm_90), past every target's limit: the launcher refuses it before any work, naming the
+    widths, the limit and what to use instead, and the checks compile no general job there."""
+    rule = miras.compile({"name": "wide-momentum", "bias": "l2", "optimizer": "momentum"})
+    q, k, v, gates = random_inputs(rule, b=1, t=2, h=1, dk=256, dv=256, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"Dv = 256, Dphi = 256: the general kernels .*128 x 128"):
+        rule(q, k, v, gates, backend="triton", chunk_size=16, chunk_mode="start")
+    assert triton_backend.general_refusal(128, 128) is None
+    assert "general" not in {j.form for j in gpu_compile.jobs(rule.spec, d=256)}
+    assert "general" in {j.form for j in gpu_compile.jobs(rule.spec, d=128)}
+
+
 def test_limits_flag_errors_shared_memory_and_spills():
     def row(**found):
         base = dict(registers=96, spills=0, stack=0, shared=1024, error="", target="sm_80")

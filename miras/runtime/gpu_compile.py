@@ -181,6 +181,8 @@ def jobs(spec, d: int, chunk_size: int = 64, shape: tuple[int, int, int] = (1, 2
     choices = {False: "general"}
     if triton_backend.choose_kernels(compiled, d, per_channel_decay=False)[0]:
         choices[True] = "linear"
+    if triton_backend.general_refusal(d, d) is not None:  # the launcher refuses these widths
+        del choices[False]
     for linear, form in choices.items():
         _, block_v = triton_backend.choose_kernels(compiled, d, per_channel_decay=not linear)
         launch = triton_backend.Launch(

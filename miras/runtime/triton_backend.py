@@ -36,6 +36,23 @@ CONFIG_ENV = "MIRAS_TRITON_CONFIG"  # an autotune config index to run alone
 # state tile per program, and more programs. Tests lower it to exercise the split.
 LINEAR_BLOCK_V = 64
 
+# The general kernels keep a program's whole state tile W [Dv, Dphi] (their value channels
+# are not split), staged through shared memory for the block phase's products: compiled for
+# sm_90, general_forward takes 96 KiB at 128 x 128 and 320 KiB at 256 x 256, past the 227 KiB
+# a block may use on an H100 (163 KiB on an A100). Larger tiles are refused before any launch.
+GENERAL_MAX_TILE = 128 * 128
+
+
+def general_refusal(d_k: int, d_v: int) -> str | None:
+    """Why the general kernels cannot run at these widths on a GPU, or None."""
+    if _pow2(d_k) * _pow2(d_v) <= GENERAL_MAX_TILE:
+        return None
+    return (
+        f"the general kernels hold the whole state tile [Dv, Dphi] = [{d_v}, {d_k}] in one "
+        f"program, which above {GENERAL_MAX_TILE} entries (128 x 128) needs more shared memory "
+        "than a GPU block has (320 KiB at 256 x 256; 227 KiB on sm_90, 163 KiB on sm_80)"
+    )
+
 
 def _pow2(n: int) -> int:
     """The block size for n: the next power of two, at least 16 (tl.dot's smallest side)."""
@@ -330,6 +347,12 @@ def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int, precis
     widths = tuple(g.shape[-1] for g in gates)
     per_channel_decay = "decay" in plan.step and widths[plan.order.index("decay")] != 1
     linear, block_v = choose_kernels(rule.ir, d_v, per_channel_decay)
+    refusal = None if linear else general_refusal(d_k, d_v)
+    if refusal is not None:
+        raise ValueError(
+            f"backend: 'triton' cannot run spec '{spec.name}' at Dv = {d_v}, Dphi = {d_k}: "
+            f"{refusal}; use backend='chunk' (parallel) or 'recurrent' (the exact reference)"
+        )
     launch = Launch(
         module=module,
         linear=linear,
