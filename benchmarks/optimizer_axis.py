@@ -2,6 +2,7 @@
 run.
 
     .venv/bin/python benchmarks/optimizer_axis.py [--length 2048] [--repeats 3] [--cases NAME ...]
+                                                  [--passes fwd fwd+bwd]
 
 CPU, float32, B = 2, H = 4, d = Dk = Dv = 64, T = 2048, torch.set_num_threads(2). Each row of
 CASES is one miras op against one fla-core 0.6.0 reference on equal inputs: "fwd" runs under
@@ -113,6 +114,35 @@ def proximal_fla_naive(q, k, v, beta):
     return o.transpose(1, 2)
 
 
+# MesaNet (von Oswald et al. 2025, arXiv:2506.05233): optimizer exact, the statistics per chunk of
+# 64 and a Cholesky solve per token, against fla's naive_mesa_net_exact (the statistics token by
+# token, then torch.linalg.solve per token). lamb [H, K] is MesaNet's ridge, >= 0.25.
+
+
+def mesa_inputs(t: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, t, H, D, generator=gen)
+    k = F.normalize(torch.randn(B, t, H, D, generator=gen), dim=-1)
+    v = torch.randn(B, t, H, D, generator=gen)
+    g = torch.log(0.9 + 0.1 * torch.rand(B, t, H, generator=gen))
+    beta = torch.rand(B, t, H, generator=gen).sigmoid()
+    lamb = 0.25 + F.softplus(torch.rand(H, D, generator=gen))
+    return q, k, v, g, beta, lamb
+
+
+def mesa_miras(q, k, v, g, beta, lamb):
+    from miras import ops
+
+    with torch.enable_grad():  # compiling checks the derivation by autograd (cached after)
+        ops.known_rule("mesanet")
+    return ops.chunk_mesa_net(q, k, v, g, beta, lamb, chunk_size=64)[0]
+
+
+def mesa_fla_naive(q, k, v, g, beta, lamb):
+    naive = _fla("fla.ops.mesa_net.naive", "naive_mesa_net_exact")
+    return naive(q, k, v, g, lamb, beta)[0]
+
+
 # fla's own chunk reference for DeltaProduct (fla.ops.gated_delta_product.chunk_ref) calls its
 # Triton kernels and refuses float32, so the recurrent naive function is the pure-torch
 # reference here.
@@ -128,6 +158,12 @@ CASES: list[Case] = [
         proximal_miras,
         proximal_fla_naive,
         proximal_inputs,
+    ),
+    Case(
+        "chunk_mesa_net (exact, chunk 64, Cholesky) vs fla naive_mesa_net_exact",
+        mesa_miras,
+        mesa_fla_naive,
+        mesa_inputs,
     ),
 ]
 
@@ -149,7 +185,9 @@ def once(f, inputs, weight, backward: bool) -> float:
     return time.perf_counter() - start
 
 
-def time_case(case: Case, t: int, repeats: int) -> list[tuple]:
+def time_case(
+    case: Case, t: int, repeats: int, passes: tuple[str, ...] = ("fwd", "fwd+bwd")
+) -> list[tuple]:
     """[(pass, miras s, fla s)] for fwd and fwd+bwd: interleaved repeats, medians."""
     inputs = case.inputs(t, 0)
     with torch.no_grad():
@@ -158,7 +196,7 @@ def time_case(case: Case, t: int, repeats: int) -> list[tuple]:
     print(f"{case.name}: relative RMS of o against fla = {err:.2e}", flush=True)
     weight = torch.randn(o.shape, generator=torch.Generator().manual_seed(1))
     rows = []
-    for backward in (False, True):
+    for backward in [what == "fwd+bwd" for what in passes]:
         times = {"miras": [], "fla": []}
         for f in (case.miras, case.reference):  # warmup
             once(f, inputs, weight, backward)
@@ -174,6 +212,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
+    # fla's naive MesaNet backward grows as T^2 d^2 (one copy of its [B, T, H, K, K] history
+    # per token): at T = 2048 it takes over an hour, so its fwd+bwd row runs at a shorter T.
+    parser.add_argument("--passes", nargs="+", choices=["fwd", "fwd+bwd"], default=None)
     names = [c.name.split()[0] for c in CASES]
     parser.add_argument(
         "--cases", nargs="+", default=None, help=f"cases by their op's name: {', '.join(names)}"
@@ -187,7 +228,8 @@ def main() -> None:
         f"load average (1 min) at start: {os.getloadavg()[0]:.2f}; threads {THREADS}; "
         f"T = {args.length}, B = {B}, H = {H}, d = {D}, float32, {args.repeats} repeats"
     )
-    rows = [row for case in cases for row in time_case(case, args.length, args.repeats)]
+    passes = tuple(args.passes or ("fwd", "fwd+bwd"))
+    rows = [row for c in cases for row in time_case(c, args.length, args.repeats, passes)]
     print()
     print("| case | pass | miras (s) | fla (s) | fla / miras | rel. RMS of o |")
     print("| --- | --- | --- | --- | --- | --- |")
