@@ -356,7 +356,11 @@ def main() -> None:
                         gflops=figures["flops"] / median / 1e9,
                     ))  # fmt: skip
                     print(f"  T {t} {what} {group}: {call.name} {median * 1e3:.1f} ms "
-                          f"({len(call.times[what])} runs)", flush=True)  # fmt: skip
+                          f"({len(call.times[what])} runs), {figures['flops'] / 1e9:.2f} GFLOP, "
+                          f"{figures['bytes'] / 1e6:.0f} MB elementwise; matmul "
+                          f"{figures['matmul']:.0%}, solve {figures['solve']:.0%}, elementwise "
+                          f"{figures['elementwise']:.0%}, overhead {figures['overhead']:.0%}",
+                          flush=True)  # fmt: skip
 
     load_end = os.getloadavg()[0]
     load = max(load_start, load_end)
