@@ -35,74 +35,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from miras.check import CheckResult, max_relative_error
+from miras.check_inputs import DTYPE, TOLERANCE, heads_first, random_inputs, sizes_for
 from miras.compiler.emit import load_module, module_source
 from miras.compiler.retention_emit import objective_source
-from miras.runtime import per_channel_gates
 
 if TYPE_CHECKING:
     from miras.rule import MemoryRule
 
-DTYPE = torch.float64
 PIECES = ("bias gradient", "optimizer", "retention step", "read")
-# Outputs and final state vs the oracle after T tokens. The oracle's argmin is found to about
-# 1e-14 (bisection) or 1e-12 (L-BFGS for kl); a wrong piece is off by far more.
-TOLERANCE = 1e-9
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """One run's inputs: q, k [B, T, H, Dk]; v [B, T, H, Dv]. T covers c - 1 padded tokens
-    and a few full windows."""
-
-    batch: int = 1
-    length: int = 9
-    heads: int = 2
-    d_key: int = 4
-    d_value: int = 4
-
-
-def sizes_for(rule: MemoryRule) -> Sizes:
-    """Small sizes that still reach past the window (c, or an attention window) by 3 tokens."""
-    spec = rule.spec
-    reach = 1 if spec.window.is_global else spec.window.c
-    if not spec.memory.parametric:  # softmax attention: its window of past tokens
-        reach = spec.memory.window or 1
-    return Sizes(length=max(9, reach + 3))
-
-
-def random_inputs(rule: MemoryRule, sizes: Sizes, seed: int, per_channel: bool = False):
-    """q, k with unit rows (as the layer feeds them), v, and every gate inside its range:
-    q, k [B, T, H, Dk], v [B, T, H, Dv], gates name -> [B, T, H], or [B, T, H, Dv] with
-    `per_channel` for the gates the runtime takes per channel (`per_channel_gates`)."""
-    gen = torch.Generator().manual_seed(seed)
-    b, t, h = sizes.batch, sizes.length, sizes.heads
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=DTYPE)
-
-    # Inputs with one entry per optimizer step (DeltaProduct's k, v, lr) are [B, T*n, ...].
-    per_step = rule.spec.optimizer.per_step_inputs()
-    n = rule.spec.optimizer.steps_per_token()
-
-    def length(name: str) -> int:
-        return t * n if name in per_step else t
-
-    q = torch.nn.functional.normalize(randn(b, t, h, sizes.d_key), dim=-1)
-    k = torch.nn.functional.normalize(randn(b, length("k"), h, sizes.d_key), dim=-1)
-    v = randn(b, length("v"), h, sizes.d_value)
-    channels = per_channel_gates(rule)
-    gates = {}
-    for info in rule.plan.gates:
-        width = (sizes.d_value,) if per_channel and info.name in channels else ()
-        r = torch.rand(b, length(info.name), h, *width, generator=gen, dtype=DTYPE)
-        lo, hi = info.allowed.lo, info.allowed.hi
-        if math.isfinite(lo) and math.isfinite(hi):
-            gates[info.name] = lo + (hi - lo) * (0.1 + 0.8 * r)  # a decay, a momentum
-        elif math.isfinite(lo):
-            gates[info.name] = lo + 0.1 + 0.9 * r  # a learning rate, a scale, gamma
-        else:
-            gates[info.name] = 2 * r - 1
-    return q, k, v, gates
 
 
 # The oracle ------------------------------------------------------------------------------------
@@ -140,16 +80,6 @@ def _gate_at(component, name: str, gates, t: int):
 def _param_gate(g):
     """[B, H, 1] -> [B, H, 1, 1]: one value per matrix."""
     return g.unsqueeze(-1) if isinstance(g, torch.Tensor) else g
-
-
-def _heads_first(rule: MemoryRule, q, k, v, gates):
-    """[B, T, H, D] -> [B, H, T, D]; phi applied to q and k; gates [B, H, T, X], X = 1 (per
-    head) or Dv (per channel)."""
-    rt = rule.runtime
-    params = rule.default_params(DTYPE)
-    q_, k_, v_ = (x.transpose(1, 2) for x in (q, k, v))
-    gates_ = {n: (g if g.dim() == 4 else g.unsqueeze(-1)).transpose(1, 2) for n, g in gates.items()}
-    return rt.feature(q_, params), rt.feature(k_, params), v_, gates_
 
 
 EPS = torch.finfo(DTYPE).eps
@@ -343,7 +273,7 @@ def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
     q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates name -> [B, T, H]. Returns the trace with
     o [B, H, T, Dv] and the final state (W and S.<name> [B, H, out, in])."""
     spec, rt = rule.spec, rule.runtime
-    phi_q, phi_k, v_, gates_ = _heads_first(rule, q, k, v, gates)
+    phi_q, phi_k, v_, gates_ = heads_first(rule, q, k, v, gates)
     b, h, length, d_phi = phi_k.shape
     state = rt.initial_state(b, h, d_phi, v_.shape[-1], DTYPE, "cpu")
     names = rt.param_names

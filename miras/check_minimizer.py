@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from miras.check import CheckResult, max_relative_error
-from miras.check_end_to_end import DTYPE, TOLERANCE, _heads_first, random_inputs, sizes_for
+from miras.check_inputs import DTYPE, TOLERANCE, heads_first, random_inputs, sizes_for
 
 if TYPE_CHECKING:
     from miras.rule import MemoryRule
@@ -34,7 +34,7 @@ def _fixed_or_gate(component, name: str | None, gates, t: int, like: torch.Tenso
 def oracle(rule: MemoryRule, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [B, H, T, Dv], W_T [B, H, Dv, Dphi]): the argmin of J_t by a Newton step from 0."""
     spec = rule.spec
-    phi_q, phi_k, v_, gates_ = _heads_first(rule, q, k, v, gates)
+    phi_q, phi_k, v_, gates_ = heads_first(rule, q, k, v, gates)
     b, h, length, d_phi = phi_k.shape
     d_v = v_.shape[-1]
     decay_name = spec.retention.decay_gate
@@ -81,7 +81,7 @@ def check_minimizer_end_to_end(rule: MemoryRule, *, seed: int = 0) -> list[Check
     sizes = sizes_for(rule)
     q, k, v, gates = random_inputs(rule, sizes, seed)
     expected_o, expected_w = oracle(rule, q, k, v, gates)
-    _, phi_k, _, gates_ = _heads_first(rule, q, k, v, gates)
+    _, phi_k, _, gates_ = heads_first(rule, q, k, v, gates)
     last = _fixed_or_gate(rule.spec.optimizer, "ridge", gates_, sizes.length - 1, phi_k[:, :, -1])
     ridge = last.expand(*phi_k.shape[:2], phi_k.shape[-1])
     what = (

@@ -18,10 +18,9 @@ from miras.check_end_to_end import (
     argmin_separable,
     check_end_to_end,
     oracle,
-    random_inputs,
-    sizes_for,
     triton_reason,
 )
+from miras.check_inputs import random_inputs, sizes_for
 from miras.cli import app
 from miras.runtime import recurrent
 
