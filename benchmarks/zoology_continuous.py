@@ -33,6 +33,11 @@ which is 1453 s (24 minutes) on 2 cores, under the 3600 CPU-s of 30 minutes; run
 (about 254 s of 508 ms-steps each). Pilot: DeltaNet at 2 heads, lr 1e-2, reached 0.50 test
 accuracy at 800 steps, still rising, so 600 steps separate models that learn from ones that do
 not, not the final accuracies. --quick: 8 steps, one lr, 2 seeds, 1 and 2 heads (24 runs).
+
+Measured 2026-12-01 at the full budget (docs/claims.md has the table): 2627 CPU-s, 5878 s wall
+on 2 cores shared at a load average of 9-15. Verdict: not reproduced (linear attention above
+both delta-rule models at every head count; lr 3e-3, the sweep's smallest, selected in 17 of 18
+configurations).
 """
 
 from __future__ import annotations
