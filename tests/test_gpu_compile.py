@@ -6,11 +6,13 @@ config giving the same results.
 ptxas takes from seconds (a small scan) to minutes (a d = 128 backward) per kernel, so the
 default run compiles one small kernel on both targets and checks that the jobs are the
 launcher's; the whole matrix (every covered spec x form x config x d in {64, 128, 256} x
-{sm_80, sm_90}) is one `slow` test, cached on disk under pytest's cache directory by kernel
+{sm_80, sm_90}) is one `slow` test that runs only with MIRAS_COMPILE_MATRIX=1 (hours from a cold
+cache, beyond make test's budget), cached on disk under pytest's cache directory by kernel
 source, constexprs, config and target, so a rerun compiles only what changed.
 """
 
 import glob
+import os
 import sys
 from pathlib import Path
 
@@ -157,6 +159,11 @@ def test_a_small_kernel_compiles_for_both_targets(pytestconfig):
 
 @pytest.mark.slow
 @needs_ptxas
+@pytest.mark.skipif(
+    os.environ.get("MIRAS_COMPILE_MATRIX") != "1",
+    reason="the whole compile matrix takes hours of ptxas on a CPU from a cold cache, beyond "
+    "make test's budget: run it with MIRAS_COMPILE_MATRIX=1",
+)
 @pytest.mark.parametrize("d", gpu_compile.WIDTHS)
 @pytest.mark.parametrize("target", list(gpu_compile.TARGETS))
 def test_every_kernel_of_every_covered_spec_fits(target, d, pytestconfig):
