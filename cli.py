@@ -92,7 +92,8 @@ def components(
                 default = "required" if info.is_required() else repr(info.default)
                 params.append(f"{fname} = {default}")
             gates = ", ".join(f"{g} in {r}" for g, r in cls.gateable.items())
-            table.add_row(name, "\n".join(params), gates, f"{cls.summary()}\n{cls.equation()}")
+            formula = f"{cls.summary()}\n{cls.equation()}"  # brackets in a formula are not markup
+            table.add_row(*(escape(c) for c in (name, "\n".join(params), gates, formula)))
         out.print(table)
 
 

@@ -127,8 +127,10 @@ class Component(BaseModel):
 
     @classmethod
     def summary(cls) -> str:
-        """The one-line description (first docstring line)."""
-        return (cls.__doc__ or "").strip().splitlines()[0]
+        """The description: the docstring's first paragraph, on one line (a sentence wrapped
+        over two docstring lines is not cut)."""
+        paragraph = (cls.__doc__ or "").strip().split("\n\n", 1)[0]
+        return " ".join(line.strip() for line in paragraph.splitlines())
 
     @classmethod
     def equation(cls) -> str:

@@ -16,6 +16,8 @@ from miras.components.optimizer.muon import newton_schulz
 )
 def test_every_component_documents_its_math(cls):
     assert cls.summary(), f"{cls.__name__} needs a one-line docstring"
+    # The whole first sentence or paragraph, not its first docstring line.
+    assert cls.summary().endswith((".", ")")), cls.summary()
     assert cls.equation(), f"{cls.__name__} needs an 'Equation:' line in its docstring"
     for name, allowed in cls.gateable.items():
         assert name in cls.model_fields, f"gateable {name} is not a field"

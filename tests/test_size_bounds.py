@@ -59,6 +59,9 @@ SPEC_ROWS = {
     ("retention.q", "`lq`"): [{"retention": {"kind": "lq"}}],
     ("retention.newton_steps", "`bregman`"): [{"retention": {"kind": "bregman"}}],
     ("optimizer.ns_steps", "`muon`"): [{"optimizer": {"kind": "muon"}}],
+    ("optimizer.steps", "`gd`, `momentum`, `nesterov`, `muon`"): [
+        {"optimizer": {"kind": kind}} for kind in ("gd", "momentum", "nesterov", "muon")
+    ],
     ("model.d_model", ""): [{"model": {"n_heads": 1}}],
     ("model.n_heads", ""): [{"model": {"d_model": 4096}}],
     ("model.n_layers", ""): [{}],

@@ -15,8 +15,9 @@ WHY = (
 
 
 class Proximal(Optimizer):
-    """The implicit step: W_e - u_t minimizes the token's loss plus a proximity term of weight
-    1 / (2 lr_t) (Longhorn, Liu et al. 2024, arXiv:2407.14207, eq. 4 and its solution).
+    """The implicit step: W_e - u_t minimizes the token's loss plus ||W - W_e||^2 / (2 lr_t).
+
+    Longhorn, Liu et al. 2024, arXiv:2407.14207, eq. 4 and its solution.
 
     Equation: u_t = W_e - argmin_W [l(W; k_t, v_t) + ||W - W_e||^2 / (2 b_t)] = b_t / (1 + b_t s ||phi(k_t)||^2) g_t
 
