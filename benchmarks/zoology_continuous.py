@@ -42,26 +42,9 @@ configurations).
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
-
-def _sibling(name: str):
-    """benchmarks/<name>.py as module `name` (registered, so the worker processes unpickle
-    its functions by name)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).resolve().parent / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-rep = _sibling("reproduction")
+import reproduction as rep  # benchmarks/reproduction.py: benchmarks/ is the script's sys.path[0]
 
 STUDY = "studies/zoology_continuous.yaml"
 HEADS = "model.n_heads"  # the study's grid: the state size

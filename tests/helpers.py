@@ -68,3 +68,18 @@ def chunk_grads(rule, q, k, v, gates, init, params, *, chunk_size, chunk_mode):
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     names = ["q", "k", "v", *gates, *(f"state {n}" for n in init), *params]
     return o, final, dict(zip(names, grads, strict=True))
+
+
+def tiny_mqar_losses(spec_path) -> tuple[float, float, float]:
+    """A one-layer model of the spec at `spec_path` (d_model 32) trained 40 steps on MQAR at
+    T = 32 (4 pairs): (mean loss of the first 5 steps, of the last 5, the final eval loss)."""
+    import miras
+    from miras.tasks import make_task
+
+    spec = {**miras.load_spec(spec_path).normalized(), "model": {"d_model": 32, "n_layers": 1}}
+    task = make_task("mqar", seq_len=32, num_pairs=4, vocab_size=32)
+    result = miras.train(
+        spec, task, steps=40, batch_size=16, lr=3.0e-3, warmup=2, eval_every=40,
+        eval_batches=1, progress=False,
+    )  # fmt: skip
+    return sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5, result.metrics["loss"]

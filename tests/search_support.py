@@ -121,3 +121,19 @@ def kill_scenario(study: Path, storage: str, trials: int) -> None:
     for number, values in before.items():  # every finished trial is still there, unchanged
         assert by_number[number].state in FINISHED and by_number[number].values == values
     assert not [t for t in after if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+def search_grid(folder: Path, spec: dict, trials: int) -> list[optuna.trial.FrozenTrial]:
+    """`spec`'s choices searched on a grid through the search API (5 training steps a trial,
+    no pruner) until `trials` trials complete; the stored trials."""
+    from miras.search import search
+
+    train = {"steps": 5, "batch_size": 8, "lr": 3.0e-3, "warmup": 1, "eval_every": 5,
+             "eval_batches": 1}  # fmt: skip
+    study = write_study(
+        folder, spec=spec, train=train, sampler="grid", pruner="none", trials=trials
+    )
+    storage = f"sqlite:///{folder / 's.db'}"
+    summary = search(study, storage=storage, threads=1)
+    assert summary.counts.complete == trials
+    return trials_of(storage, "tiny")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from search_support import trials_of, write_study
+from helpers import tiny_mqar_losses
+from search_support import search_grid
 from test_known_models import assert_rel_rms, fla_naive
 
 import miras
@@ -75,42 +76,24 @@ def test_a_probe_writes_n_pairs_per_token():
 
 def test_deltaproduct_trains_on_a_tiny_mqar():
     """A one-layer DeltaProduct model on MQAR at T = 32 (4 pairs): the loss falls in 40 steps."""
-    from miras.tasks import make_task
-
-    spec = {**load_spec(DELTAPRODUCT).normalized(), "model": {"d_model": 32, "n_layers": 1}}
-    task = make_task("mqar", seq_len=32, num_pairs=4, vocab_size=32)
-    result = miras.train(
-        spec, task, steps=40, batch_size=16, lr=3.0e-3, warmup=2, eval_every=40,
-        eval_batches=1, progress=False,
-    )  # fmt: skip
-    first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
-    assert math.isfinite(result.metrics["loss"]) and last < first - 0.2, (first, last)
+    first, last, final = tiny_mqar_losses(DELTAPRODUCT)
+    assert math.isfinite(final) and last < first - 0.2, (first, last)
 
 
 def test_a_study_searches_the_steps_per_token(tmp_path):
     """`optimizer.steps: {choices: [2, 3]}` with keys per step, through the search API: the
     grid trains one trial of each n."""
-    from miras.search import search
-
-    study = write_study(
+    trials = search_grid(
         tmp_path,
-        spec={
+        {
             "memory": "matrix",
             "bias": "l2",
             "retention": {"kind": "l2", "grad_at": "retained"},
             "optimizer": {"kind": "gd", "steps": {"choices": [2, 3]}, "keys": "per_step"},
             "model": {"d_model": 16, "n_layers": 1, "n_heads": 1},
         },
-        train={"steps": 5, "batch_size": 8, "lr": 3.0e-3, "warmup": 1, "eval_every": 5,
-               "eval_batches": 1},
-        sampler="grid",
-        pruner="none",
         trials=2,
-    )  # fmt: skip
-    storage = f"sqlite:///{tmp_path / 's.db'}"
-    summary = search(study, storage=storage, threads=1)
-    assert summary.counts.complete == 2
-    trials = trials_of(storage, "tiny")
+    )
     assert sorted(load_spec(t.user_attrs["spec"]).optimizer.steps for t in trials) == [2, 3]
     for t in trials:
         assert math.isfinite(t.user_attrs["metrics"]["loss"])

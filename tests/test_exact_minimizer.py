@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_mqar_losses
 
 import miras
 from miras.check_minimizer import check_minimizer_end_to_end
@@ -325,16 +326,8 @@ def test_mesanet_trains_on_a_tiny_mqar():
     """A one-layer MesaNet on MQAR at T = 32 (4 pairs): the loss falls in 40 steps."""
     import math
 
-    from miras.tasks import make_task
-
-    spec = {**miras.load_spec(MESANET).normalized(), "model": {"d_model": 32, "n_layers": 1}}
-    task = make_task("mqar", seq_len=32, num_pairs=4, vocab_size=32)
-    result = miras.train(
-        spec, task, steps=40, batch_size=16, lr=3.0e-3, warmup=2, eval_every=40,
-        eval_batches=1, progress=False,
-    )  # fmt: skip
-    first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
-    assert math.isfinite(result.metrics["loss"]) and last < first - 0.2, (first, last)
+    first, last, final = tiny_mqar_losses(MESANET)
+    assert math.isfinite(final) and last < first - 0.2, (first, last)
 
 
 def test_the_probes_read_the_minimizer_the_statistics_stand_for():
@@ -358,13 +351,11 @@ def test_a_study_searches_the_exact_optimizer(tmp_path):
     trial of each (a global window and an l2 decay, which both take)."""
     import math
 
-    from search_support import trials_of, write_study
+    from search_support import search_grid
 
-    from miras.search import search
-
-    study = write_study(
+    trials = search_grid(
         tmp_path,
-        spec={
+        {
             "memory": "matrix",
             "bias": "l2",
             "retention": {"kind": "l2", "decay": "gate"},
@@ -372,16 +363,8 @@ def test_a_study_searches_the_exact_optimizer(tmp_path):
             "window": "global",
             "model": {"d_model": 16, "n_layers": 1, "n_heads": 1},
         },
-        train={"steps": 5, "batch_size": 8, "lr": 3.0e-3, "warmup": 1, "eval_every": 5,
-               "eval_batches": 1},
-        sampler="grid",
-        pruner="none",
         trials=2,
-    )  # fmt: skip
-    storage = f"sqlite:///{tmp_path / 's.db'}"
-    summary = search(study, storage=storage, threads=1)
-    assert summary.counts.complete == 2
-    trials = trials_of(storage, "tiny")
+    )
     kinds = sorted(miras.load_spec(t.user_attrs["spec"]).optimizer.kind for t in trials)
     assert kinds == ["exact", "gd"]
     assert all(math.isfinite(t.user_attrs["metrics"]["loss"]) for t in trials)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from search_support import trials_of, write_study
+from helpers import tiny_mqar_losses
+from search_support import search_grid
 
 import miras
 from miras.check_end_to_end import proximal_update
@@ -266,30 +267,19 @@ def test_miras_check_compares_the_step_with_a_numerical_argmin(monkeypatch):
 def test_a_study_searches_the_optimizer_kind(tmp_path):
     """`optimizer.kind: {choices: [gd, proximal]}` through the search API: the grid trains one
     trial of each, and each trial's spec carries its kind."""
-    from miras.search import search
-
-    study = write_study(
+    trials = search_grid(
         tmp_path,
-        spec={
+        {
             "memory": "matrix",
             "bias": "l2",
             "optimizer": {"kind": {"choices": ["gd", "proximal"]}},
             "model": {"d_model": 16, "n_layers": 1, "n_heads": 1},
         },
-        train={"steps": 5, "batch_size": 8, "lr": 3.0e-3, "warmup": 1, "eval_every": 5,
-               "eval_batches": 1},
-        sampler="grid",
-        pruner="none",
         trials=2,
-    )  # fmt: skip
-    storage = f"sqlite:///{tmp_path / 's.db'}"
-    summary = search(study, storage=storage, threads=1)
-    assert summary.counts.complete == 2
-    kinds = sorted(
-        load_spec(t.user_attrs["spec"]).optimizer.kind for t in trials_of(storage, "tiny")
     )
+    kinds = sorted(load_spec(t.user_attrs["spec"]).optimizer.kind for t in trials)
     assert kinds == ["gd", "proximal"]
-    for t in trials_of(storage, "tiny"):
+    for t in trials:
         assert math.isfinite(t.user_attrs["metrics"]["loss"])
 
 
@@ -298,16 +288,8 @@ def test_a_study_searches_the_optimizer_kind(tmp_path):
 
 def test_longhorn_trains_on_a_tiny_mqar():
     """A one-layer Longhorn model on MQAR at T = 32 (4 pairs): the loss falls in 40 steps."""
-    from miras.tasks import make_task
-
-    spec = {**load_spec(LONGHORN).normalized(), "model": {"d_model": 32, "n_layers": 1}}
-    task = make_task("mqar", seq_len=32, num_pairs=4, vocab_size=32)
-    result = miras.train(
-        spec, task, steps=40, batch_size=16, lr=3.0e-3, warmup=2, eval_every=40,
-        eval_batches=1, progress=False,
-    )  # fmt: skip
-    first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
-    assert math.isfinite(result.metrics["loss"]) and last < first - 0.2, (first, last)
+    first, last, final = tiny_mqar_losses(LONGHORN)
+    assert math.isfinite(final) and last < first - 0.2, (first, last)
 
 
 @pytest.mark.parametrize("gamma", ["gate", 0.25], ids=["gated", "fixed"])
