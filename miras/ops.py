@@ -285,9 +285,15 @@ def _check_packing(cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size: int, s
     `prepare_chunk_indices(cu_seqlens, chunk_size)`. miras derives both from cu_seqlens
     itself, so they only have to agree with it; either without cu_seqlens is an error."""
     if cu_seqlens is None:
-        for name, x in (("cu_seqlens_cpu", cu_seqlens_cpu), ("chunk_indices", chunk_indices)):
+        companions = (
+            ("cu_seqlens_cpu", cu_seqlens_cpu, "the host copy of cu_seqlens"),
+            ("chunk_indices", chunk_indices, "cu_seqlens' chunk rows"),
+        )
+        for name, x, what in companions:
             if x is not None:
-                raise ValueError(f"{name}: given without cu_seqlens; pass cu_seqlens too, or None")
+                raise ValueError(
+                    f"{name}: given without cu_seqlens (it is {what}); pass cu_seqlens too, or None"
+                )
         return
     if cu_seqlens_cpu is None and chunk_indices is None:
         return
@@ -676,18 +682,12 @@ def chunk_gated_delta_product(
             f"num_householder: expected an integer in [1, {MAX_STEPS}] (the steps per token), "
             f"got {n!r}"
         )
-    if cu_seqlens_cpu is not None:
-        same = isinstance(cu_seqlens, torch.Tensor) and isinstance(cu_seqlens_cpu, torch.Tensor)
-        if not same or cu_seqlens_cpu.tolist() != cu_seqlens.tolist():
-            raise ValueError("cu_seqlens_cpu: expected the host copy of cu_seqlens (equal values)")
-    _check_packed(q, k, v, n)
+    shapes = _check_packed(q, k, v, n)
+    _check_packing(cu_seqlens, cu_seqlens_cpu, None, chunk_size, shapes)
     rule = deltaproduct_rule(n, g is not None)
     q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
     scale = _check_scale(scale, q)
     natural = _fla_gates(rule, q, v, g, beta, None)
-
-    def layout(state):  # fla's [.., K, V] <-> miras's [.., V, K]
-        return state if state_v_first or state is None else state.transpose(-1, -2)
 
     o, final = run(
         rule,
@@ -697,11 +697,11 @@ def chunk_gated_delta_product(
         natural,
         backend=backend,
         chunk_size=chunk_size,
-        initial_state=layout(initial_state),
+        initial_state=_state_layout(initial_state, state_v_first),
         output_final_state=output_final_state,
         cu_seqlens=cu_seqlens,
     )
-    return o, layout(final)
+    return o, _state_layout(final, state_v_first)
 
 
 def chunk_simple_gla(
