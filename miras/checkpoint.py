@@ -20,7 +20,7 @@ from miras.training_config import TrainConfig
 
 if TYPE_CHECKING:
     from miras.models.model import LanguageModel
-    from miras.training import Task
+    from miras.tasks.base import Task
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"

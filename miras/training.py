@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +58,7 @@ from miras.errors import ForwardDiverged, TrainingDiverged
 from miras.models.model import LanguageModel, build_model
 from miras.resources import require, training_estimate
 from miras.spec import Spec, load_spec
+from miras.tasks.base import IGNORE, Task
 from miras.training_config import RANK_TIMEOUT, TrainConfig
 
 __all__ = [
@@ -73,22 +74,6 @@ __all__ = [
     "train",
 ]
 MIN_LR_RATIO = 0.1  # cosine decay ends at 10% of the peak learning rate
-IGNORE = -100  # labels of unscored positions
-
-
-class Task(Protocol):
-    """What training needs from a task (miras.tasks): seeded batches by index and a metric.
-    `slices(split)` and `model_io(d_model)`, where a task has them, split its scoring and give
-    the model's input and output layers (miras.tasks.Task)."""
-
-    vocab_size: int
-    seq_len: int
-    primary_metric: str
-    higher_is_better: bool
-
-    def batch(self, split: str, index: int, batch_size: int) -> Any: ...
-
-    def metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]: ...
 
 
 @dataclass

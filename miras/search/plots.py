@@ -1,21 +1,20 @@
 """Drawing only: plotly figures from the data of report.py, and the HTML page that holds them.
 
 The page embeds plotly.js once, in its head, so it opens without a network. Data flows one way,
-report.py -> plots.py: report.py imports this module to draw, and this one names report.py's
-types for the type checker only.
+report.py -> plots.py -> report_data.py: report.py computes the data and imports this module to
+draw it; this one reads the data's types from report_data.py and never imports report.py.
 """
 
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-if TYPE_CHECKING:
-    from miras.search.report import Dimension
+from miras.search.report_data import Dimension
 
 LAYOUT = {"template": "plotly_white", "height": 420, "margin": {"l": 60, "r": 30, "t": 40, "b": 50}}
 

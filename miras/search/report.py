@@ -1,6 +1,6 @@
 """What a report shows, computed apart from its drawing (plots.py draws; plotly is not imported
 here). Every function takes the study's trials (Optuna FrozenTrials) and returns a pandas frame
-or a small dataclass, so each is tested without plotly.
+or a small dataclass (report_data.py), so each is tested without plotly.
 
     write_report(handle, study, "runs/quickstart-report")  # leaderboard.csv + report.html
 """
@@ -18,6 +18,7 @@ import pandas as pd
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from miras.search.report_data import Dimension
 from miras.search.study import StudyDef, objective_order
 from miras.stats import confidence_interval, welch_p
 
@@ -260,16 +261,6 @@ def history_data(trials: list[FrozenTrial], direction: str, index: int = 0) -> p
         running = min(running, sign * v)
         best.append(sign * running)
     return pd.DataFrame({"trial": [t.number for t in done], "value": values, "best": best})
-
-
-@dataclass
-class Dimension:
-    """One axis of the parallel-coordinates plot: numbers, with tick labels for categories."""
-
-    name: str
-    values: list[float]
-    ticks: list[float] = field(default_factory=list)
-    labels: list[str] = field(default_factory=list)
 
 
 def parallel_data(trials: list[FrozenTrial], metric: str, index: int = 0) -> list[Dimension]:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-IGNORE = -100
+IGNORE = -100  # labels of unscored positions (cross_entropy's ignore_index)
 Split = Literal["train", "valid", "test"]
 SPLITS: dict[str, int] = {"train": 0, "valid": 1, "test": 2}
 
@@ -46,7 +46,12 @@ class Batch:
 
 class Task(BaseModel, ABC):
     """A data generator and its metric. Subclasses are pydantic models whose fields are the
-    task's options, and provide `vocab_size` and `seq_len` (ints: a field or a property)."""
+    task's options, and provide `vocab_size` and `seq_len` (ints: a field or a property).
+
+    Training (miras.training, miras.checkpoint) reads `vocab_size`, `seq_len`,
+    `primary_metric`, `higher_is_better`, `batch` and `metrics`; any object with those
+    trains too (a benchmark's curriculum, a test's task). `name`, `slices`, `model_io`,
+    `io_options`, `options` and `save_files` are used where an object has them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
