@@ -392,13 +392,55 @@ class Memory(Component):
         raise NotImplementedError
 
     def forward(self, params: dict, x: Any, activation=None) -> tuple[Any, Any]:
-        """(M_W(x) [*batch, out], what `backward` reuses)."""
-        raise ValueError(f"memory {self.kind!r} has no parametric forward")
+        """(M_W(x) [*batch, out], what `backward` reuses). By default the memory's `network`
+        with each weight applied to its input as a batched product."""
+        if not self.has_gradient_factors():
+            raise ValueError(f"memory {self.kind!r} has no parametric forward")
+        from miras.components.memory.linalg import applied
+
+        return self.network(list(params), applied(params), x, activation)
 
     def backward(self, params: dict, x: Any, grad_y: Any, activation=None, grad=None) -> dict:
         """dL/dW for every parameter, given dL/dy at y = M_W(x); never autograd. Shapes follow
-        the broadcast of params and x: per token when either is per token."""
-        raise ValueError(f"memory {self.kind!r} has no gradient step (it is a closed form)")
+        the broadcast of params and x: per token when either is per token. By default the
+        outer products of the memory's `gradient_factors`."""
+        if not self.has_gradient_factors():
+            raise ValueError(f"memory {self.kind!r} has no gradient step (it is a closed form)")
+        from miras.components.memory.linalg import outer, transposed
+
+        names = list(params)
+        _, cache = self.forward(params, x, activation)
+        factors = self.gradient_factors(names, transposed(params), cache, grad_y, activation, grad)
+        return {name: outer(*factors[name]) for name in names}
+
+    # A deep memory written as layers of weight matrices: M_W(x) through `linear`, and dL/dW
+    # as one outer product error x input^T per weight. The dual form (`miras.runtime.dual`)
+    # runs such a memory without per-token weights; a memory that writes both hooks gets it.
+    def network(self, names: list[str], linear, x: Any, activation=None) -> tuple[Any, Any]:
+        """(M_W(x) [*batch, out], what `gradient_factors` reuses), with every weight applied
+        through `linear(name, h)`: h [*batch, in] -> [*batch, out] (the dual form applies a
+        chunk's per-token weights there without building them). `names`: the weights, input
+        side first (`parameter_shapes`' order). Not written by default."""
+        raise NotImplementedError(f"memory {self.kind!r} is not written as a network of weights")
+
+    def gradient_factors(
+        self, names: list[str], transposed, cache: Any, grad_y: Any, activation=None, grad=None
+    ) -> dict[str, tuple[Any, Any]]:
+        """name -> (e, h): dL/dW = e h^T, with e [*batch, out] the error at that weight's
+        output and h [*batch, in] its input, given dL/dy `grad_y` at the `network` whose
+        `cache` this is; `transposed(name, g)`: W^T g, [*batch, out] -> [*batch, in].
+        `activation`, `grad`: the emitted activation and its derivative. Not written by
+        default."""
+        raise NotImplementedError(f"memory {self.kind!r} has no per-weight gradient factors")
+
+    @classmethod
+    def has_gradient_factors(cls) -> bool:
+        """True when the memory writes `network` and `gradient_factors` (then the dual form
+        applies to it, where its retention and optimizer are linear)."""
+        return (
+            cls.network is not Memory.network
+            and cls.gradient_factors is not Memory.gradient_factors
+        )
 
     def initial_weights(self, shape: tuple[int, ...], domain: str, row_sum: float, generator):
         """W_0 [B, H, out, in] inside the retention's `domain`, float64: a seeded random

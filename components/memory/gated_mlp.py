@@ -29,18 +29,14 @@ class GatedMLPMemory(Memory):
     def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
         return activation_functions(self.activation)
 
-    def forward(self, params: dict, x, activation=None):
-        from miras.components.memory.linalg import apply
-
-        a, b = apply(params["W2"], x), apply(params["W3"], x)
+    def network(self, names, linear, x, activation=None):
+        a, b = linear("W2", x), linear("W3", x)
         h = activation(a) * b
-        return apply(params["W1"], h), (a, b, h)
+        return linear("W1", h), (x, a, b, h)
 
-    def backward(self, params: dict, x, grad_y, activation=None, grad=None) -> dict:
-        from miras.components.memory.linalg import apply_transposed, outer
-
-        _, (a, b, h) = self.forward(params, x, activation)
-        g_h = apply_transposed(params["W1"], grad_y)
+    def gradient_factors(self, names, transposed, cache, grad_y, activation=None, grad=None):
+        x, a, b, h = cache
+        g_h = transposed("W1", grad_y)
         g_a = g_h * b * grad(a)
         g_b = g_h * activation(a)
-        return {"W1": outer(grad_y, h), "W2": outer(g_a, x), "W3": outer(g_b, x)}
+        return {"W1": (grad_y, h), "W2": (g_a, x), "W3": (g_b, x)}

@@ -30,6 +30,17 @@ def apply_transposed(weight: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return (g.unsqueeze(-2) @ weight).squeeze(-2)
 
 
+def applied(params: dict[str, torch.Tensor]):
+    """`linear(name, h)` for a memory's `network`: `apply(params[name], h)`."""
+    return lambda name, h: apply(params[name], h)
+
+
+def transposed(params: dict[str, torch.Tensor]):
+    """`transposed(name, g)` for a memory's `gradient_factors`: `apply_transposed(params[name],
+    g)`."""
+    return lambda name, g: apply_transposed(params[name], g)
+
+
 def outer(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """g [*b, out] x^T [*b, in] -> [*b, out, in]."""
     return g.unsqueeze(-1) * x.unsqueeze(-2)

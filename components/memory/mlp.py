@@ -52,16 +52,15 @@ class MLPMemory(Memory):
     def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
         return activation_functions(self.activation)
 
-    def forward(self, params: dict, x, activation=None):
+    def network(self, names, linear, x, activation=None):
         """Input side first: W_depth, ..., W_1; keeps each layer's input and pre-activation
-        (and the LN's pieces) for `backward`."""
-        from miras.components.memory.linalg import apply, layer_norm
+        (and the LN's pieces) for `gradient_factors`."""
+        from miras.components.memory.linalg import layer_norm
 
-        names = list(params)
         inputs, pre = [x], []
         h = x
         for i, name in enumerate(names):
-            z = apply(params[name], h)
+            z = linear(name, h)
             pre.append(z)
             if i < len(names) - 1:
                 h = activation(z)
@@ -73,16 +72,16 @@ class MLPMemory(Memory):
             out = x + n
         return out, (inputs, pre, norm)
 
-    def backward(self, params: dict, x, grad_y, activation=None, grad=None) -> dict:
-        """Back through the layers from dL/dy (and the LN), W_1 first."""
-        from miras.components.memory.linalg import apply_transposed, layer_norm_backward, outer
+    def gradient_factors(self, names, transposed, cache, grad_y, activation=None, grad=None):
+        """Back through the layers from dL/dy (and the LN), W_1 first: each layer's error and
+        input."""
+        from miras.components.memory.linalg import layer_norm_backward
 
-        _, (inputs, pre, norm) = self.forward(params, x, activation)
-        names = list(params)
+        inputs, pre, norm = cache
         g = grad_y if norm is None else layer_norm_backward(*norm, grad_y)
-        grads: dict = {}
+        factors: dict = {}
         for i in reversed(range(len(names))):
-            grads[names[i]] = outer(g, inputs[i])
+            factors[names[i]] = (g, inputs[i])
             if i > 0:
-                g = apply_transposed(params[names[i]], g) * grad(pre[i - 1])
-        return {name: grads[name] for name in names}
+                g = transposed(names[i], g) * grad(pre[i - 1])
+        return {name: factors[name] for name in names}

@@ -77,18 +77,15 @@ def chunk_form(c: CompiledRule) -> str:
     return c.plan.chunk_form.text()
 
 
-# The memories `miras.runtime.dual` writes the gradient factors of.
-DUAL_MEMORIES = ("mlp", "gated_mlp")
-
-
 def dual_reason(spec: Spec) -> str | None:
     """Why the chunk-start form of `spec` runs in its dual form (`miras.runtime.dual`), or
-    None: an MLP memory (each token's gradient of a weight matrix is the outer product of the
-    backpropagated error and the layer's input), retention none or l2 and optimizer gd or
-    momentum (linear in the gradients, so each token's weights are a masked sum of them), and
-    a finite window (a global one would keep O(T^2) error vectors for the backward)."""
+    None: a memory that writes its per-weight gradient factors (`Memory.has_gradient_factors`:
+    each token's gradient of a weight matrix is the outer product of the backpropagated error
+    and the layer's input), retention none or l2 and optimizer gd or momentum (linear in the
+    gradients, so each token's weights are a masked sum of them), and a finite window (a
+    global one would keep O(T^2) error vectors for the backward)."""
     memory, retention, optimizer = spec.memory, spec.retention, spec.optimizer
-    if not memory.parametric or memory.kind not in DUAL_MEMORIES:
+    if not memory.has_gradient_factors():
         return None
     if not retention.linear_step or optimizer.linear_form is None or spec.window.is_global:
         return None

@@ -1,9 +1,11 @@
-"""The dual form of the chunk-start form for deep memories (`mlp`, `gated_mlp`): no per-token
-weights (the dual form of TTT, Sun et al. 2024, "Learning to (Learn at Test Time)").
+"""The dual form of the chunk-start form for deep memories (`mlp`, `gated_mlp`, any memory
+that writes `network` and `gradient_factors`): no per-token weights (the dual form of TTT,
+Sun et al. 2024, "Learning to (Learn at Test Time)").
 
 It applies where the compiler's chunk_form pass recorded `form == "dual"`
-(`miras.compiler.pipeline.dual_reason`): an MLP or gated-MLP memory (either with MIRAS's
-`x + LN(...)`), retention none or l2 and optimizer gd or momentum, any bias, any finite window.
+(`miras.compiler.pipeline.dual_reason`): a memory written as a network of weight matrices
+(`Memory.has_gradient_factors`: the MLP, with or without MIRAS's `x + LN(...)`, and the gated
+MLP), retention none or l2 and optimizer gd or momentum, any bias, any finite window.
 The semantics are `miras.runtime.chunk`'s, to rounding (tests/test_dual_form.py): in a chunk
 from state (W_S, S_S), every gradient is taken at W_e,t = W_S (or P_t W_S for the retained
 gradient point, P_t = prod_{j<=t} a_j), and token t reads its own weights
@@ -22,9 +24,9 @@ two matmuls against the chunk-start weights and one masked [b, b c] product, lay
 the same sums, as one [out, b c] x [b c, in] matmul. Nothing of size [b, out, in] is built, and
 plain autograd through these ops keeps T / b states plus per-token vectors for the backward.
 
-The error and input factors of each weight are written here per memory kind (`NETWORKS`): the
-components' own `backward` returns the outer products themselves (docs/chunking.md, "The dual
-form").
+The error and input factors of each weight are the memory component's own
+(`Memory.network`, `Memory.gradient_factors`): its `backward` takes the outer products of the
+same factors (docs/chunking.md, "The dual form").
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from miras.components.memory.linalg import layer_norm, layer_norm_backward
 from miras.runtime.chunk_common import chunk_views, window_gradients
 from miras.runtime.core import Runtime, State, Tokens, gate_values
 from miras.runtime.linear import _decay_matrix
@@ -121,7 +122,7 @@ def chunk_step(
     rt: Runtime, part: Tokens, state: State, mixing: Mixing
 ) -> tuple[torch.Tensor, State]:
     """One chunk from its start state: o [B, H, n, Dv] and the state after its last token."""
-    network = NETWORKS[rt.spec.memory.kind]
+    memory, model, names = rt.spec.memory, rt.memory, rt.param_names
     n, d = part.length, mixing.d
     weights = rt.weights(state)  # W_S: name -> [B, H, out, in]
     momentum = {name: state[f"S.{name}"] for name in weights} if rt.has_momentum else None
@@ -132,13 +133,16 @@ def chunk_step(
     caches = []
 
     def predict(x: torch.Tensor) -> torch.Tensor:
-        y, cache = network.forward(rt, _at_start(weights, point), x)
+        y, cache = memory.network(names, _at_start(weights, point), x, model.activation)
         caches.append(cache)
         return y
 
     signals = window_gradients(rt, predict, part, 0, n)
+    transposed = _transposed_at_start(weights, point)
     pieces = [
-        network.factors(rt, _transposed_at_start(weights, point), cache, grad_y)
+        memory.gradient_factors(
+            names, transposed, cache, grad_y, model.activation, model.activation_grad
+        )
         for cache, (_, grad_y) in zip(caches, signals, strict=True)
     ]
     errors = {name: torch.cat([p[name][0] for p in pieces], dim=2) for name in weights}
@@ -154,7 +158,7 @@ def chunk_step(
         scores = (h @ inputs[name].transpose(-1, -2)) * coeff  # [B, H, n, n c]
         return z - scores @ errors[name]
 
-    o, _ = network.forward(rt, read, part.phi_q)
+    o, _ = memory.network(names, read, part.phi_q, model.activation)
 
     # The state after the chunk's last token: row n - 1 of the sums above, each decayed state
     # plus one [out, n c] x [n c, in] matmul (fused, as are the carry's multiply-subtract).
@@ -197,59 +201,3 @@ def _transposed_at_start(weights, point) -> Linear:
         return z if point is None else point * z
 
     return linear
-
-
-# The networks: the memory's forward through any `linear`, and the factors of its gradient --
-
-
-class _MLP:
-    """M(x) = W_1 act(... act(W_depth x)), or x + LN(...) (`residual_norm`)."""
-
-    @staticmethod
-    def forward(rt: Runtime, linear: Linear, x: torch.Tensor):
-        """(y [B, H, n, out], what `factors` reuses: each layer's input and pre-activation)."""
-        names = rt.param_names  # input side first
-        inputs, pre, h = {}, [], x
-        for i, name in enumerate(names):
-            inputs[name] = h
-            z = linear(name, h)
-            if i < len(names) - 1:
-                pre.append(z)
-                h = rt.memory.activation(z)
-        norm = layer_norm(z) if rt.spec.memory.residual_norm else None
-        y = z if norm is None else x + norm[0]
-        return y, (inputs, pre, norm)
-
-    @staticmethod
-    def factors(rt: Runtime, transposed: Linear, cache, grad_y: torch.Tensor):
-        """name -> (dL/dz of its layer, its input): dL/dW = error input^T per token."""
-        inputs, pre, norm = cache
-        names = rt.param_names
-        g = grad_y if norm is None else layer_norm_backward(*norm, grad_y)
-        out = {}
-        for i in reversed(range(len(names))):
-            out[names[i]] = (g, inputs[names[i]])
-            if i > 0:
-                g = transposed(names[i], g) * rt.memory.activation_grad(pre[i - 1])
-        return out
-
-
-class _GatedMLP:
-    """M(x) = W_1 (act(W_2 x) * W_3 x)."""
-
-    @staticmethod
-    def forward(rt: Runtime, linear: Linear, x: torch.Tensor):
-        a, b = linear("W2", x), linear("W3", x)
-        h = rt.memory.activation(a) * b
-        return linear("W1", h), (x, a, b, h)
-
-    @staticmethod
-    def factors(rt: Runtime, transposed: Linear, cache, grad_y: torch.Tensor):
-        x, a, b, h = cache
-        g_h = transposed("W1", grad_y)
-        g_a = g_h * b * rt.memory.activation_grad(a)
-        g_b = g_h * rt.memory.activation(a)
-        return {"W1": (grad_y, h), "W2": (g_a, x), "W3": (g_b, x)}
-
-
-NETWORKS = {"mlp": _MLP, "gated_mlp": _GatedMLP}
