@@ -220,9 +220,19 @@ class Retention(Component):
         """Where the state lives: "real", "positive" (KL) or "unit_interval" (binary entropy)."""
         return "real"
 
-    # How the compiler derives the step: "separable" solves dJ/dw = 0 per entry (any smooth
-    # objective); "lq", "kl", "elastic_net" and "bregman" name their own derivations.
-    derivation: ClassVar[str] = "separable"
+    def derive_step(self) -> tuple[list, sp.Expr]:
+        """(the derivation's steps, the step W_t in w0, u and the gates): the closed-form
+        argmin of the objective, derived with sympy (`miras.compiler.retention_derive` runs
+        it). By default the separable strategy: solve dJ/dw = 0 for one entry, then
+        reparameterize (any smooth objective); a retention of another shape writes its own."""
+        from miras.compiler.retention_solve import separable
+
+        return separable(self)
+
+    @classmethod
+    def derives_separably(cls) -> bool:
+        """True when the step comes from the default, separable strategy (`derive_step`)."""
+        return cls.derive_step is Retention.derive_step
 
     # The step's shape, for the fast chunk forms: True when the derived step is exactly
     # W_t = a_t W_{t-1} - u_t, with a_t the gate `decay_gate` (or 1 without one).

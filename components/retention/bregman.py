@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import field_validator, model_validator
 
@@ -53,7 +53,6 @@ class BregmanRetention(Retention):
     """
 
     kind: Literal["bregman"] = "bregman"
-    derivation: ClassVar[str] = "bregman"
     potential: str = BINARY_ENTROPY  # F(w), a formula in `w`
     # closed_form: sympy must invert F'; newton: if it cannot, safeguarded Newton on F'(w) = z
     # (bracketed, bisecting where a step leaves the bracket), iterated until it converges.
@@ -84,6 +83,13 @@ class BregmanRetention(Retention):
 
             check_derivable(self)
         return self
+
+    def derive_step(self) -> tuple[list, sp.Expr]:
+        """The mirror step (F')^{-1}(F'(w0) - u), with F checked strictly convex and F' onto
+        (components/retention/mirror.py)."""
+        from miras.components.retention.mirror import mirror_step
+
+        return mirror_step(self)
 
     def potential_expr(self) -> sp.Expr:
         """F(w) as a sympy expression."""

@@ -21,7 +21,48 @@ class ElasticNetRetention(Retention):
     threshold: gate_or(POSITIVE) = 0.001  # gamma, the l1 weight
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT, "threshold": POSITIVE}
     decay_gate: ClassVar[str | None] = "decay"
-    derivation: ClassVar[str] = "elastic_net"
+
+    def derive_step(self) -> tuple[list, sp.Expr]:
+        """Subgradient cases of J = smooth(w) + gamma |w|: w > 0, w < 0, and 0 in dJ(0)."""
+        import sympy as sp
+
+        from miras.compiler.retention_solve import J, equations, solve_unique
+        from miras.errors import DerivationError
+        from miras.symbols import soft_threshold, w
+
+        objective = self.objective()
+        reparameterization = self.reparameterization()
+        gated = objective.subs(reparameterization)
+        smooth = gated.subs(sp.Abs(w), 0)
+        weight = sp.simplify((gated - smooth) / sp.Abs(w))  # gamma, the l1 weight
+        curvature = sp.simplify(sp.diff(smooth, w, 2))
+        if weight.has(w) or curvature.has(w) or weight == 0:
+            raise DerivationError(
+                f"retention {self.kind}: expected a quadratic plus gamma*|w|, got {gated}"
+            )
+        slope = sp.diff(smooth, w)
+        positive = solve_unique(slope + weight, w, "case w > 0")  # d|w|/dw = 1
+        negative = solve_unique(slope - weight, w, "case w < 0")  # d|w|/dw = -1
+        at_zero = slope.subs(w, 0)  # 0 is optimal iff |smooth'(0)| <= gamma (d|w| at 0: [-1, 1])
+        assembled = sp.Piecewise((positive, positive > 0), (negative, negative < 0), (0, True))
+        # A quadratic with curvature k: w = soft_threshold(-smooth'(0)/k, gamma/k). Confirm that
+        # the three cases are exactly the branches of that soft thresholding.
+        center, threshold = sp.simplify(-at_zero / curvature), sp.simplify(weight / curvature)
+        branches = (positive - (center - threshold), negative - (center + threshold))
+        if any(sp.simplify(b) != 0 for b in branches):
+            raise DerivationError(f"retention {self.kind}: the cases are not soft thresholding")
+        step = soft_threshold(center, threshold)
+        steps = [
+            ("objective", sp.Eq(J, objective)),
+            ("reparameterization", equations(reparameterization)),
+            ("objective (gates)", sp.Eq(J, gated)),
+            ("case w > 0", sp.Eq(w, positive)),
+            ("case w < 0", sp.Eq(w, negative)),
+            ("case w = 0", sp.Abs(at_zero) <= weight),
+            ("assembled", sp.Eq(w, assembled)),
+            ("step", sp.Eq(w, step)),
+        ]
+        return steps, step
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + 1/(2 eta) ||W - W_{t-1}||^2 + 1/(2 alpha) ||W||^2

@@ -21,8 +21,62 @@ class KLRetention(Retention):
     scale: number(POSITIVE) = 1.0  # c: the sum of each row
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
     decay_gate: ClassVar[str | None] = "decay"
-    derivation: ClassVar[str] = "kl"
     simplex_rows: ClassVar[bool] = True
+
+    def derive_step(self) -> tuple[list, sp.Expr]:
+        """Lagrange multiplier mu for the row sum: w = exp(z) * (a factor in mu alone), and the
+        row sum fixes the factor, giving c softmax(z) over the row. The step is the logits z."""
+        import sympy as sp
+        from sympy.utilities.iterables import sift
+
+        from miras.compiler.retention_solve import J, equations, solve_unique
+        from miras.errors import DerivationError
+        from miras.symbols import w
+
+        # Display-only symbols (never printed to torch).
+        mu = sp.Symbol("mu", real=True)  # the Lagrange multiplier of one row's sum
+        S = sp.Symbol("S", positive=True)  # sum_j exp(z_j) over one row
+        c = sp.Symbol("c", positive=True)  # the row sum (`scale`)
+        softmax = sp.Function("softmax")  # over the row, shown in the derivation only
+
+        objective = self.objective()
+        reparameterization = self.reparameterization()
+        gated = objective.subs(reparameterization)
+        lagrangian = gated + mu * w  # one mu per row: + mu (sum_j w_j - c)
+        stationarity = sp.diff(lagrangian, w)
+        solution = solve_unique(stationarity, w, f"retention {self.kind}")
+        log_w = sp.expand(sp.expand_log(sp.log(solution), force=True))
+        # Split log w into the row's common part (terms in mu, and numbers) and per-entry
+        # logits z.
+        row_terms, entry_terms = sift(
+            sp.Add.make_args(log_w), lambda t: t.has(mu) or t.is_number, binary=True
+        )
+        row_part, logits = sp.Add(*row_terms), sp.Add(*entry_terms)
+        if row_part.free_symbols != {mu}:
+            raise DerivationError(
+                f"retention {self.kind}: log w = {log_w} does not split into logits plus a "
+                "factor that depends on the row's multiplier alone"
+            )
+        # sum_j w_j = exp(row_part) * S = c with S = sum_j exp(z_j).
+        constraint = sp.Eq(sp.exp(row_part) * S, c)
+        (multiplier,) = sp.solve(constraint, mu)
+        w_row = sp.simplify(sp.exp(logits) * sp.exp(row_part.subs(mu, multiplier)))
+        if sp.simplify(w_row - c * sp.exp(logits) / S) != 0:
+            raise DerivationError(f"retention {self.kind}: the row sum gives {w_row}")
+        steps = [
+            ("objective", sp.Eq(J, objective)),
+            ("reparameterization", equations(reparameterization)),
+            ("lagrangian", sp.Eq(J, lagrangian)),
+            ("stationarity", sp.Eq(stationarity, 0)),
+            ("solution", sp.Eq(w, solution)),
+            ("separated", sp.Eq(sp.log(w), sp.Add(logits, row_part, evaluate=False))),
+            ("row sum", constraint),
+            ("multiplier", sp.Eq(mu, multiplier)),
+            ("solution (row)", sp.Eq(w, w_row)),
+            ("step", sp.Eq(w, c * softmax(logits))),
+            ("where", f"S = sum_j exp(z_j) over the row, c = {self.scale:g}"),
+        ]
+        return steps, logits
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + (1/eta) KL(W || W_{t-1}) + (1/alpha) sum W log W (negative

@@ -21,7 +21,6 @@ class LqRetention(Retention):
     decay: gate_or(UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
     decay_gate: ClassVar[str | None] = "decay"
-    derivation: ClassVar[str] = "lq"
 
     def spec_equation(self) -> str:
         """The docstring's equation with this spec's q in place of the paper's."""
@@ -31,6 +30,25 @@ class LqRetention(Retention):
             .replace("||A_t||_q^(q-2)", f"||A_t||_{q}^{self.q - 2:g}")
             .replace("Moneta: q = 4", f"q = {q} here, 4 in Moneta")
         )
+
+    def derive_step(self) -> tuple[list, sp.Expr]:
+        """The l2 step on the accumulator A, then Moneta's normalization as the read map."""
+        import sympy as sp
+
+        from miras.compiler.retention_solve import separable
+
+        steps, step = separable(self)
+        q = sp.nsimplify(self.q)
+        steps = [(label.replace("step", "accumulator step"), value) for label, value in steps]
+        steps.append(
+            (
+                "read",
+                f"W_t = A_t / ||A_t||_q^(q-2) with q = {q}, the norm over each matrix (last two "
+                "axes); this is Moneta's declared normalization, not an argmin: W/||W||_q^(q-2) "
+                "is not the gradient of any potential unless q = 2",
+            )
+        )
+        return steps, step
 
     def objective(self) -> sp.Expr:
         """One entry of the accumulator's objective: the l2 retention's, with w an entry of A.
