@@ -43,7 +43,8 @@ import miras
 from miras.components.optimizer.steps import MAX_STEPS
 from miras.rule import MemoryRule
 from miras.runtime import per_channel_gates, run
-from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size, resolve_mode
+from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size
+from miras.runtime.forms import is_exact, resolve_mode
 from miras.runtime.inputs import check_cu_seqlens, check_qkv, inside_range
 from miras.spec import Spec
 
@@ -347,7 +348,7 @@ def chunk_options(
     form = rule.plan.chunk_form
     if chunk_mode is None:
         # The minimizer form (optimizer exact) is exact at any chunk size too.
-        if backend != "recurrent" and form.form not in ("exact", "minimizer"):
+        if backend != "recurrent" and not is_exact(form.form):
             start = START_CHUNK_SIZE if chunk_size is None else chunk_size
             raise ValueError(
                 f"chunk_mode: spec '{rule.spec.name}' has no exact chunk form ({form.reason}), so "

@@ -3,6 +3,7 @@ chunk-start path (`ChunkForm.start_path`), and the runtime dispatches on that re
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -40,7 +41,8 @@ def inputs(rule, length=10):
 def test_the_runtime_takes_the_path_the_ir_records(monkeypatch):
     """Same spec, two records: the linear module runs only where the IR says "linear", and
     both paths compute the same chunk-start form."""
-    rule = miras.compile({"name": "yaad_matrix", "bias": "huber", "retention": "l2"})
+    shared = miras.compile({"name": "yaad_matrix", "bias": "huber", "retention": "l2"})
+    rule = copy.copy(shared)  # its own runtime below: miras.compile's rule is shared
     calls = []
     original = linear.forward
 
@@ -57,3 +59,5 @@ def test_the_runtime_takes_the_path_the_ir_records(monkeypatch):
     general, _ = rule(q, k, v, gates=gates, backend="chunk", chunk_size=4)
     assert calls == ["linear"]  # the general path ran, though the spec's pieces are linear
     torch.testing.assert_close(general, fast, rtol=1e-10, atol=1e-12)
+    assert shared.runtime.start_path == "linear"  # the shared rule is untouched
+    assert miras.compile({"name": "yaad_matrix", "bias": "huber", "retention": "l2"}) is shared

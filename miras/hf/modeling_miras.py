@@ -31,7 +31,7 @@ from miras.hf.configuration_miras import MirasConfig
 from miras.models.layer import MirasLayer
 from miras.models.model import LanguageModel, check_length
 from miras.models.padding import token_mask
-from miras.runtime.exact_chunk import resolve_mode
+from miras.runtime.forms import is_exact, resolve_mode
 
 IGNORE_INDEX = -100  # transformers' label for "no target here"
 SHIM = "miras_hf.py"
@@ -217,7 +217,7 @@ def approximate_layers(lm: LanguageModel) -> str:
             continue
         form = resolve_mode(module.chunk_mode, module.rule.plan.chunk_form, module.rule.spec.name)
         # "minimizer" (optimizer exact) is exact at every chunk size, as "exact" is.
-        if form not in ("exact", "minimizer") and module.chunk_size > 1:
+        if not is_exact(form) and module.chunk_size > 1:
             return (
                 f"its memory's chunked forward is the chunk-start approximation ({form} form) "
                 f"at chunk_size {module.chunk_size}"

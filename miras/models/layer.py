@@ -25,7 +25,8 @@ from miras.ir import GateInfo
 from miras.models.padding import Cache, left_aligned, rows_alone, take
 from miras.rule import MemoryRule
 from miras.rule import compile as compile_rule
-from miras.runtime.exact_chunk import default_chunk_size, resolve_mode
+from miras.runtime.exact_chunk import default_chunk_size
+from miras.runtime.forms import resolve_mode
 from miras.runtime.inputs import all_finite, first_bad
 from miras.spec import Spec, load_spec
 

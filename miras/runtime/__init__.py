@@ -20,17 +20,7 @@ import torch
 
 from miras.components.base import Range
 from miras.ir import GateInfo
-from miras.runtime import (
-    attention,
-    chunk,
-    dual,
-    exact_chunk,
-    exact_minimizer,
-    exact_triton,
-    implicit,
-    recurrent,
-    substeps,
-)
+from miras.runtime import forms, implicit, substeps
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import (
     check_backend,
@@ -185,11 +175,11 @@ def run(
                 f"backend: 'triton' does not cover spec '{rule.spec.name}': {reason}; use "
                 "backend='chunk' (parallel) or 'recurrent' (the exact reference)"
             )
-    # The execution form, one module each (docs/chunking.md): "exact" (exact_chunk), "start"
-    # (chunk, with its linear fast path), "dual" (dual: MLP memories, no per-token weights);
-    # the compiler's chunk_form pass recorded the form, `chunk_mode` may override it.
+    # The execution form (miras.runtime.forms, docs/chunking.md): the compiler's chunk_form
+    # pass recorded the spec's, `chunk_mode` may override it, the backend picks among them.
     form = rule.plan.chunk_form
-    mode = exact_chunk.resolve_mode(chunk_mode, form, rule.spec.name)
+    mode = forms.resolve_mode(chunk_mode, form, rule.spec.name)
+    chosen = forms.select(backend, mode, form, chunk_size, rule.spec)
     rt = rule.runtime
     gates = check_gates(
         gates,
@@ -207,18 +197,12 @@ def run(
     q_, k_, v_ = heads_first(q), heads_first(k), heads_first(v)
     gates_ = {n: heads_first(g) for n, g in gates.items()}
 
-    if not rule.spec.memory.parametric:
-        if initial_state is not None:
-            raise ValueError("initial_state: softmax attention carries no state here; pass None")
-        o = attention.forward(rule.spec.memory.window, q_, k_, v_)
-        return o.transpose(1, 2).to(q.dtype), None
-
-    if form.form == "minimizer":  # the optimizer solves the whole objective: its statistics
-        params = rule.default_params(dtype) if params is None else params
-        phi_q, phi_k = rt.feature(q_, params), rt.feature(k_, params)
-        o, final = exact_minimizer.forward(
-            rt, form, phi_q, phi_k, v_, gates_, initial_state, backend, chunk_size, mode
+    call = forms.Call(rule, rt, form, backend, mode, chunk_size, triton_precision)
+    if chosen.closed:  # softmax attention, the exact minimizer: on the inputs as given
+        call = dataclasses.replace(
+            call, q=q_, k=k_, v=v_, gates=gates_, initial_state=initial_state, params=params
         )
+        o, final = chosen.forward(call)
         return o.transpose(1, 2).to(q.dtype), (final if output_final_state else None)
 
     if rule.spec.window.is_global:
@@ -241,20 +225,7 @@ def run(
     if rule.plan.implicit_step is not None:  # the proximal step: gd with eta_t for lr_t
         rt, seq = implicit.prepare(rt, seq, rule.plan.implicit_step)
 
-    if backend == "recurrent":
-        o, final = recurrent.forward(rt, seq, state)
-    elif backend == "chunk" and mode == "exact":
-        o, final = exact_chunk.forward(rt, seq, state, chunk_size, form)
-    elif backend == "chunk" and mode == "dual":
-        o, final = dual.forward(rt, seq, state, chunk_size)
-    elif backend == "chunk":
-        o, final = chunk.forward(rt, seq, state, chunk_size)
-    elif mode == "exact" and exact_triton.applies(form, chunk_size):
-        o, final = exact_triton.forward(rt, seq, state, chunk_size, form, triton_precision)
-    else:
-        from miras.runtime import triton_backend  # imports triton only when asked for
-
-        o, final = triton_backend.forward(rule, seq, state, chunk_size, triton_precision)
+    o, final = chosen.forward(dataclasses.replace(call, rt=rt, seq=seq, state=state))
     if seq.past:  # carry the window's last c - 1 tokens
         final["window.k"] = seq.phi_k[:, :, -seq.past :]
         final["window.v"] = seq.v[:, :, -seq.past :]

@@ -11,6 +11,14 @@ import torch
 import torch.nn.functional as F
 
 
+def run(window: int | None, q, k, v, initial_state) -> tuple[torch.Tensor, None]:
+    """The closed form as an execution form (`miras.runtime.forms`): o [B, H, T, Dv] and no
+    state, since attention carries none here (a layer keeps its KV cache itself)."""
+    if initial_state is not None:
+        raise ValueError("initial_state: softmax attention carries no state here; pass None")
+    return forward(window, q, k, v), None
+
+
 def forward(window: int | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q, k [B, H, T, Dk], v [B, H, T, Dv] -> o [B, H, T, Dv]."""
     t = q.shape[2]

@@ -640,7 +640,6 @@ def _at_token(z: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     return z[:, :, chunk, end]
 
 
-CHUNK_MODES = ("auto", "start", "exact")
 # Default chunk sizes. With the exact form the chunk size changes only the speed: each chunk
 # solves a system of n*c rows, so n = 64 // c keeps it at 64 (fla's chunk size; measured in
 # docs/benchmarks.md). With the chunk-start form it changes the model: 16, as before.
@@ -653,21 +652,3 @@ def default_chunk_size(mode: str, window_c: int | str) -> int:
     if mode == "exact" and isinstance(window_c, int):
         return max(1, EXACT_ROWS // window_c)
     return START_CHUNK_SIZE
-
-
-def resolve_mode(chunk_mode: str, form: ChunkForm, spec_name: str) -> str:
-    """`chunk_mode` -> "exact", "start" or "dual" for this spec, on every backend ("auto" takes the
-    compiled form: "dual" runs the chunk-start semantics without per-token weights, and "start"
-    keeps the per-token path for any spec); a ValueError naming the reason where the exact form
-    is asked for and does not exist."""
-    if chunk_mode not in CHUNK_MODES:
-        raise ValueError(
-            f"chunk_mode: expected one of {', '.join(CHUNK_MODES)}, got {chunk_mode!r}"
-        )
-    if chunk_mode == "exact" and form.form != "exact":
-        raise ValueError(
-            f"chunk_mode: 'exact' is not available for spec '{spec_name}': {form.reason}; use "
-            "chunk_mode='start' (the chunk-start approximation) or 'auto'"
-        )
-    # Every backend runs the form this resolves to (triton's exact form: exact_triton.py).
-    return form.form if chunk_mode == "auto" else chunk_mode
