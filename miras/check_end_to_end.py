@@ -362,39 +362,26 @@ def replay(rule: MemoryRule, q, k, v, gates) -> Trace:
     """The recurrent backend's step with each piece recorded, on the runtime's own inputs.
 
     `rule(...)` runs with backend="recurrent", so the runtime prepares the sequence itself
-    (features, default state, the window's padding); for the length of that one call,
-    `miras.runtime.recurrent.forward` is replaced by `_recorded_steps`, which takes the same
-    steps in the same order with the same functions, recording each piece."""
-    from miras.runtime import recurrent
-
-    traces = []
-
-    def recording(rt, seq, state):
-        traces.append(_recorded_steps(rt, seq, dict(state)))
-        return traces[-1].outputs, traces[-1].final
-
-    original = recurrent.forward
-    recurrent.forward = recording
-    try:
-        rule(q, k, v, gates, backend="recurrent")
-    finally:
-        recurrent.forward = original
-    return traces[-1]
-
-
-def _recorded_steps(rt, seq, state) -> Trace:
-    """`miras.runtime.recurrent.forward`, piece by piece: seq (Tokens) and state as it gets
-    them; returns the trace with o [B, H, T, Dv] and the final state."""
-    from miras.runtime import recurrent
-
-    trace = Trace([{} for _ in range(seq.length)], None, {})
+    (features, default state, the window's padding), and the recurrent form hands every piece
+    of every step to `record` (`miras.runtime.recurrent.step`): nothing is patched, so replays
+    in other threads, and other calls of the runtime, run as they would alone. The trace holds
+    the steps' outputs, o [B, H, T, Dv] (T counts steps: n per token with n optimizer steps),
+    and the final state as a dict."""
+    trace = Trace([], None, {})
 
     def record(t: int, piece: str, value) -> None:
+        while len(trace.pieces) <= t:
+            trace.pieces.append({})
         _record(trace, t, piece, value)
 
-    outputs = [recurrent.step(rt, seq, state, t, record) for t in range(seq.length)]
-    trace.outputs = torch.stack(outputs, dim=2)
-    trace.final = state
+    _, final = rule(q, k, v, gates, backend="recurrent", output_final_state=True, record=record)
+    if not trace.pieces:
+        raise ValueError(
+            f"replay: spec '{rule.spec.name}' runs no per-token step on the recurrent backend "
+            "(softmax attention and the exact minimizer run in closed form): nothing to replay"
+        )
+    trace.outputs = torch.stack([pieces["read"] for pieces in trace.pieces], dim=2)
+    trace.final = final if isinstance(final, dict) else {"W": final}
     return trace
 
 
@@ -406,8 +393,7 @@ def _backends(rule: MemoryRule, triton: bool) -> list[tuple[str, int]]:
     step; a spec whose chunk backend solves each chunk exactly (`plan.chunk_form`) runs the
     chunk backend at 4, so a chunk boundary falls inside the sequence."""
     pairs = [("recurrent", 1)]
-    form = getattr(rule.plan, "chunk_form", None)  # a ChunkForm; .form is "exact" or "start"
-    if getattr(form, "form", None) == "exact":
+    if rule.plan.chunk_form.form == "exact":
         pairs.append(("chunk", 4))
     else:
         pairs.append(("chunk", 1))

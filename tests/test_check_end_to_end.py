@@ -5,6 +5,8 @@ injected defect, naming the first token and piece."""
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,14 @@ from typer.testing import CliRunner
 
 import miras
 from miras.check_end_to_end import (
+    PIECES,
+    _first_piece_off,
     argmin_rows,
     argmin_separable,
     check_end_to_end,
     oracle,
+    replay,
+    step_inputs,
     triton_reason,
 )
 from miras.check_inputs import random_inputs, sizes_for
@@ -134,6 +140,78 @@ def test_injected_defect_is_reported_at_its_token_and_piece(monkeypatch, corrupt
     if what == "non-finite":
         assert "non-finite output from token 3" in recurrent_result.piece
     assert chunk_result.passed  # the chunk backend does not call the patched step
+
+
+# The replay: the runtime's own step, recorded through the recurrent form's hook ---------------
+
+
+def _replayed(name: str, seed: int = 0):
+    rule = miras.compile(ROOT / f"specs/{name}.yaml", checked=False)
+    q, k, v, gates = random_inputs(rule, sizes_for(rule), seed)
+    return rule, (q, k, v, gates)
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "deltaproduct"])
+def test_replay_records_every_piece_of_every_step_as_the_oracle_takes_them(name):
+    rule, inputs = _replayed(name)
+    trace = replay(rule, *inputs)
+    steps = rule.spec.optimizer.steps_per_token() * inputs[0].shape[1]  # n steps per token
+    assert len(trace.pieces) == steps and all(set(p) == set(PIECES) for p in trace.pieces)
+    assert trace.first_nonfinite is None
+    assert _first_piece_off(trace, oracle(rule, *step_inputs(rule, *inputs))) is None
+    o, final = rule(*inputs, backend="recurrent", output_final_state=True)
+    n = rule.spec.optimizer.steps_per_token()
+    torch.testing.assert_close(trace.outputs.transpose(1, 2)[:, n - 1 :: n], o)
+    final = final if isinstance(final, dict) else {"W": final}
+    assert set(trace.final) == set(final)
+    for key, value in final.items():
+        torch.testing.assert_close(trace.final[key], value)
+
+
+def test_replay_leaves_the_recurrent_forward_in_place(monkeypatch):
+    """Seen from inside the replay's steps, `miras.runtime.recurrent.forward` is still the
+    module's own function: the replay records through a hook, it patches no module global."""
+    forward, step = recurrent.forward, recurrent.step
+    seen = []
+
+    def observing_step(*args, **kwargs):
+        seen.append(recurrent.forward is forward)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(recurrent, "step", observing_step)
+    rule, inputs = _replayed("gated_deltanet")
+    replay(rule, *inputs)
+    assert seen and all(seen), f"recurrent.forward was replaced in {seen.count(False)} steps"
+
+
+def test_two_replays_in_threads_interleave_and_each_records_its_own(monkeypatch):
+    """Both replays are inside their first step at once (a barrier there); each trace is the
+    one a replay alone records, and recurrent.forward is the module's own afterwards."""
+    rule, first = _replayed("gated_deltanet", seed=0)
+    _, second = _replayed("gated_deltanet", seed=1)
+    alone = [replay(rule, *inputs).outputs for inputs in (first, second)]
+    forward, step = recurrent.forward, recurrent.step
+    barrier = threading.Barrier(2, timeout=30)
+
+    def meeting_step(rt, seq, state, t, record=None):
+        if t == 0:
+            barrier.wait()
+        return step(rt, seq, state, t, record)
+
+    monkeypatch.setattr(recurrent, "step", meeting_step)
+    with ThreadPoolExecutor(2) as pool:
+        traces = list(pool.map(lambda inputs: replay(rule, *inputs), (first, second)))
+    assert recurrent.forward is forward
+    for trace, expected in zip(traces, alone, strict=True):
+        torch.testing.assert_close(trace.outputs, expected, rtol=0, atol=0)
+
+
+def test_the_runtime_records_only_on_the_recurrent_backend():
+    rule, inputs = _replayed("gated_deltanet")
+    with pytest.raises(
+        ValueError, match=r"record: only the recurrent backend .* got backend='chunk'"
+    ):
+        rule(*inputs, backend="chunk", record=lambda t, piece, value: None)
 
 
 # The oracle's solvers -------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from miras.runtime.inputs import (
 
 if TYPE_CHECKING:
     from miras.rule import MemoryRule
+    from miras.runtime.recurrent import Recorder
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -116,6 +117,7 @@ def run(
     cu_seqlens: torch.Tensor | None = None,
     check_inputs: bool = True,
     triton_precision: str | None = None,
+    record: Recorder | None = None,
     _substeps: bool = False,
 ):
     n = substeps.steps_of(rule)
@@ -140,6 +142,7 @@ def run(
             cu_seqlens=cu_seqlens,
             check_inputs=False,  # checked before the expansion, in the caller's token numbers
             triton_precision=triton_precision,
+            record=record,
             _substeps=True,
         )
         return substeps.pick(o, n), final
@@ -148,6 +151,12 @@ def run(
         check_finite(q, k, v)
     backend = check_backend(backend)
     chunk_size = check_chunk_size(chunk_size)
+    if record is not None and (backend != "recurrent" or cu_seqlens is not None):
+        raise ValueError(
+            "record: only the recurrent backend on one sequence records its steps (miras "
+            f"check's replay); got backend={backend!r}"
+            + (" with cu_seqlens" if cu_seqlens is not None else "")
+        )
     # tl.dot's input precision on float32 tiles: the argument, else MIRAS_TRITON_PRECISION
     # (read only on the triton backend), else "ieee" (docs/kernels.md, "Precision").
     if triton_precision is not None or backend == "triton":
@@ -197,7 +206,7 @@ def run(
     q_, k_, v_ = heads_first(q), heads_first(k), heads_first(v)
     gates_ = {n: heads_first(g) for n, g in gates.items()}
 
-    call = forms.Call(rule, rt, form, backend, mode, chunk_size, triton_precision)
+    call = forms.Call(rule, rt, form, backend, mode, chunk_size, triton_precision, record)
     if chosen.closed:  # softmax attention, the exact minimizer: on the inputs as given
         call = dataclasses.replace(
             call, q=q_, k=k_, v=v_, gates=gates_, initial_state=initial_state, params=params

@@ -70,8 +70,9 @@ def is_exact(mode: str) -> bool:
 @dataclass(frozen=True)
 class Call:
     """What a form reads. Every form: the rule, its runtime `rt`, the compiled `chunk` form,
-    the backend, the resolved mode, the chunk size and triton's tl.dot precision (None off
-    the triton backend).
+    the backend, the resolved mode, the chunk size, triton's tl.dot precision (None off
+    the triton backend) and `record`, which the recurrent form calls with every piece of every
+    step (miras check's replay; None otherwise).
 
     A closed form reads the inputs heads first, in the state's dtype: `q`, `k` [B, H, T, Dk],
     `v` [B, H, T, Dv], `gates` name -> [B, H, T, X], and `initial_state` and `params` as the
@@ -85,6 +86,7 @@ class Call:
     mode: str
     chunk_size: int
     precision: str | None = None
+    record: recurrent.Recorder | None = None
     q: torch.Tensor | None = None
     k: torch.Tensor | None = None
     v: torch.Tensor | None = None
@@ -145,7 +147,7 @@ def _minimizer(call: Call):
 
 
 def _recurrent(call: Call):
-    return recurrent.forward(call.rt, call.seq, call.state)
+    return recurrent.forward(call.rt, call.seq, call.state, call.record)
 
 
 def _exact(call: Call):

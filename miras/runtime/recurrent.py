@@ -61,8 +61,11 @@ def step(rt: Runtime, seq: Tokens, state: State, t: int, record: Recorder | None
     return o
 
 
-def forward(rt: Runtime, seq: Tokens, state: State) -> tuple[torch.Tensor, State]:
-    """Returns o [B, H, T, Dv] and the final memory state (the input state is not modified)."""
+def forward(
+    rt: Runtime, seq: Tokens, state: State, record: Recorder | None = None
+) -> tuple[torch.Tensor, State]:
+    """Returns o [B, H, T, Dv] and the final memory state (the input state is not modified).
+    `record`, when given, is called with every piece of every token's step (`step`)."""
     state = dict(state)
-    outputs = [step(rt, seq, state, t) for t in range(seq.length)]
+    outputs = [step(rt, seq, state, t, record) for t in range(seq.length)]
     return torch.stack(outputs, dim=2), state
