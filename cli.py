@@ -140,13 +140,17 @@ def kernel(
     shape: Annotated[
         str, typer.Option(help="With --report: B,T,H of the launch grid.")
     ] = "1,2048,8",
+    precision: Annotated[
+        str,
+        typer.Option(help="With --report: tl.dot's input precision, ieee, tf32 or tf32x3."),
+    ] = "ieee",
 ) -> None:
     """Print (or write) the Triton module the compiler emits for a matrix-memory spec; with
     --report, compile its kernels for a GPU and print what each uses."""
     from miras.runtime.triton_coverage import kernel_source
 
     if report:
-        _kernel_report(spec, target, dim, chunk_size, shape)
+        _kernel_report(spec, target, dim, chunk_size, shape, precision)
         return
     try:
         source = kernel_source(load_spec(spec))
@@ -160,9 +164,12 @@ def kernel(
     out.print(f"wrote {output} ({len(source.splitlines())} lines)", highlight=False)
 
 
-def _kernel_report(spec: Path, target: str, dim: int, chunk_size: int, shape: str) -> None:
+def _kernel_report(
+    spec: Path, target: str, dim: int, chunk_size: int, shape: str, precision: str
+) -> None:
     from miras.compiler.emit import cache_dir
     from miras.runtime import gpu_compile
+    from miras.runtime.inputs import TRITON_PRECISIONS
 
     try:
         found = gpu_compile.check_target(target)
@@ -170,15 +177,25 @@ def _kernel_report(spec: Path, target: str, dim: int, chunk_size: int, shape: st
         grid_shape = gpu_compile.parse_shape(shape)
         if chunk_size < 1:
             raise ValueError(f"chunk-size: expected a positive integer, got {chunk_size}")
+        if precision not in TRITON_PRECISIONS:
+            raise ValueError(
+                f"precision: expected one of {', '.join(TRITON_PRECISIONS)}, got {precision!r}"
+            )
         rows = gpu_compile.compile_report(
-            load_spec(spec), target, dim, chunk_size, grid_shape, cache_dir() / "gpu_compile"
+            load_spec(spec),
+            target,
+            dim,
+            chunk_size,
+            grid_shape,
+            cache_dir() / "gpu_compile",
+            precision,
         )
     except (SpecError, DerivationError, ValueError) as error:
         raise _fail(error) from None
     title = (
         f"{load_spec(spec).name} on {found.name} ({found.gpu}): d = {dim}, chunk {chunk_size}, "
-        f"(B, T, H) = {grid_shape}; shared limit {found.shared_limit} B, spill bound "
-        f"{gpu_compile.SPILL_BOUND} B"
+        f"{precision}, (B, T, H) = {grid_shape}; shared limit {found.shared_limit} B, spill "
+        f"bound {gpu_compile.SPILL_BOUND} B"
     )
     grid = Table(title=title, title_justify="left")
     for column in gpu_compile.COLUMNS:

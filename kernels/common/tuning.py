@@ -9,6 +9,13 @@ the scratch buffers and the per-block gradient parts by), so none is free to tun
 num_stages 1: the chunk loop carries the state, and the software pipeliner's prefetch buffers
 would double the shared memory (past an H100's 227 KiB at d = 128). The compile-only checks
 (`miras.runtime.gpu_compile`) compile every config on sm_80 and sm_90.
+
+maxnreg 255 (the most a thread may hold): left unstated, the ptxas that triton 3.9 ships (CUDA
+13.4) gives these loop-carried kernels 32 registers a thread, the count that fills an SM with
+2048 threads, and spills the state tiles to local memory. Measured on the exact scan forward at
+d = 64 for sm_90 (`miras kernel specs/gated_deltanet.yaml --report --target sm_90 --dim 64`):
+32 registers and 19080 B of spill stores unstated, 255 registers and 7000 B stated. One block of
+8 warps at 255 registers uses 65280 of an SM's 65536, so both configs still launch.
 """
 
 import triton
@@ -16,10 +23,14 @@ import triton
 # (num_warps, num_stages) of the chunk kernels (general, linear) and of the exact scan.
 CHUNK = ((4, 1), (8, 1))
 SCAN = ((4, 1), (8, 1))
+MAX_REGISTERS = 255  # per thread: the hardware's limit on sm_80 and sm_90
 
 
 def configs(choices) -> list:
-    return [triton.Config({}, num_warps=warps, num_stages=stages) for warps, stages in choices]
+    return [
+        triton.Config({}, num_warps=warps, num_stages=stages, maxnreg=MAX_REGISTERS)
+        for warps, stages in choices
+    ]
 
 
 def first_under_interpreter(configs, named_args, **kwargs) -> list:

@@ -94,6 +94,7 @@ class Job:
     num_stages: int
     grid: tuple[int, int]
     variant: str = ""  # the scan's layout: "per head" or "per channel"
+    maxnreg: int | None = None  # the config's register cap per thread (None: ptxas chooses)
 
     def key(self, target: Target) -> str:
         text = json.dumps(
@@ -103,6 +104,7 @@ class Job:
                 self.constexprs,
                 self.num_warps,
                 self.num_stages,
+                self.maxnreg,
                 target.capability,
             ],
             default=str,
@@ -129,12 +131,12 @@ class Row:
     error: str = ""
 
 
-def _configs(kernel, meta: dict) -> list[tuple[int, int]]:
-    """(num_warps, num_stages) of each autotune config of a kernel (the launch's own, for a
-    kernel without configs)."""
+def _configs(kernel, meta: dict) -> list[tuple[int, int, int | None]]:
+    """(num_warps, num_stages, maxnreg) of each autotune config of a kernel (the launch's own,
+    for a kernel without configs)."""
     if hasattr(kernel, "configs"):
-        return [(c.num_warps, c.num_stages) for c in kernel.configs]
-    return [(meta.get("num_warps", 4), meta.get("num_stages", 3))]  # triton's defaults
+        return [(c.num_warps, c.num_stages, c.maxnreg) for c in kernel.configs]
+    return [(meta.get("num_warps", 4), meta.get("num_stages", 3), None)]  # triton's defaults
 
 
 def _sha(text: str) -> str:
@@ -159,10 +161,16 @@ def _text(meta: dict) -> tuple[tuple[str, object], ...]:
     return tuple(out)
 
 
-def jobs(spec, d: int, chunk_size: int = 64, shape: tuple[int, int, int] = (1, 2048, 8)):
+def jobs(
+    spec,
+    d: int,
+    chunk_size: int = 64,
+    shape: tuple[int, int, int] = (1, 2048, 8),
+    precision: str = "ieee",
+):
     """Every kernel `spec` runs on at head width d (Dk = Dv = d) and this chunk size, in every
-    form it covers, with every autotune config: [Job]. Raises ValueError when the Triton
-    kernels do not cover the spec."""
+    form it covers, with every autotune config, under tl.dot's input `precision` (ieee, tf32,
+    tf32x3): [Job]. Raises ValueError when the Triton kernels do not cover the spec."""
     import torch
     import triton.language as tl
 
@@ -179,12 +187,14 @@ def jobs(spec, d: int, chunk_size: int = 64, shape: tuple[int, int, int] = (1, 2
     plan = gate_plan(spec)
     out: list[Job] = []
     choices = {False: "general"}
-    if triton_backend.choose_kernels(compiled, d, per_channel_decay=False)[0]:
+    if triton_backend.choose_kernels(compiled, d, d, per_channel_decay=False)[0]:
         choices[True] = "linear"
     if triton_backend.general_refusal(d, d) is not None:  # the launcher refuses these widths
         del choices[False]
     for linear, form in choices.items():
-        _, block_v = triton_backend.choose_kernels(compiled, d, per_channel_decay=not linear)
+        _, block_v = triton_backend.choose_kernels(
+            compiled, d, d, per_channel_decay=not linear, precision=precision
+        )
         launch = triton_backend.Launch(
             module=module,
             linear=linear,
@@ -199,12 +209,13 @@ def jobs(spec, d: int, chunk_size: int = 64, shape: tuple[int, int, int] = (1, 2
             chunk_size=chunk_size,
             block_v=block_v,
             window_gates=plan.window,
+            precision=precision,
         )
         meta = launch.meta(tl.float32)
         grid = (launch.bh, launch.n_value_blocks)
         for direction in ("forward", "backward"):
             name = f"{form}_{direction}"
-            for i, (warps, stages) in enumerate(_configs(getattr(module, name), meta)):
+            for i, (warps, stages, maxnreg) in enumerate(_configs(getattr(module, name), meta)):
                 out.append(
                     Job(
                         form,
@@ -216,6 +227,7 @@ def jobs(spec, d: int, chunk_size: int = 64, shape: tuple[int, int, int] = (1, 2
                         warps,
                         stages,
                         grid,
+                        maxnreg=maxnreg,
                     )
                 )
     form = compiled.plan.chunk_form
@@ -236,13 +248,14 @@ def jobs(spec, d: int, chunk_size: int = 64, shape: tuple[int, int, int] = (1, 2
                 momentum=momentum,
                 per_channel=per_channel,
                 widths=(1,) * 5,
+                precision=precision,
             )
             meta = launch.meta(torch.empty(0, dtype=torch.float32))
             grid = (launch.bh, launch.value_blocks)
             variant = "per channel" if per_channel else "per head"
             for direction in ("forward", "backward"):
                 name = f"exact_scan_{direction}"
-                for i, (warps, stages) in enumerate(_configs(getattr(exact, name), meta)):
+                for i, (warps, stages, maxnreg) in enumerate(_configs(getattr(exact, name), meta)):
                     out.append(
                         Job(
                             "scan",
@@ -255,6 +268,7 @@ def jobs(spec, d: int, chunk_size: int = 64, shape: tuple[int, int, int] = (1, 2
                             stages,
                             grid,
                             variant,
+                            maxnreg=maxnreg,
                         )
                     )
     return out
@@ -376,6 +390,8 @@ def _compile_one(job: dict) -> dict:
             attrs[(i,)] = [["tt.divisibility", 16]]
     target = GPUTarget("cuda", job["capability"], 32)
     options = dict(num_warps=job["num_warps"], num_stages=job["num_stages"])
+    if job.get("maxnreg") is not None:
+        options["maxnreg"] = job["maxnreg"]
     log = io.StringIO()
     triton.knobs.nvidia.dump_ptxas_log = True
     try:
@@ -425,13 +441,19 @@ def _worker() -> None:
 
 
 def compile_report(
-    spec, target: str, d: int = 128, chunk_size: int = 64, shape=(1, 2048, 8), cache_dir=None
+    spec,
+    target: str,
+    d: int = 128,
+    chunk_size: int = 64,
+    shape=(1, 2048, 8),
+    cache_dir=None,
+    precision: str = "ieee",
 ) -> list[Row]:
-    """Every kernel of `spec` compiled for `target` at head width d: one Row per kernel and
-    autotune config."""
+    """Every kernel of `spec` compiled for `target` at head width d under tl.dot's input
+    `precision`: one Row per kernel and autotune config."""
     found = check_target(target)
     check_width(d)
-    return compile_jobs(jobs(spec, d, chunk_size, shape), found, cache_dir)
+    return compile_jobs(jobs(spec, d, chunk_size, shape, precision), found, cache_dir)
 
 
 def over_limits(rows: list[Row]) -> list[str]:

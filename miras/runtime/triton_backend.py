@@ -35,6 +35,7 @@ CONFIG_ENV = "MIRAS_TRITON_CONFIG"  # an autotune config index to run alone
 # one program each, when the bias is elementwise (rows then evolve independently): a smaller
 # state tile per program, and more programs. Tests lower it to exercise the split.
 LINEAR_BLOCK_V = 64
+TF32_LINEAR_BLOCK_V = 32  # the same under tf32 and tf32x3 at Dphi >= 128 (choose_kernels)
 
 # The general kernels keep a program's whole state tile W [Dv, Dphi] (their value channels
 # are not split), staged through shared memory for the block phase's products: compiled for
@@ -304,10 +305,13 @@ def check_available(x: torch.Tensor) -> None:
         ) from None
 
 
-def choose_kernels(compiled, d_v: int, per_channel_decay: bool) -> tuple[bool, int]:
+def choose_kernels(
+    compiled, d_v: int, d_k: int, per_channel_decay: bool, precision: str = "ieee"
+) -> tuple[bool, int]:
     """(linear, BV): whether a call runs the linear kernels, and the value channels per
-    program, for a compiled rule (`rule.ir`) at value width d_v. `miras.runtime.gpu_compile`
-    asks the same question to compile what a launch would run."""
+    program, for a compiled rule (`rule.ir`) at value width d_v and feature width d_k under
+    tl.dot's input `precision`. `miras.runtime.gpu_compile` asks the same question to compile
+    what a launch would run."""
     from miras.runtime.triton_coverage import linear_applies
 
     # A bias with channel sums keeps every value channel in one program; above 64 channels the
@@ -320,7 +324,13 @@ def choose_kernels(compiled, d_v: int, per_channel_decay: bool) -> tuple[bool, i
         and not (whole_rows and _pow2(d_v) > LINEAR_BLOCK_V)
     )
     split = linear and not whole_rows
-    return linear, min(_pow2(d_v), LINEAR_BLOCK_V) if split else _pow2(d_v)
+    block = LINEAR_BLOCK_V
+    if precision != "ieee" and _pow2(d_k) >= 128:
+        # TF32 tiles go through shared memory to the tensor cores: compiled for sm_90, the
+        # linear backward at Dphi = 128 needs 272 KB at 64 value channels (ieee: 112 KB), past
+        # the 227 KB a block may use, and 200 KB at 32 (docs/kernels.md, "Precision").
+        block = min(block, TF32_LINEAR_BLOCK_V)
+    return linear, min(_pow2(d_v), block) if split else _pow2(d_v)
 
 
 def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int, precision: str = "ieee"):
@@ -346,7 +356,7 @@ def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int, precis
     ]
     widths = tuple(g.shape[-1] for g in gates)
     per_channel_decay = "decay" in plan.step and widths[plan.order.index("decay")] != 1
-    linear, block_v = choose_kernels(rule.ir, d_v, per_channel_decay)
+    linear, block_v = choose_kernels(rule.ir, d_v, d_k, per_channel_decay, precision)
     refusal = None if linear else general_refusal(d_k, d_v)
     if refusal is not None:
         raise ValueError(
