@@ -169,6 +169,11 @@ class Component(BaseModel):
         default. Checked with the spec's compatibility rules (`miras.spec`)."""
         return []
 
+    def user_parameters(self) -> dict[str, Any]:
+        """Parameters the spec names itself, by name (a custom component's `params`): each
+        becomes a symbol of the rule, like a gate. None by default."""
+        return {}
+
     def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
         """Elementwise functions of x the compiler emits into the rule's module for this
         component: (name, a formula in `miras.symbols` x, docstring). None by default; an
@@ -373,6 +378,11 @@ class FeatureMap(Component):
         """Why Dphi for input width d is over the map's feature budget, or None (no budget)."""
         return None
 
+    def trains_parameters(self) -> bool:
+        """Whether a model trains the map's learnable parameters (`initial_params`) with the
+        rest of its weights; True by default (polynomial's `learnable: false` keeps them)."""
+        return True
+
     def initial_params(self) -> dict[str, Any]:
         """Initial values of the map's learnable parameters, by name (none by default)."""
         return {}
@@ -400,6 +410,22 @@ class Memory(Component):
     def parameter_shapes(self, d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
         """Each weight's [out, in], input side first."""
         raise NotImplementedError
+
+    def size_fields(self) -> dict[str, Any]:
+        """The memory's fields that set its weights' sizes beyond the widths (an MLP's depth and
+        expansion), by name, for messages about memory use. None by default."""
+        return {}
+
+    def residual_field(self) -> str | None:
+        """The field that makes M(x) add its input x to its output (an MLP's `residual_norm`:
+        MIRAS's x + LN(MLP(x))), when it is set: then the output width Dv must equal the input
+        width Dphi. None by default."""
+        return None
+
+    def chosen_initial_state(self) -> str | None:
+        """The initial state W_0 the spec chose for this memory ("zeros", "uniform": matrix's
+        `init`), or None where the memory picks it from the retention (`initial_weights`)."""
+        return None
 
     def forward(self, params: dict, x: Any, activation=None) -> tuple[Any, Any]:
         """(M_W(x) [*batch, out], what `backward` reuses). By default the memory's `network`

@@ -127,10 +127,7 @@ def _memory_fields(spec: Spec) -> dict[str, Any]:
     }
     if spec.feature_map.output_dim(4) != 4:  # a map that widens the features
         named["feature_map.kind"] = spec.feature_map.kind
-    if hasattr(spec.memory, "expansion"):
-        named["memory.expansion"] = spec.memory.expansion
-    if hasattr(spec.memory, "depth"):
-        named["memory.depth"] = spec.memory.depth
+    named.update({f"memory.{k}": value for k, value in spec.memory.size_fields().items()})
     return named
 
 

@@ -269,7 +269,7 @@ def positive_state_needs_positive_init(spec: Spec) -> list[Problem]:
     """KL takes log W_{t-1}, and a Bregman potential with log terms lives on w > 0 or
     0 < w < 1: the initial state must lie in the retention's domain, which zeros do not."""
     domain = spec.retention.domain()
-    if domain != "real" and getattr(spec.memory, "init", None) == "zeros":
+    if domain != "real" and spec.memory.chosen_initial_state() == "zeros":
         return [
             Problem(
                 "memory.init",
@@ -286,7 +286,7 @@ def parameter_names_are_unique(spec: Spec) -> list[Problem]:
     parameter cannot share its name with another component's gate (set or fixed)."""
     owners: dict[str, list[str]] = {}
     for field, comp in spec.components().items():
-        params = getattr(comp, "params", {})  # custom components: user-named parameters
+        params = comp.user_parameters()  # custom components: user-named parameters
         for name in dict.fromkeys([*comp.gateable, *params]):
             path = f"{field}.params.{name}" if name in params else f"{field}.{name}"
             owners.setdefault(name, []).append(path)
@@ -315,7 +315,8 @@ def feature_map_within_budget(spec: Spec) -> list[Problem]:
 def residual_needs_equal_widths(spec: Spec) -> list[Problem]:
     """MIRAS's residual memory M(x) = x + LN(MLP(x)) adds its input phi(k), Dphi wide, to an
     output Dv = head width wide: a feature map that widens the features cannot feed it."""
-    if not getattr(spec.memory, "residual_norm", False):
+    field = spec.memory.residual_field()
+    if field is None:
         return []
     d = spec.model.head_dim
     d_phi = spec.feature_map.output_dim(d)
@@ -323,10 +324,10 @@ def residual_needs_equal_widths(spec: Spec) -> list[Problem]:
         return []
     return [
         Problem(
-            "memory.residual_norm",
+            f"memory.{field}",
             f"x + LN(MLP(x)) adds the memory's input phi(k) to its output, so it needs "
             f"Dphi = Dv; the {spec.feature_map.kind} feature map gives Dphi = {d_phi} at the "
-            f"head width {d} (Dv = {d}); use a map that keeps the width or residual_norm: false",
+            f"head width {d} (Dv = {d}); use a map that keeps the width or {field}: false",
         )
     ]
 

@@ -12,8 +12,10 @@ from miras.compiler.plan import make_plan
 from miras.compiler.retention_derive import derive_retention
 from miras.compiler.retention_emit import retention_source
 from miras.components.feature_map.identity import IdentityMap
+from miras.components.feature_map.polynomial import PolynomialMap
+from miras.components.memory.gated_mlp import GatedMLPMemory
 from miras.components.retention.l2 import L2Retention
-from miras.spec import load_spec
+from miras.spec import load_spec, residual_needs_equal_widths
 from miras.symbols import x
 
 
@@ -74,3 +76,42 @@ def test_the_functions_a_component_asks_for_are_emitted():
 def test_softmax_attention_takes_no_gates_by_the_parametric_flag():
     spec = load_spec({"name": "a", "memory": "nonparametric"})
     assert not spec.memory.parametric and spec.gates() == []
+
+
+class SkipGatedMLP(GatedMLPMemory):
+    """A gated MLP that adds its input to its output when `skip` is set: no `residual_norm`
+    field, only the hook."""
+
+    skip: bool = True
+
+    def residual_field(self) -> str | None:
+        return "skip" if self.skip else None
+
+
+def test_the_residual_width_check_asks_the_memory():
+    spec = load_spec({"name": "r", "memory": "gated_mlp", "feature_map": "taylor"})
+    assert residual_needs_equal_widths(spec) == []
+    spec = spec.model_copy(update={"memory": SkipGatedMLP()})
+    (problem,) = residual_needs_equal_widths(spec)
+    assert problem.path == "memory.skip" and "or skip: false" in problem.message
+    assert (
+        residual_needs_equal_widths(spec.model_copy(update={"memory": SkipGatedMLP(skip=False)}))
+        == []
+    )
+
+
+class FrozenPolynomial(PolynomialMap):
+    """A polynomial map whose coefficients the model keeps fixed, whatever `learnable` says."""
+
+    def trains_parameters(self) -> bool:
+        return False
+
+
+def test_a_layer_trains_the_maps_parameters_as_the_map_says():
+    from miras.models import MirasLayer
+
+    spec = load_spec({"name": "p", "feature_map": "polynomial"})
+    trained = MirasLayer(spec, 8, 2)
+    assert trained.rule_params and all(p.requires_grad for p in trained.rule_params.values())
+    frozen = MirasLayer(spec.model_copy(update={"feature_map": FrozenPolynomial()}), 8, 2)
+    assert frozen.rule_params and not any(p.requires_grad for p in frozen.rule_params.values())

@@ -168,6 +168,9 @@ class CustomBias(Bias):
     def gates(self) -> list[str]:
         return [name for name, value in self.params.items() if value == "gate"]
 
+    def user_parameters(self) -> dict:
+        return self.params
+
     def label(self) -> str:
         return f"the custom bias {self.loss!r}"
 

@@ -38,6 +38,9 @@ class CustomMap(FeatureMap):
         check_map(phi)
         return self
 
+    def user_parameters(self) -> dict:
+        return self.params
+
     def output_dim(self, d: int) -> int:
         return d
 

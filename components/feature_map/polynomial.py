@@ -25,6 +25,9 @@ class PolynomialMap(FeatureMap):
     def output_dim(self, d: int) -> int:
         return d
 
+    def trains_parameters(self) -> bool:
+        return self.learnable
+
     def coefficient_symbols(self) -> list[sp.Symbol]:
         import sympy as sp
 

@@ -29,6 +29,9 @@ class GatedMLPMemory(Memory):
     def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
         return activation_functions(self.activation)
 
+    def size_fields(self) -> dict[str, float]:
+        return {"expansion": self.expansion}
+
     def network(self, names, linear, x, activation=None):
         a, b = linear("W2", x), linear("W3", x)
         h = activation(a) * b

@@ -22,6 +22,9 @@ class MatrixMemory(Memory):
     def parameter_shapes(self, d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
         return {"W": (d_out, d_in)}
 
+    def chosen_initial_state(self) -> str | None:
+        return self.init
+
     def forward(self, params: dict, x, activation=None):
         from miras.components.memory.linalg import apply
 

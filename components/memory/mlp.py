@@ -52,6 +52,12 @@ class MLPMemory(Memory):
     def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
         return activation_functions(self.activation)
 
+    def size_fields(self) -> dict[str, float | int]:
+        return {"expansion": self.expansion, "depth": self.depth}
+
+    def residual_field(self) -> str | None:
+        return "residual_norm" if self.residual_norm else None
+
     def network(self, names, linear, x, activation=None):
         """Input side first: W_depth, ..., W_1; keeps each layer's input and pre-activation
         (and the LN's pieces) for `gradient_factors`."""

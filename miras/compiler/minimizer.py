@@ -28,7 +28,7 @@ from miras.spec import Spec
 def minimizer_form(spec: Spec, bias: BiasRule) -> ChunkForm | None:
     """The "minimizer" form of a spec whose optimizer solves exactly, with its curvature s in
     `slope`; None for every other optimizer."""
-    if not getattr(spec.optimizer, "solves_exactly", False):
+    if not spec.optimizer.solves_exactly:
         return None
     slope, why = bias_slope(spec, bias)
     if slope is None or not slope.is_number or float(slope) < 0:

@@ -343,7 +343,7 @@ class MirasLayer(nn.Module):
         fm = spec.feature_map
         self.rule_params = nn.ParameterDict(
             {
-                name: nn.Parameter(value, requires_grad=getattr(fm, "learnable", True))
+                name: nn.Parameter(value, requires_grad=fm.trains_parameters())
                 for name, value in self.rule.default_params().items()
             }
         )

@@ -37,8 +37,9 @@ def gate_plan(spec: Spec) -> Gates:
     scalars = {"gamma": spec.window.gamma, "lr": lr}
     if spec.optimizer.linear_form == "momentum":
         scalars["momentum"] = spec.optimizer.momentum
-    if hasattr(spec.retention, "decay"):
-        scalars["decay"] = spec.retention.decay
+    decay = spec.retention.decay_gate  # the gate a_t of W_t = a_t W_{t-1} - u_t, if any
+    if decay is not None:
+        scalars[decay] = getattr(spec.retention, decay)
     for name, value in scalars.items():
         if value != "gate":
             fixed[name] = float(value)
