@@ -219,7 +219,7 @@ def run(
     params = rule.default_params(dtype) if params is None else params
     phi_q, phi_k = rt.feature(q_, params), rt.feature(k_, params)
     d_phi = phi_k.shape[-1]
-    if getattr(rule.spec.memory, "residual_norm", False) and d_phi != shapes.d_value:
+    if rule.spec.memory.residual_field() is not None and d_phi != shapes.d_value:
         raise ValueError(
             f"v: the residual form x + LN(MLP(x)) needs Dv = Dphi = {d_phi} (the feature map's "
             f"width), got Dv = {shapes.d_value}"
