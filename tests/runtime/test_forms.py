@@ -4,12 +4,17 @@ recurrence in tests/runtime/test_form_contract.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from miras.ir import ChunkForm
 from miras.runtime import forms
 from miras.spec import load_spec
 
+ROOT = Path(__file__).resolve().parents[2]
 MATRIX = load_spec({"name": "matrix"})
 ATTENTION = load_spec({"name": "attention", "memory": "nonparametric", "bias": "l2"})
 L2 = ChunkForm("exact", "affine", slope=1.0)  # the delta rule's
@@ -93,3 +98,21 @@ def test_resolve_mode_refuses_with_the_reason():
         ValueError, match="chunk_mode: 'exact' is not available for spec 's': a huber bias; use"
     ):
         forms.resolve_mode("exact", START, "s")
+
+
+def test_only_a_triton_form_imports_triton():
+    """Every form is registered at import, but triton loads only when a triton form runs: a
+    chunk and a recurrent run in a fresh interpreter leave it unloaded."""
+    code = (
+        "import sys, torch, miras\n"
+        "rule = miras.compile({'name': 'g', 'bias': 'l2', 'retention': 'l2'})\n"
+        "q = torch.nn.functional.normalize(torch.randn(1, 5, 1, 4), dim=-1)\n"
+        "gates = {'lr': torch.full((1, 5, 1), 0.3), 'decay': torch.full((1, 5, 1), 0.9)}\n"
+        "for backend in ('chunk', 'recurrent'):\n"
+        "    rule(q, q, q, gates, backend=backend, chunk_size=2)\n"
+        "print('triton' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert done.stdout.split()[-1] == "False"
