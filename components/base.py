@@ -411,6 +411,16 @@ class Memory(Component):
         """Each weight's [out, in], input side first."""
         raise NotImplementedError
 
+    def whole_step_lines(self, spec: Any) -> list | None:
+        """The display lines of the whole step t where the memory replaces it (a closed form:
+        softmax attention's read); None: the memory, optimizer and retention lines as usual."""
+        return None
+
+    def state_lines(self) -> list[str] | None:
+        """The plan's description of a state the memory keeps instead of weights (softmax
+        attention's KV cache); None: its weights, as `parameter_shapes` gives them."""
+        return None
+
     def size_fields(self) -> dict[str, Any]:
         """The memory's fields that set its weights' sizes beyond the widths (an MLP's depth and
         expansion), by name, for messages about memory use. None by default."""

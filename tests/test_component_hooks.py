@@ -14,9 +14,11 @@ from miras.compiler.retention_emit import retention_source
 from miras.components.feature_map.identity import IdentityMap
 from miras.components.feature_map.polynomial import PolynomialMap
 from miras.components.memory.gated_mlp import GatedMLPMemory
+from miras.components.memory.matrix import MatrixMemory
 from miras.components.retention.l2 import L2Retention
 from miras.spec import load_spec, residual_needs_equal_widths
 from miras.symbols import x
+from miras.terms import sym
 
 
 class NormalizedL2(L2Retention):
@@ -115,3 +117,28 @@ def test_a_layer_trains_the_maps_parameters_as_the_map_says():
     assert trained.rule_params and all(p.requires_grad for p in trained.rule_params.values())
     frozen = MirasLayer(spec.model_copy(update={"feature_map": FrozenPolynomial()}), 8, 2)
     assert frozen.rule_params and not any(p.requires_grad for p in frozen.rule_params.values())
+
+
+class TaggedMatrix(MatrixMemory):
+    """A matrix memory that describes its own state and its whole step."""
+
+    def state_lines(self) -> list[str]:
+        return ["W: [B, H, Dv, Dphi], tagged"]
+
+    def whole_step_lines(self, spec) -> list:
+        from miras.terms import Line
+
+        return [Line(sym("o_t"), sym("tagged"))]
+
+
+def test_the_plan_and_the_derivation_take_a_memorys_own_lines():
+    from miras.compiler.describe import update_lines
+
+    spec = load_spec({"name": "t"})
+    rule = miras.compile(spec, checked=False)
+    assert make_plan(spec).state[0].startswith("W: [B, H, Dv, Dphi] float32")
+    assert len(update_lines(spec, rule.retention)) > 1  # the memory, optimizer, retention
+    tagged = spec.model_copy(update={"memory": TaggedMatrix()})
+    assert make_plan(tagged).state == ("W: [B, H, Dv, Dphi], tagged",)
+    (line,) = update_lines(tagged, rule.retention)
+    assert str(line.rhs) == str(sym("tagged"))

@@ -20,6 +20,13 @@ class NonparametricMemory(Memory):
     def parameter_shapes(self, d_in: int, d_out: int) -> dict[str, tuple[int, ...]]:
         return {}
 
+    def whole_step_lines(self, spec) -> list:
+        return self.update_lines(spec.window)
+
+    def state_lines(self) -> list[str]:
+        window = f"last {self.window}" if self.window else "all"
+        return [f"keys and values of the {window} past tokens (a KV cache)"]
+
     def update_lines(self, window) -> list:
         """The whole step: the closed-form read over the window of past tokens."""
         from miras.terms import SOFTMAX_I, Call, Dot, Juxt, Line, WindowSum, sym

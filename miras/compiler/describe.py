@@ -259,11 +259,10 @@ def update_lines(spec: Spec, rule: RetentionRule) -> list[Line]:
     """One step t of the exact recurrence, each component contributing its lines: the
     gradient point (retention), g_t (memory), u_t (optimizer), W_t (retention), the read."""
     memory = spec.memory
-    if not memory.parametric:
-        return memory.update_lines(spec.window)
-    whole = spec.optimizer.whole_step_lines(spec)  # an optimizer that solves exactly
-    if whole is not None:
-        return whole
+    for component in (memory, spec.optimizer):  # a closed form; an optimizer that solves
+        whole = component.whole_step_lines(spec)
+        if whole is not None:
+            return whole
     retention = spec.retention
     return [
         *retention.gradient_point_lines(),

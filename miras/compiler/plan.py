@@ -9,9 +9,9 @@ from miras.spec import Spec
 
 def _memory_state(spec: Spec) -> list[str]:
     memory = spec.memory
-    if not memory.parametric:
-        window = f"last {memory.window}" if memory.window else "all"
-        return [f"keys and values of the {window} past tokens (a KV cache)"]
+    own = memory.state_lines()  # a closed form's state (softmax attention's KV cache)
+    if own is not None:
+        return own
     if spec.optimizer.solves_exactly:  # the objective's sufficient statistics
         return [
             "H_kk: [B, H, Dphi, Dphi] float32 (float64 for float64 inputs)",
