@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format demo check-specs bench clean
+.PHONY: install test lint format demo check-specs replay bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ check-specs: $(STAMP)
 		$(BIN)/miras derive $$spec || exit 1; \
 		$(BIN)/miras check $$spec || exit 1; \
 	done
+
+# Replay the compiler on every shipped spec and diff its outputs against tests/golden/
+# (`.venv/bin/python scripts/replay.py --update` rewrites them after a reviewed change).
+replay: $(STAMP)
+	$(BIN)/python scripts/replay.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/compile_time.py
