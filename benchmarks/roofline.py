@@ -16,13 +16,17 @@ Forms (docs/chunking.md; `miras.runtime.run` picks one from the compiled `chunk_
 - recurrent: gated_deltanet on `backend="recurrent"`, the exact reference.
 Peers, on the same q, k, v and gates: fla-core's `naive_chunk_gated_delta_rule` (Gated
 DeltaNet), `delta_rule_chunkwise` (DeltaNet), `naive_chunk_simple_gla` (RetNet's scalar-decay
-linear attention), `naive_recurrent_gated_delta_rule` beside the recurrence; titans-pytorch
-beside the dual form where it is importable (its column is skipped with a note otherwise).
+linear attention), `naive_recurrent_gated_delta_rule` beside the recurrence. Where
+titans-pytorch is importable (the `benchmark` extra), the titans layer at training size (d_model
+256, 4 heads of 64, depth 2, x4, chunk 16, B 2, T 2048) runs on miras's dual form and as
+titans-pytorch's `NeuralMemory`, each run alone in a fresh process (benchmarks/deep_memory.py),
+interleaved, with and without flush-to-zero of denormals on both sides: tokens/s of one
+forward+backward (median of `--layer-repeats`) and the peak RSS above the process's baseline.
 
 Each time is the median of `repeats` interleaved runs (every call of a row group once per
 round, after one warmup round); "fwd" runs under torch.no_grad(), "fwd+bwd" adds the backward of
 sum(o * w) with q, k, v and the gates requiring grad. A call whose warmup took longer than
-`--budget` seconds is timed once. The counts come from one run under torch.profiler
+`--budget` seconds is timed by that run alone. The counts come from one run under torch.profiler
 (record_shapes): FLOPs of every matmul (mm, bmm, addmm, baddbmm: 2 m k n per product) and
 triangular solve (m^2 k per system), bytes of every other leaf aten op that computes
 (inputs plus an output the size of its largest input, at their element size; views and
@@ -146,8 +150,56 @@ def titans_note() -> str | None:
     try:
         import titans_pytorch  # noqa: F401
     except ImportError:
-        return "titans-pytorch is not importable here: its column beside the dual form is skipped"
-    return "titans-pytorch is importable but not wired in: its column is skipped"
+        return "titans-pytorch is not importable here: the titans layer comparison is skipped"
+    return None
+
+
+def layer_case(case: str, length: int, threads: int, flush: bool, peak: bool) -> dict:
+    """One forward+backward of a titans layer at training size, alone in a fresh process
+    (benchmarks/deep_memory.py --one): miras's `MirasLayer(specs/titans.yaml)` on its dual form
+    ("titans") or titans-pytorch's `NeuralMemory` ("titans-pytorch"), d_model 256, 4 heads of
+    64, depth 2, x4, chunk 16, B 2. `peak`: glibc's mmap threshold fixed at 64 KiB, so freed
+    tensors go back to the system and ru_maxrss is the memory alive (slower: read no speed
+    from it); otherwise glibc's default allocator, the speed figure."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "deep_memory.py"), "--one", case,
+           "auto" if case == "titans" else "-", str(length), "--threads", str(threads)]  # fmt: skip
+    cmd += ["--flush-denormal"] * flush
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    if peak:
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise RuntimeError(f"{case} at T {length} failed: {tail}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def titans_layers(length: int, repeats: int, threads: int) -> list[dict]:
+    """miras's titans layer (dual form) against titans-pytorch: tokens/s, the median of
+    `repeats` interleaved runs, with and without flush-to-zero of denormals (both sides alike),
+    and the peak RSS above the process's baseline from one run each."""
+    rows = []
+    for flush in (False, True):
+        runs: dict[str, list[dict]] = {"titans": [], "titans-pytorch": []}
+        for _ in range(repeats):
+            for case in runs:
+                runs[case].append(layer_case(case, length, threads, flush, peak=False))
+        for case, found in runs.items():
+            peak = layer_case(case, length, threads, flush, peak=True)
+            rows.append(dict(
+                case=case, t=length, flush=flush, runs=len(found),
+                tokens_per_s=statistics.median(r["tokens_per_s"] for r in found),
+                cpu_seconds=statistics.median(r["cpu_seconds"] for r in found),
+                peak_mib=peak["peak_mib"] - peak["base_mib"],
+            ))  # fmt: skip
+            r = rows[-1]
+            print(f"  titans layer T {length} flush {flush}: {case} {r['tokens_per_s']:.0f} "
+                  f"tokens/s ({r['runs']} runs), peak {r['peak_mib']:.0f} MiB above its base",
+                  flush=True)  # fmt: skip
+    return rows
 
 
 def groups(t: int, quick: bool):
@@ -313,6 +365,10 @@ def main() -> None:
         help="only these row groups (gated_deltanet, deltanet, retnet, elastic_net_matrix, "
         "titans, 'gated_deltanet recurrent')",
     )  # fmt: skip
+    parser.add_argument(
+        "--layer-repeats", type=int, default=None,
+        help="runs of each titans layer (miras dual, titans-pytorch) per flush setting; 0: skip",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
     args = parser.parse_args()
     lengths = args.lengths or ([2048] if args.quick else [2048, 8192])
@@ -338,9 +394,11 @@ def main() -> None:
             what = "fwd+bwd" if backward else "fwd"
             for group, calls in row_groups:
                 live = []
-                for call in calls:  # warmup round; a call over budget is timed once
+                for call in calls:  # warmup round; a call over budget is timed by it alone
                     first = run_once(call, qkv, backward, weight)
-                    live.append((call, 1 if first > args.budget else repeats))
+                    if first > args.budget:
+                        call.times.setdefault(what, []).append(first)
+                    live.append((call, 0 if first > args.budget else repeats))
                 for i in range(repeats):
                     for call, n in live:
                         if i < n:
@@ -361,6 +419,14 @@ def main() -> None:
                           f"{figures['matmul']:.0%}, solve {figures['solve']:.0%}, elementwise "
                           f"{figures['elementwise']:.0%}, overhead {figures['overhead']:.0%}",
                           flush=True)  # fmt: skip
+
+    layer_repeats = (
+        args.layer_repeats if args.layer_repeats is not None else (1 if args.quick else 3)
+    )
+    wanted = not args.groups or "titans" in args.groups
+    layers = []
+    if note is None and layer_repeats > 0 and wanted:
+        layers = titans_layers(2048, layer_repeats, args.threads)
 
     load_end = os.getloadavg()[0]
     load = max(load_start, load_end)
@@ -418,9 +484,30 @@ def main() -> None:
                 print(
                     f"- {spec} {name} {what}: time(8192) / time(2048) = {shown} (goal <= 4.4){verdict}"
                 )
+    if layers:
+        print()
+        print("| titans layer, T 2048 | flush denormals | tokens/s | CPU s | peak MiB above base |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        for r in layers:
+            print(f"| {r['case']} | {'yes' if r['flush'] else 'no'} | {r['tokens_per_s']:.0f} | "
+                  f"{r['cpu_seconds']:.1f} | {r['peak_mib']:.0f} |")  # fmt: skip
+        for flush in (False, True):
+            mine, peer = (
+                next(r for r in layers if r["case"] == case and r["flush"] == flush)
+                for case in ("titans", "titans-pytorch")
+            )
+            x = mine["tokens_per_s"] / peer["tokens_per_s"]
+            verdict = "" if shared else (" met" if x >= 4 else " MISSED")
+            memory = "no more" if mine["peak_mib"] <= peer["peak_mib"] else "MORE"
+            print(
+                f"- dual (titans) vs titans-pytorch tokens/s at T 2048, flush {flush}: "
+                f"{ratio(x)} (goal >= 4x){verdict}; peak memory {memory} "
+                f"({mine['peak_mib']:.0f} vs {peer['peak_mib']:.0f} MiB)"
+            )
     if args.json:
         payload = dict(load_start=load_start, load_end=load_end, cores=cores,
-                       threads=args.threads, matmul_rate=rate, rows=rows, note=note)  # fmt: skip
+                       threads=args.threads, matmul_rate=rate, rows=rows, layers=layers,
+                       note=note)  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=1))
 
 
