@@ -332,6 +332,15 @@ class Optimizer(Component):
         """The display lines of u_t (and s_t)."""
         raise NotImplementedError
 
+    def update_expressions(self) -> tuple[sp.Expr, sp.Expr | None] | None:
+        """The step `update` takes, in sympy, for one entry of the parameter: (u_t, s_t), u_t
+        in `miras.symbols` g (the gradient g_t), s_new (the new state s_t) and the gate
+        symbols of the gateable fields; s_t in g, s_prev (s_{t-1}) and the gates, or None
+        when not `stateful`. The compiler proves from them whether the whole step is linear
+        (`miras.compiler.linear_step`). None by default: an update that is no elementwise
+        expression (Muon's Newton-Schulz, the exact solve) gets no fast linear form."""
+        return None
+
     def steps_per_token(self) -> int:
         """n, the optimizer steps each token takes: the runtime runs them as n sub-steps of
         the one-step rule (`miras.runtime.substeps`); 1 by default."""

@@ -94,12 +94,93 @@ class ImplicitStep:
 
 
 @dataclass(frozen=True)
+class Coefficient:
+    """A coefficient of the linear step: `constant` times the product of `gates`, each a
+    (spec field, gate name) pair, e.g. (("optimizer", "lr"),). A gate fixed in the spec is
+    read as its value, so the record does not change when a gate is fixed."""
+
+    constant: float
+    gates: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def is_one(self) -> bool:
+        return self.constant == 1.0 and not self.gates
+
+    @property
+    def is_zero(self) -> bool:
+        return self.constant == 0.0
+
+    def text(self) -> str:
+        names = [f"{name}_t" for _, name in self.gates]
+        if not names or self.constant != 1.0:
+            names.insert(0, f"{self.constant:g}")
+        return " ".join(names)
+
+
+@dataclass(frozen=True)
+class LinearStep:
+    """The whole step where the compiler proved it linear in the memory state and the gradient
+    (`miras.compiler.linear_step`, from the retention's derived step and the optimizer's
+    `update_expressions`):
+
+        W_t = a_t W_{t-1} - u_t,   u_t = p_t S_t + q_t g_t,   S_t = theta_t S_{t-1} + beta_t g_t
+
+    `decay` a_t, `from_state` p_t, `from_gradient` q_t; `state_decay` theta_t and
+    `state_input` beta_t (None, and p_t None, without an optimizer state). gd: u_t = lr_t g_t;
+    momentum: p = 1, q = 0, theta the momentum gate, beta lr; Nesterov: p = theta, q = lr.
+    Every fast form unrolls these two recurrences as decay matrices."""
+
+    decay: Coefficient
+    from_gradient: Coefficient
+    from_state: Coefficient | None = None
+    state_decay: Coefficient | None = None
+    state_input: Coefficient | None = None
+
+    @property
+    def stateful(self) -> bool:
+        return self.state_decay is not None
+
+    @property
+    def shape(self) -> Literal["step", "momentum", "general"]:
+        """ "step": u_t = q_t g_t, no state; "momentum": u_t = S_t (p = 1, q = 0), the form the
+        emitted Triton kernels carry; "general": any other."""
+        if not self.stateful:
+            return "step"
+        if self.from_state is not None and self.from_state.is_one and self.from_gradient.is_zero:
+            return "momentum"
+        return "general"
+
+    def gate_names(self, field: str) -> tuple[str, ...]:
+        """The gates of spec field `field` the coefficients read, in order, once each."""
+        names: list[str] = []
+        for coefficient in self.coefficients():
+            names += [n for f, n in coefficient.gates if f == field and n not in names]
+        return tuple(names)
+
+    def coefficients(self) -> tuple[Coefficient, ...]:
+        pieces = (self.decay, self.from_gradient, self.from_state, self.state_decay)
+        return tuple(c for c in (*pieces, self.state_input) if c is not None)
+
+    def text(self) -> str:
+        lines = [f"linear step: W_t = ({self.decay.text()}) W_(t-1) - u_t"]
+        if self.stateful:
+            lines.append(
+                f"  u_t = ({self.from_state.text()}) S_t + ({self.from_gradient.text()}) g_t, "
+                f"S_t = ({self.state_decay.text()}) S_(t-1) + ({self.state_input.text()}) g_t"
+            )
+        else:
+            lines.append(f"  u_t = ({self.from_gradient.text()}) g_t")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
 class Plan:
     state: tuple[str, ...]  # named state tensors and their shapes, symbolically
     gates: tuple[GateInfo, ...]
     schedule: str
     chunk_form: ChunkForm | None = None  # set by the compiler's chunk_form pass
     implicit_step: ImplicitStep | None = None  # an implicit optimizer's step size map
+    linear_step: LinearStep | None = None  # set by the compiler's linear_step pass
 
     def text(self) -> str:
         lines = ["state:", *(f"  {s}" for s in self.state), "gates:"]
@@ -190,9 +271,11 @@ class CompiledRule:
 __all__ = [
     "BiasRule",
     "ChunkForm",
+    "Coefficient",
     "CompiledRule",
     "GateInfo",
     "ImplicitStep",
+    "LinearStep",
     "Plan",
     "RetentionRule",
     "Step",

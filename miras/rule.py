@@ -55,7 +55,9 @@ class MemoryRule:
             activation=getattr(module, "activation", None),
             activation_grad=getattr(module, "activation_grad", None),
         )
-        self.runtime = Runtime(self.spec, memory, module, self.plan.chunk_form.start_path)
+        self.runtime = Runtime(
+            self.spec, memory, module, self.plan.chunk_form.start_path, self.plan.linear_step
+        )
 
     @property
     def gates(self) -> list[str]:

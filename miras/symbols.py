@@ -14,6 +14,9 @@ e, y, v = sp.symbols("e y v", real=True)
 # Retention: one entry of the new memory w, the previous memory w0 and the update u.
 w, w0, u = sp.symbols("w w0 u", real=True)
 
+# Optimizer: one entry of the gradient g_t, of the previous state s_{t-1} and of the new s_t.
+g, s_prev, s_new = sp.symbols("g s_prev s_new", real=True)
+
 # Feature map input: one channel of a key or query.
 x = sp.Symbol("x", real=True)
 

@@ -30,6 +30,12 @@ class GD(SteppedOptimizer):
         """`grad`: [..., *param]; `lr` broadcasts against it. Returns (u_t, no state)."""
         return lr * grad, None
 
+    def update_expressions(self) -> tuple:
+        """u_t = lr_t g_t, no state."""
+        from miras.symbols import g, gate_symbol
+
+        return gate_symbol("lr") * g, None
+
     def update_lines(self) -> list:
         from miras.terms import Line, scalar, sym, times
 

@@ -35,10 +35,23 @@ class Momentum(SteppedOptimizer):
         s = lr * grad if state is None else momentum * state + lr * grad
         return s, s
 
+    def update_expressions(self) -> tuple:
+        """u_t = s_t, s_t = theta_t s_{t-1} + lr_t g_t."""
+        from miras.symbols import s_new
+
+        return s_new, surprise_expression()
+
     def update_lines(self) -> list:
         from miras.terms import Line, sym
 
         return [*surprise_lines(self), Line(sym("u_t"), sym("S_t")), *self.steps_lines()]
+
+
+def surprise_expression():
+    """s_t = theta_t s_{t-1} + lr_t g_t in sympy, the state Momentum and Nesterov share."""
+    from miras.symbols import g, gate_symbol, s_prev
+
+    return gate_symbol("momentum") * s_prev + gate_symbol("lr") * g
 
 
 def surprise_lines(opt: Optimizer) -> list:

@@ -27,6 +27,14 @@ class Nesterov(SteppedOptimizer):
         s = step if state is None else momentum * state + step
         return momentum * s + step, s
 
+    def update_expressions(self) -> tuple:
+        """u_t = theta_t s_t + lr_t g_t, s_t = theta_t s_{t-1} + lr_t g_t."""
+        from miras.components.optimizer.momentum import surprise_expression
+        from miras.symbols import g, gate_symbol, s_new
+
+        lr, theta = gate_symbol("lr"), gate_symbol("momentum")
+        return theta * s_new + lr * g, surprise_expression()
+
     def update_lines(self) -> list:
         from miras.components.optimizer.momentum import surprise_lines
         from miras.terms import Line, Plus, scalar, sym, times

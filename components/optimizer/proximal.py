@@ -50,6 +50,12 @@ class Proximal(Optimizer):
         runtime), broadcasting against it. Returns (u_t, no state)."""
         return lr * grad, None
 
+    def update_expressions(self) -> tuple:
+        """u_t = lr_t g_t, no state, with lr_t the step size `step_size` has already made."""
+        from miras.symbols import g, gate_symbol
+
+        return gate_symbol("lr") * g, None
+
     def update_lines(self) -> list:
         from miras.terms import PHI, Call, Frac, Line, Name, Norm, Plus, Power, scalar, sym, times
 

@@ -7,8 +7,10 @@ The step is affine in (W, S) when
 - the bias's dL/dy_j is affine in y_j: its derivative in y (the slope d2L/dy_j^2, proved
   symbolically from the derived gradient) does not depend on y, and no channel sum of the
   error enters it (that would couple the value channels);
-- the retention step is W_t = a_t W_{t-1} - u_t (none, l2; either gradient point);
-- the optimizer is gd or momentum (Muon's Newton-Schulz is not linear);
+- the retention step is W_t = a_t W_{t-1} - u_t and the optimizer's update is linear in the
+  gradient, as the compiler proved and recorded (`miras.compiler.linear_step`, the IR's
+  `LinearStep`: none or l2, either gradient point; gd, momentum, Nesterov; Muon's
+  Newton-Schulz is not linear);
 - the feature map reads only the keys and queries (every feature map does);
 - the window (any c, gamma fixed or gated) sums affine terms.
 Gates may be per head or per value channel: a per-channel gate scales rows of W [Dv, Dphi],
@@ -24,8 +26,9 @@ from typing import TYPE_CHECKING
 import sympy as sp
 
 from miras.compiler.bias_derive import derive_bias
+from miras.compiler.linear_step import linear_record, retention_decay
 from miras.formula import MAX_SIMPLIFY_OPS, bounded_simplify, not_finite, value_at
-from miras.ir import BiasRule, ChunkForm
+from miras.ir import BiasRule, ChunkForm, LinearStep
 from miras.symbols import e, gate_symbol, v, y
 
 if TYPE_CHECKING:  # annotations only: a bias's own slope (`slope_of`) is asked for while
@@ -80,6 +83,12 @@ def slope_of(bias: Bias, rule: BiasRule) -> tuple[sp.Expr | None, str]:
 _PROBES = ((0.3, 0.4, 0.7), (1.7, 0.4, 0.7), (-1.1, 0.4, 0.7))
 
 
+def _retention_rule(spec: Spec):
+    from miras.compiler.retention_derive import derive_retention
+
+    return derive_retention(spec.retention)
+
+
 def _varies_in_y(slope: sp.Expr) -> bool:
     """True when `slope` takes two different finite values at the probes (one v, several y)."""
     others = slope.free_symbols - {y, v}
@@ -91,39 +100,42 @@ def _varies_in_y(slope: sp.Expr) -> bool:
     return any(abs(a - values[0]) > 1e-9 * (1 + abs(a)) for a in values)
 
 
-def start_path(spec: Spec) -> str:
+def start_path(spec: Spec, step: LinearStep | None) -> str:
     """How the chunk-start form runs `spec`: "linear" (masked matmuls, no per-token state)
-    when the memory is linear in its weights, the retention step is W_t = a_t W_{t-1} - u_t
-    and the optimizer update is linear in g_t; "general" otherwise."""
-    linear = (
-        spec.memory.linear and spec.retention.linear_step and spec.optimizer.linear_form is not None
-    )
-    return "linear" if linear else "general"
+    when the memory is linear in its weights and the whole step is linear (`step`, the
+    compiler's record); "general" otherwise."""
+    return "linear" if spec.memory.linear and step is not None else "general"
 
 
-def analyze(spec: Spec, bias: BiasRule | None = None) -> ChunkForm:
-    """Decide the chunk form of `spec` from its components and derived bias gradient, with
-    the path its chunk-start form takes (also run when `chunk_mode="start"` asks for it)."""
-    return replace(_form(spec, bias), start_path=start_path(spec))
+_DERIVE = object()  # `analyze`'s default: derive the linear step here
 
 
-def _form(spec: Spec, bias: BiasRule | None) -> ChunkForm:
+def analyze(spec: Spec, bias: BiasRule | None = None, step=_DERIVE) -> ChunkForm:
+    """Decide the chunk form of `spec` from its components, derived bias gradient and linear
+    step (`LinearStep` or None, as the linear_step pass recorded it; derived when not given),
+    with the path its chunk-start form takes (also run when `chunk_mode="start"` asks for it)."""
+    if step is _DERIVE:
+        step, _ = linear_record(spec)
+    return replace(_form(spec, bias, step), start_path=start_path(spec, step))
+
+
+def _form(spec: Spec, bias: BiasRule | None, step: LinearStep | None) -> ChunkForm:
     memory = spec.memory
     if not memory.parametric:
         return ChunkForm("exact", "softmax attention is computed in closed form; nothing to chunk")
     if not memory.linear:
         return _start(f"the {memory.kind} memory's prediction is not linear in its weights")
     retention = spec.retention
-    if not retention.linear_step:
+    optimizer = spec.optimizer
+    if step is None and retention_decay(spec, _retention_rule(spec))[0] is None:
         return _start(
             f"the {retention.kind} retention's step is not one the exact form solves (none or "
             "l2: W_t = a_t W_(t-1) - u_t)"
         )
-    optimizer = spec.optimizer
-    if optimizer.linear_form is None:
+    if step is None:
         return _start(
-            f"the {optimizer.kind} optimizer's update is not one the exact form solves (gd or "
-            "momentum: linear in the gradient)"
+            f"the {optimizer.kind} optimizer's update is not one the exact form solves (gd, "
+            "momentum or nesterov: linear in the gradient)"
         )
     rule = derive_bias(spec.bias) if bias is None else bias
     slope, why = bias_slope(spec, rule)

@@ -1,7 +1,7 @@
 """The compiler: a spec becomes a derived, checked `CompiledRule` (miras.ir), as a list of
 named passes.
 
-    resolve -> bias_gradient -> retention_step -> plan -> chunk_form -> emit -> check
+    resolve -> bias_gradient -> retention_step -> plan -> linear_step -> chunk_form -> emit -> check
 
 Each pass reads and fills one `CompiledRule`; an invariant is checked after each, and
 `MIRAS_DEBUG=1` prints what every pass produced. Results are cached by the spec's digest.
@@ -20,6 +20,7 @@ from miras.compiler.affine import analyze
 from miras.compiler.bias_check import check_bias
 from miras.compiler.bias_derive import derive_bias
 from miras.compiler.emit import function_source, load_module, module_source
+from miras.compiler.linear_step import derive_linear_step
 from miras.compiler.minimizer import minimizer_form
 from miras.compiler.plan import make_plan
 from miras.compiler.retention_check import check_retention
@@ -66,28 +67,37 @@ def plan(c: CompiledRule) -> str:
     return c.plan.text()
 
 
+def linear_step(c: CompiledRule) -> str:
+    """The whole step, where it is linear in the memory state and the gradient, as one
+    `LinearStep` (`miras.compiler.linear_step`): what every fast form unrolls."""
+    step, why = derive_linear_step(c.spec, c.retention)
+    c.plan = replace(c.plan, linear_step=step)
+    return step.text() if step is not None else f"no linear step: {why}"
+
+
 def chunk_form(c: CompiledRule) -> str:
     """Exact chunks where the step is affine in the memory, chunk-start otherwise, in its dual
     form where `dual_reason` finds one."""
-    form = minimizer_form(c.spec, c.bias) or analyze(c.spec, c.bias)
-    dual = dual_reason(c.spec)
+    step = c.plan.linear_step
+    form = minimizer_form(c.spec, c.bias) or analyze(c.spec, c.bias, step)
+    dual = dual_reason(c.spec, step)
     if form.form == "start" and dual is not None:
         form = replace(form, form="dual", dual=dual)
     c.plan = replace(c.plan, chunk_form=form)
     return c.plan.chunk_form.text()
 
 
-def dual_reason(spec: Spec) -> str | None:
+def dual_reason(spec: Spec, step=None) -> str | None:
     """Why the chunk-start form of `spec` runs in its dual form (`miras.runtime.dual`), or
     None: a memory that writes its per-weight gradient factors (`Memory.has_gradient_factors`:
     each token's gradient of a weight matrix is the outer product of the backpropagated error
-    and the layer's input), retention none or l2 and optimizer gd or momentum (linear in the
-    gradients, so each token's weights are a masked sum of them), and a finite window (a
-    global one would keep O(T^2) error vectors for the backward)."""
+    and the layer's input), a linear step (`step`, the compiler's `LinearStep`: retention none
+    or l2 and a linear optimizer, so each token's weights are a masked sum of the gradients),
+    and a finite window (a global one would keep O(T^2) error vectors for the backward)."""
     memory, retention, optimizer = spec.memory, spec.retention, spec.optimizer
     if not memory.has_gradient_factors():
         return None
-    if not retention.linear_step or optimizer.linear_form is None or spec.window.is_global:
+    if step is None or spec.window.is_global:
         return None
     return (
         f"the {memory.kind} memory's gradient is a product of per-token factors, and retention "
@@ -142,6 +152,7 @@ PASSES: list[tuple[str, Callable[[CompiledRule], str]]] = [
     ("bias_gradient", bias_gradient),
     ("retention_step", retention_step),
     ("plan", plan),
+    ("linear_step", linear_step),
     ("chunk_form", chunk_form),
     ("emit", emit),
     ("check", check),

@@ -12,6 +12,7 @@ from types import ModuleType
 
 import torch
 
+from miras.ir import LinearStep
 from miras.runtime.memory import MemoryModel, Params
 from miras.spec import Spec
 
@@ -50,6 +51,9 @@ class Runtime:
     # How the chunk-start form runs, as the compiler recorded it (`ChunkForm.start_path`):
     # "linear" (`miras.runtime.linear`) or "general" (`miras.runtime.chunk`).
     start_path: str
+    # The step as the compiler proved it linear (`miras.ir.LinearStep`), read by every fast
+    # form (`miras.runtime.unroll`); None where it is not.
+    linear_step: LinearStep | None = None
 
     # Gate names by where they act, in the order the emitted functions take them.
     @property

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from miras.runtime.chunk_common import chunk_views, window_gradients
 from miras.runtime.core import Runtime, State, Tokens, gate_values
-from miras.runtime.linear import _decay_matrix
+from miras.runtime.unroll import unroll
 
 # linear(name, h [B, H, n, in]) -> the weight `name` applied to h, [B, H, n, out].
 Linear = Callable[[str, torch.Tensor], torch.Tensor]
@@ -77,35 +77,24 @@ def _mixings(rt: Runtime, seq: Tokens, chunk_size: int) -> list[Mixing]:
     backward joins the chunks in one stack. The last chunk is padded with factors 1, which
     come after every token they could touch, and cut back."""
     spec, length = rt.spec, seq.length
-    opt, retention = spec.optimizer, spec.retention
     n = min(chunk_size, length)
     chunks = -(-length // n)
     pad = chunks * n - length
 
-    def steps(component, name: str | None) -> torch.Tensor:
-        """A step gate [B, H, T, 1] -> [B, H, N, n, 1] (1 where `name` is None: no decay)."""
-        if name is None:
-            g = torch.ones_like(seq.phi_q[..., :1])
-        else:
-            g = gate_values(component, name, seq.step_gates, slice(0, length), seq.phi_q)
+    def steps(field: str, name: str) -> torch.Tensor:
+        """A step gate [B, H, T, 1] -> [B, H, N, n, 1]."""
+        component = getattr(spec, field)
+        g = gate_values(component, name, seq.step_gates, slice(0, length), seq.phi_q)
         return F.pad(g, (0, 0, 0, pad), value=1.0).unflatten(2, (chunks, n))
 
-    def decay_matrix(factors: torch.Tensor) -> torch.Tensor:  # [B, H, N, n, 1] -> [.., n, n]
-        return _decay_matrix(factors.flatten(1, 2))[:, :, 0].unflatten(1, factors.shape[1:3])
-
-    decay, lr = steps(retention, retention.decay_gate), steps(opt, "lr")
-    d, mix_a = torch.cumprod(decay, dim=3), decay_matrix(decay)
-    fields = {"d": d}
-    if rt.has_momentum:
-        theta = steps(opt, "momentum")
-        mix_theta = decay_matrix(theta)
-        theta_prod = torch.cumprod(theta, dim=3)
-        fields["coeff"] = (mix_a @ mix_theta) * lr.transpose(-1, -2)
-        fields["carry"] = mix_a @ theta_prod
-        fields["theta_prod"] = theta_prod
-        fields["to_momentum"] = mix_theta * lr.transpose(-1, -2)  # cut to its last row below
-    else:
-        fields["coeff"] = mix_a * lr.transpose(-1, -2)
+    like = F.pad(seq.phi_q[..., :1], (0, 0, 0, pad)).unflatten(2, (chunks, n))
+    # The compiled LinearStep unrolled: matrices [B, H, N, 1, n, n] (per-head gates) -> [.., n, n].
+    unrolled = unroll(rt.linear_step, steps, like)
+    fields = {"d": unrolled.d, "coeff": unrolled.mix[:, :, :, 0]}
+    if unrolled.carry is not None:
+        fields["carry"] = unrolled.carry
+        fields["theta_prod"] = unrolled.state_carry
+        fields["to_momentum"] = unrolled.state_mix[:, :, :, 0]  # cut to its last row below
     per_chunk = {name: z.unbind(2) for name, z in fields.items()}
     out = []
     for i in range(chunks):

@@ -8,12 +8,13 @@ tokens from state (W_0, S_0), with x_{t,j} = phi(k_{t-j}) (j < c) and the error 
 
     r_{t,j} = A_{t-j} * (W_e,t x_{t,j}) + C_{t-j},   A = gamma * d2L/dy2,  C = gamma * dL/dy|_{y=0}
     W_e,t   = rho_t W_{t-1}                           (rho = 1, or a_t for grad_at: retained)
-    W_{t}   = D_t W_0 - carry_t S_0 - sum_{s<=t} M[t, s] lr_s sum_j r_{s,j} x_{s,j}^T
+    W_{t}   = D_t W_0 - carry_t S_0 - sum_{s<=t} M[t, s] sum_j r_{s,j} x_{s,j}^T
 
-(D_t = prod a, M = L^a for gd and L^a L^theta for momentum, carry_t = sum_tau L^a[t, tau]
-Theta_tau), the n*c signals solve one unit-lower-triangular system
+(the compiled `LinearStep` unrolled, `miras.runtime.unroll`: D_t = prod a, M[t, s] the weight
+of g_s in W_t, L^a diag(lr) for gd and L^a L^theta diag(lr) for momentum, carry_t the weight
+of S_0), the n*c signals solve one unit-lower-triangular system
 
-    (I + diag(A) K) R = A * P_0 + C,   K[(t,j'), (s,j)] = rho_t M[t-1, s] lr_s (x_{s,j} . x_{t,j'}), s < t,
+    (I + diag(A) K) R = A * P_0 + C,   K[(t,j'), (s,j)] = rho_t M[t-1, s] (x_{s,j} . x_{t,j'}), s < t,
 
 with P_0 the predictions at W_0 and S_0. Everything but W_0 and S_0 is known before the scan,
 so the triangular solves run for all chunks at once, giving R = R_C + E_W W_0^T - E_S S_0^T;
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 
 from miras.ir import ChunkForm
 from miras.runtime.core import Runtime, State, Tokens
+from miras.runtime.unroll import unroll
 
 
 def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm):
@@ -100,10 +102,9 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
         g = _gate(component, name, seq.step_gates, seq.phi_q)
         return _pad_tokens(g, pad, 1.0).unflatten(2, (chunks, n))
 
-    opt, retention = spec.optimizer, spec.retention
-    lr = steps(opt, "lr")
-    decay = steps(retention, retention.decay_gate) if retention.decay_gate else None
-    theta = steps(opt, "momentum") if rt.has_momentum else None
+    step = rt.linear_step  # the compiled LinearStep: its coefficients read these gates
+    like = _pad_tokens(seq.phi_q[..., :1], pad).unflatten(2, (chunks, n))  # [B, H, N, n, 1]
+    unrolled = unroll(step, lambda field, name: steps(getattr(spec, field), name), like)
 
     # Window terms [B, H, P+T, .] -> [B, H, N, n*c, .], row t*c + j is token t's offset j.
     # Keys and queries contiguous once (they arrive as [B, T, H, D] transposed): every batched
@@ -113,18 +114,8 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
     slope, offset = (_window_rows(z, past, c, chunks, n, pad) for z in (slope, offset))
     queries = _pad_tokens(seq.phi_q, pad).unflatten(2, (chunks, n)).contiguous()
 
-    like = lr[..., :1]  # [B, H, N, n, 1]
-    a = decay if decay is not None else torch.ones_like(like)
-    d = torch.cumprod(a, dim=3)  # D_t [B, H, N, n, X]
-    mix_a = _decay_matrix(a)  # L^a [B, H, N, X, n, n]
-    if theta is not None:
-        mix_theta = _decay_matrix(theta)
-        big_theta = torch.cumprod(theta, dim=3)  # Theta_t
-        mix = mix_a @ mix_theta  # M = L^a L^theta
-        carry = (mix_a @ _rows(big_theta).unsqueeze(-1)).squeeze(-1).movedim(-1, 3)
-        mix_lr = mix * _rows(lr).unsqueeze(-2)  # M[t, s] lr_s: [B, H, N, X, n, n]
-    else:  # L^a is read only here: scaled in place
-        carry, mix_lr = None, _mul_fresh(mix_a, _rows(lr).unsqueeze(-2))
+    # D_t, C_t [B, H, N, n, X]; M[t, s], the weight of g_s in W_t, [B, H, N, X, n, n].
+    a, d, carry, mix_lr = unrolled.a, unrolled.d, unrolled.carry, unrolled.mix
     rho = a if rt.retained_gradient else torch.ones_like(like)
     coef_w = rho * _shift(d, 1.0)  # rho_t D_{t-1}: [B, H, N, n, X]
     coef_s = rho * _shift(carry, 0.0) if carry is not None else None
@@ -139,7 +130,8 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
         # A constant slope (l2: 1, no gamma gate, no carried window) is a number, not a pass.
         const = _constant_slope(rt, form, seq)
         slope = slope if const is None else const
-        if theta is None and rt.retained_gradient:  # a_t L^a[t-1, s] = L^a[t, s], s < t
+        # Without a state M = L^a diag(q), and a_t L^a[t-1, s] = L^a[t, s], s < t.
+        if not step.stateful and rt.retained_gradient:
             # The diagonal is never read; with a window, a token's own c x c block must be 0.
             k_tok, row = mix_lr, slope
             if c > 1:
@@ -155,7 +147,7 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
         base, from_w, *rest = _unit_lower_solve(system, *rhs)
         from_s = rest[0] if rest else None
     elif solve:  # one system per value channel: the inverse, then its column-scaled copies
-        if theta is None and rt.retained_gradient:
+        if not step.stateful and rt.retained_gradient:
             k_tok = mix_lr * _lower(n, True, str(mix_lr.device))
         else:
             k_tok = _rows(rho).unsqueeze(-1) * _shift_rows(mix_lr)  # [B, H, N, X, n, n]
@@ -172,13 +164,13 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
 
     # Row e of the chunk's end: n - 1, or the last real token in the last chunk.
     ends = [n - 1] * (chunks - 1) + [length - 1 - (chunks - 1) * n]
-    end = torch.tensor(ends, device=lr.device)
+    end = torch.tensor(ends, device=d.device)
     last_w = _expand_cols(_at_row(mix_lr, end), c)  # [B, H, N, X, nc]
     d_end = _at_token(d, end)  # [B, H, N, X]
     last_s = carry_end = theta_end = None
-    if theta is not None:
-        last_s = _expand_cols(_at_row(mix_theta, end) * _rows(lr), c).mT
-        carry_end, theta_end = _at_token(carry, end), _at_token(big_theta, end)
+    if step.stateful:  # S's end row N[end, s] = L^theta[end, s] beta_s, and Theta_end
+        last_s = _expand_cols(_at_row(unrolled.state_mix, end), c).mT
+        carry_end, theta_end = _at_token(carry, end), _at_token(unrolled.state_carry, end)
     return Prepared(
         length, c, queries, keys, d, carry, mix_lr,
         base, from_w, from_s, last_w.mT, last_s, d_end, carry_end, theta_end,
@@ -558,19 +550,6 @@ def _window_index(past: int, c: int, chunks: int, n: int, device: str) -> torch.
 @functools.lru_cache(maxsize=64)
 def _lower(n: int, strict: bool, device: str) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril(-1 if strict else 0)
-
-
-def _decay_matrix(f: torch.Tensor) -> torch.Tensor:
-    """L[t, s] = prod_{s<j<=t} f_j for s <= t, else 0: [B, H, N, n, X] -> [.., X, n, n].
-    A cumulative product down the columns (no logs, no division), so a factor of 0
-    (momentum theta = 0) gives exact zeros and finite gradients."""
-    n = f.shape[3]
-    device = str(f.device)
-    rows = _rows(f).unsqueeze(-1).expand(*f.shape[:3], f.shape[-1], n, n)  # [t, s] = f_t
-    factors = torch.where(_lower(n, True, device), rows, 1.0)
-    if torch.is_grad_enabled():
-        return torch.cumprod(factors, dim=-2) * _lower(n, False, device)
-    return factors.cumprod_(dim=-2).mul_(_lower(n, False, device))  # a temporary: in place
 
 
 def _mul_fresh(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
