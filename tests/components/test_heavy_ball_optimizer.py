@@ -1,0 +1,188 @@
+"""An optimizer of the user's own, written in its class and nowhere else: a heavy-ball step
+with a fixed factor, S_t = 0.9 S_{t-1} + g_t, u_t = lr_t S_t (the step size outside the
+momentum, unlike `momentum`'s S_t = theta_t S_{t-1} + lr_t g_t).
+
+Its `update_expressions` are all the fast forms need: the compiler proves the step linear and
+records it (`plan.linear_step`), and the exact form, the linear chunk-start path and the dual
+form of a deep memory run it, each equal to its reference: the recurrence, or the recurrence
+with every gradient of a chunk taken at the chunk's start state (a token loop written out
+below)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import pytest
+import torch
+from helpers import chunk_grads, random_inputs
+
+import miras
+from miras.components.base import NONNEGATIVE, Optimizer, Range, gate_or
+from miras.ir import Coefficient
+from miras.registry import registered
+
+FACTOR = 0.9
+f64 = torch.float64
+TOL = 1e-10  # float64: equal computations up to rounding
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class HeavyBall(Optimizer):
+    """Heavy-ball momentum of the raw gradient with a fixed factor, scaled by the step size.
+
+    Equation: s_t = 0.9 s_{t-1} + g_t,  u_t = b_t s_t
+    """
+
+    kind: Literal["heavy_ball"] = "heavy_ball"
+    lr: gate_or(NONNEGATIVE) = "gate"
+    gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE}
+    stateful: ClassVar[bool] = True
+
+    def update(self, grad, state, lr):
+        s = grad if state is None else FACTOR * state + grad
+        return lr * s, s
+
+    def update_lines(self) -> list:
+        from miras.terms import Line, Name, Plus, scalar, sym, times
+
+        kept = times(Name(f"{FACTOR:g}"), sym("S_{t-1}"))
+        return [
+            Line(sym("S_t"), Plus((kept, sym("g_t")))),
+            Line(sym("u_t"), times(scalar(self.lr, "lr"), sym("S_t"))),
+        ]
+
+    def update_expressions(self):
+        import sympy as sp
+
+        from miras.symbols import g, gate_symbol, s_new, s_prev
+
+        return gate_symbol("lr") * s_new, sp.Rational(9, 10) * s_prev + g
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    with registered(HeavyBall):
+        yield
+
+
+MATRIX = {"name": "heavy_ball", "bias": "l2", "retention": "l2", "optimizer": "heavy_ball"}
+DEEP = {**MATRIX, "name": "heavy_ball_mlp", "memory": "mlp"}
+
+
+def compiled(fields: dict):
+    return miras.compile(fields)
+
+
+def inputs(rule, t_len: int, seed: int = 3):
+    q, k, v, gates = random_inputs(rule, b=2, t=t_len, h=2, dk=4, dv=4, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    init = {
+        n: (0.3 * torch.randn(s.shape, generator=gen, dtype=f64))
+        for n, s in rule.initial_state(2, 2, 4, 4, f64).items()
+    }
+    return q, k, v, gates, init
+
+
+def run(rule, t_len, *, chunk_size, mode, backend="chunk"):
+    """o, final state and the gradients of a random functional of both (`chunk_grads`)."""
+    q, k, v, gates, init = inputs(rule, t_len)
+    if backend == "chunk":
+        return chunk_grads(rule, q, k, v, gates, init, {}, chunk_size=chunk_size, chunk_mode=mode)
+    leaves = [q, k, v, *gates.values(), *init.values()]
+    for x in leaves:
+        x.requires_grad_(True)
+    o, final = rule(
+        q, k, v, gates, backend=backend, chunk_size=chunk_size, chunk_mode=mode,
+        initial_state=init, output_final_state=True,
+    )  # fmt: skip
+    return (
+        o,
+        final,
+        _grads(o, final, leaves, ["q", "k", "v", *gates, *(f"state {n}" for n in init)]),
+    )
+
+
+def _grads(o, final, leaves, names):
+    gen = torch.Generator().manual_seed(9)
+    loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
+    for s in final.values():
+        loss = loss + (s * torch.randn(s.shape, generator=gen, dtype=s.dtype)).sum()
+    return dict(zip(names, torch.autograd.grad(loss, leaves, allow_unused=True), strict=True))
+
+
+def heavy_ball_loop(q, k, v, gates, init, block):
+    """The heavy-ball step on a matrix memory written out, one token at a time, with the l2
+    bias and l2 retention; every gradient of a block of `block` tokens at the block's start
+    state (1: the recurrence). q, k [B, T, H, Dk], v [B, T, H, Dv], gates [B, T, H]."""
+    w, s = init["W"], init["S.W"]
+    outputs = []
+    for t in range(q.shape[1]):
+        if t % block == 0:
+            w_start = w
+        x = k[:, t]  # [B, H, Dk]
+        error = (w_start @ x[..., None])[..., 0] - v[:, t]
+        g = error[..., None] * x[..., None, :]
+        s = FACTOR * s + g
+        a, lr = (gates[n][:, t][..., None, None] for n in ("decay", "lr"))
+        w = a * w - lr * s
+        outputs.append((w @ q[:, t][..., None])[..., 0])
+    return torch.stack(outputs, dim=1), {"W": w, "S.W": s}
+
+
+def assert_same(got, want, tol=TOL):
+    o, final, grads = got
+    o_ref, final_ref, grads_ref = want
+    torch.testing.assert_close(o, o_ref, rtol=tol, atol=tol)
+    assert list(final) == list(final_ref)
+    for key in final:
+        torch.testing.assert_close(final[key], final_ref[key], rtol=tol, atol=tol, msg=key)
+    assert list(grads) == list(grads_ref)
+    for key, g in grads.items():
+        if grads_ref[key] is None:
+            assert g is None, key
+            continue
+        torch.testing.assert_close(g, grads_ref[key], rtol=tol, atol=tol, msg=key)
+
+
+def test_the_compiler_proves_the_step_linear_and_records_it():
+    rule = compiled(MATRIX)
+    step = rule.plan.linear_step
+    assert step is not None and step.shape == "general"
+    assert step.decay == Coefficient(1.0, (("retention", "decay"),))
+    assert step.from_state == Coefficient(1.0, (("optimizer", "lr"),))
+    assert step.from_gradient.is_zero
+    assert step.state_decay == Coefficient(0.9) and step.state_input.is_one
+    assert rule.plan.chunk_form.form == "exact"
+    assert rule.plan.chunk_form.start_path == "linear"
+    assert compiled(DEEP).plan.chunk_form.form == "dual"
+
+
+@pytest.mark.parametrize("t_len,chunk_size", [(11, 4), (16, 16)])
+def test_the_exact_form_equals_the_recurrence(t_len, chunk_size):
+    rule = compiled(MATRIX)
+    got = run(rule, t_len, chunk_size=chunk_size, mode="exact")
+    want = run(rule, t_len, chunk_size=1, mode="auto", backend="recurrent")
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("t_len,chunk_size", [(11, 4), (8, 1)])
+def test_the_linear_chunk_start_path_equals_the_token_loop(t_len, chunk_size):
+    rule = compiled(MATRIX)
+    got = run(rule, t_len, chunk_size=chunk_size, mode="start")
+    q, k, v, gates, init = inputs(rule, t_len)
+    leaves = [q, k, v, *gates.values(), *init.values()]
+    for x in leaves:
+        x.requires_grad_(True)
+    o, final = heavy_ball_loop(q, k, v, gates, init, chunk_size)
+    names = ["q", "k", "v", *gates, *(f"state {n}" for n in init)]
+    assert_same(got, (o, final, _grads(o, final, leaves, names)))
+
+
+def test_the_dual_form_of_a_deep_memory_equals_the_per_token_path():
+    rule = compiled(DEEP)
+    got = run(rule, 11, chunk_size=4, mode="auto")  # the dual form
+    want = run(rule, 11, chunk_size=4, mode="start")  # per-token maps, `update` per token
+    assert_same(got, want)
+    at_one = run(rule, 9, chunk_size=1, mode="auto")
+    assert_same(at_one, run(rule, 9, chunk_size=1, mode="auto", backend="recurrent"))
