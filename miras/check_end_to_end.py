@@ -30,17 +30,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
 
 from miras.check import CheckResult, max_relative_error
-from miras.check_inputs import DTYPE, TOLERANCE, heads_first, random_inputs, sizes_for
+from miras.check_inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
 from miras.compiler.emit import load_module, module_source
 from miras.compiler.retention_emit import objective_source
-
-if TYPE_CHECKING:
-    from miras.rule import MemoryRule
 
 PIECES = ("bias gradient", "optimizer", "retention step", "read")
 
@@ -191,7 +187,7 @@ def argmin_rows(objective, w0: torch.Tensor, u: torch.Tensor, scale: float) -> t
     return entries(mu)
 
 
-def _retention_objective(rule: MemoryRule) -> ModuleType:
+def _retention_objective(rule: Rule) -> ModuleType:
     """The printed objective `retention_objective(w, w0, u, *gates)` of the spec's retention,
     the same one `check_retention` tests the derived step against."""
     retention = rule.spec.retention
@@ -199,9 +195,7 @@ def _retention_objective(rule: MemoryRule) -> ModuleType:
     return load_module(module_source(f"retention {retention.kind}: objective", sources))
 
 
-def proximal_update(
-    rule: MemoryRule, weights, x, v, bias_args, lr, gamma=1.0
-) -> dict[str, torch.Tensor]:
+def proximal_update(rule: Rule, weights, x, v, bias_args, lr, gamma=1.0) -> dict[str, torch.Tensor]:
     """u = W_e - argmin_W [gamma L(M_W(x), v) + ||W - W_e||^2 / (2 lr)] for each parameter, the
     argmin found numerically, never by the closed form: Newton's method on the objective's
     autograd gradient and full autograd Hessian (all entries of every parameter at once, a
@@ -239,7 +233,7 @@ def proximal_update(
     return {n: start[n] - part.reshape(shape) for n, part, shape in pieces}
 
 
-def step_inputs(rule: MemoryRule, q, k, v, gates):
+def step_inputs(rule: Rule, q, k, v, gates):
     """The oracle's inputs, one entry per optimizer step (`optimizer.steps: n`, docs/spec.md):
     step j of token t at t*n + j reads the token's k, v and gates (or, for the per-step
     inputs, its own), the decay only at j = 0 (1 after it: once per token) and q only at
@@ -267,7 +261,7 @@ def step_inputs(rule: MemoryRule, q, k, v, gates):
     return each_step(q, "q", last_only=True), each_step(k, "k"), each_step(v, "v"), gates
 
 
-def oracle(rule: MemoryRule, q, k, v, gates) -> Trace:
+def oracle(rule: Rule, q, k, v, gates) -> Trace:
     """The whole rule, token by token, in float64, from the default initial state.
 
     q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates name -> [B, T, H]. Returns the trace with
@@ -358,7 +352,7 @@ def attention_oracle(window: int | None, q, k, v) -> torch.Tensor:
 # The runtime, replayed piece by piece ----------------------------------------------------------
 
 
-def replay(rule: MemoryRule, q, k, v, gates) -> Trace:
+def replay(rule: Rule, q, k, v, gates) -> Trace:
     """The recurrent backend's step with each piece recorded, on the runtime's own inputs.
 
     `rule(...)` runs with backend="recurrent", so the runtime prepares the sequence itself
@@ -388,7 +382,7 @@ def replay(rule: MemoryRule, q, k, v, gates) -> Trace:
 # The stage -------------------------------------------------------------------------------------
 
 
-def _backends(rule: MemoryRule, triton: bool) -> list[tuple[str, int]]:
+def _backends(rule: Rule, triton: bool) -> list[tuple[str, int]]:
     """(backend, chunk size) pairs to run. Chunk size 1 makes the chunk-start form the exact
     step; a spec whose chunk backend solves each chunk exactly (`plan.chunk_form`) runs the
     chunk backend at 4, so a chunk boundary falls inside the sequence."""
@@ -402,10 +396,10 @@ def _backends(rule: MemoryRule, triton: bool) -> list[tuple[str, int]]:
     return pairs
 
 
-def triton_reason(rule: MemoryRule) -> str | None:
+def triton_reason(rule: Rule) -> str | None:
     """Why the stage leaves the Triton backend out for `rule` here, or None when it runs it."""
-    from miras.runtime.triton_backend import runs_on_cpu
-    from miras.runtime.triton_coverage import unsupported_reason
+    from miras.compiler.triton_kernels import unsupported_reason
+    from miras.runtime.triton_launch import runs_on_cpu
 
     if not rule.spec.memory.parametric:
         return "softmax attention has no Triton kernel"
@@ -445,7 +439,7 @@ def _first_piece_off(steps: Trace, reference: Trace) -> tuple[int, str] | None:
 
 
 def check_end_to_end(
-    rule: MemoryRule, *, seed: int = 0, triton: bool = True, per_channel: bool = False
+    rule: Rule, *, seed: int = 0, triton: bool = True, per_channel: bool = False
 ) -> list[CheckResult]:
     """One `CheckResult` per backend: the max relative error of the outputs and the final
     state against the oracle, in float64. A result that fails names the first token whose

@@ -6,14 +6,39 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import Protocol
 
 import torch
 
+from miras.ir import BiasRule, Plan
 from miras.runtime import per_channel_gates
+from miras.runtime.core import Runtime
+from miras.runtime.program import Program
+from miras.spec import Spec
 
-if TYPE_CHECKING:
-    from miras.rule import MemoryRule
+
+class Rule(Protocol):
+    """What the checks read of a compiled rule, a `miras.MemoryRule`: its IR, the runtime's
+    `Program` and pieces, and the facade's call. Named by its shape, not imported: the checks
+    sit above the facade, which calls them (`MemoryRule.check`)."""
+
+    spec: Spec
+    plan: Plan
+    bias: BiasRule
+    functions: ModuleType
+    program: Program
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+    @property
+    def gates(self) -> list[str]: ...
+
+    def default_params(self, dtype: torch.dtype = ...) -> dict[str, torch.Tensor]: ...
+
+    def __call__(self, q, k, v, gates=None, **options): ...
+
 
 DTYPE = torch.float64
 # Outputs and final state vs the oracle after T tokens. The oracle's argmin is found to about
@@ -33,7 +58,7 @@ class Sizes:
     d_value: int = 4
 
 
-def sizes_for(rule: MemoryRule) -> Sizes:
+def sizes_for(rule: Rule) -> Sizes:
     """Small sizes that still reach past the window (c, or an attention window) by 3 tokens."""
     spec = rule.spec
     reach = 1 if spec.window.is_global else spec.window.c
@@ -42,7 +67,7 @@ def sizes_for(rule: MemoryRule) -> Sizes:
     return Sizes(length=max(9, reach + 3))
 
 
-def random_inputs(rule: MemoryRule, sizes: Sizes, seed: int, per_channel: bool = False):
+def random_inputs(rule: Rule, sizes: Sizes, seed: int, per_channel: bool = False):
     """q, k with unit rows (as the layer feeds them), v, and every gate inside its range:
     q, k [B, T, H, Dk], v [B, T, H, Dv], gates name -> [B, T, H], or [B, T, H, Dv] with
     `per_channel` for the gates the runtime takes per channel (`per_channel_gates`)."""
@@ -77,7 +102,7 @@ def random_inputs(rule: MemoryRule, sizes: Sizes, seed: int, per_channel: bool =
     return q, k, v, gates
 
 
-def heads_first(rule: MemoryRule, q, k, v, gates):
+def heads_first(rule: Rule, q, k, v, gates):
     """[B, T, H, D] -> [B, H, T, D]; phi applied to q and k; gates [B, H, T, X], X = 1 (per
     head) or Dv (per channel)."""
     rt = rule.runtime

@@ -14,15 +14,10 @@ W_T = H_vk (s H_kk + diag(ridge_T))^-1 (with a finite window, the sums of its ca
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from miras.check import CheckResult, max_relative_error
-from miras.check_inputs import DTYPE, TOLERANCE, heads_first, random_inputs, sizes_for
-
-if TYPE_CHECKING:
-    from miras.rule import MemoryRule
+from miras.check_inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
 
 
 def _fixed_or_gate(component, name: str | None, gates, t: int, like: torch.Tensor):
@@ -31,7 +26,7 @@ def _fixed_or_gate(component, name: str | None, gates, t: int, like: torch.Tenso
     return gates[name][:, :, t] if value == "gate" else torch.full_like(like[..., :1], value)
 
 
-def oracle(rule: MemoryRule, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor]:
+def oracle(rule: Rule, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [B, H, T, Dv], W_T [B, H, Dv, Dphi]): the argmin of J_t by a Newton step from 0."""
     spec = rule.spec
     phi_q, phi_k, v_, gates_ = heads_first(rule, q, k, v, gates)
@@ -65,7 +60,7 @@ def oracle(rule: MemoryRule, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor
     return torch.stack(outputs, dim=2), w
 
 
-def implied_weights(rule: MemoryRule, final: dict, ridge: torch.Tensor) -> torch.Tensor:
+def implied_weights(rule: Rule, final: dict, ridge: torch.Tensor) -> torch.Tensor:
     """W_T = H_vk (s H_kk + diag(ridge))^-1 from the runtime's final state (the statistics, or
     the window's last c tokens, summed here); ridge [B, H, Dphi]."""
     from miras.runtime.exact_minimizer import window_statistics
@@ -75,7 +70,7 @@ def implied_weights(rule: MemoryRule, final: dict, ridge: torch.Tensor) -> torch
     return torch.linalg.solve(system, vk, left=False)
 
 
-def check_minimizer_end_to_end(rule: MemoryRule, *, seed: int = 0) -> list[CheckResult]:
+def check_minimizer_end_to_end(rule: Rule, *, seed: int = 0) -> list[CheckResult]:
     """One `CheckResult` per backend (recurrent; chunk at size 4, so a chunk boundary falls
     inside the sequence): outputs and the final state's W against the oracle, float64."""
     sizes = sizes_for(rule)

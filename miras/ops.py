@@ -26,7 +26,8 @@ Gates are cast to q's dtype (fla takes float32 gates with bfloat16 inputs); a Py
 constant gate. The aliases run the chunk backend; its "auto" mode is the exact chunk form for
 these models, so they equal fla's recurrences at every chunk size. A spec without an exact
 chunk form runs its chunk-start approximation only when `chunk_mode` asks for it
-(`chunk_options`).
+(`chunk_options`). Every op calls the rule itself (`MemoryRule.__call__`), so under a caller's
+autocast (bf16 training) it computes in its state's precision, float32, as `rule(...)` does.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import torch
 import miras
 from miras.components.optimizer.steps import MAX_STEPS
 from miras.rule import MemoryRule
-from miras.runtime import per_channel_gates, run
+from miras.runtime import per_channel_gates
 from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size
 from miras.runtime.forms import is_exact, resolve_mode
 from miras.runtime.inputs import check_cu_seqlens, check_qkv, inside_range
@@ -402,8 +403,7 @@ def call(
     _check_packing(cu_seqlens, cu_seqlens_cpu, chunk_indices, chunk_size, shapes)
     scale = _check_scale(scale, q)
     natural = _fla_gates(rule, q, v, g, beta, gates)
-    o, final = run(
-        rule,
+    o, final = rule(
         q * scale,
         k,
         v,
@@ -690,8 +690,7 @@ def chunk_gated_delta_product(
     scale = _check_scale(scale, q)
     natural = _fla_gates(rule, q, v, g, beta, None)
 
-    o, final = run(
-        rule,
+    o, final = rule(
         q * scale,
         k,
         v,
@@ -875,8 +874,7 @@ def chunk_mesa_net(
         if h_kk_init is None or h_kv_init is None:
             raise ValueError("h_kk_init, h_kv_init: pass both initial states or neither")
         initial = {"H_kk": h_kk_init, "H_vk": h_kv_init.transpose(-1, -2)}
-    o, final = run(
-        rule,
+    o, final = rule(
         q * scale,
         k,
         v,

@@ -4,7 +4,9 @@
     o, state = rule(q, k, v, gates={...}, backend="chunk")
 
 The compiler produces plain data and never imports the runtime; the runtime reads that data.
-This module is the one place that imports both (docs/architecture.md, "The IR").
+This module is the one place that imports both (docs/architecture.md, "The IR"): it builds
+the runtime's `Program` from the compiled rule, with the Triton kernels' provider from the
+compiler's emission pass, and runs it under its autocast guard.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from miras.compiler.bias_check import check_bias
 from miras.compiler.describe import Derivation, describe
 from miras.compiler.pipeline import compile_ir
 from miras.compiler.retention_check import check_retention
+from miras.compiler.triton_kernels import TritonKernels
 from miras.ir import BiasRule, CompiledRule, Plan, RetentionRule
 from miras.runtime import run
 from miras.runtime.core import Runtime
-from miras.runtime.memory import MemoryModel
+from miras.runtime.program import Program
 from miras.spec import Spec, load_spec
 
 
@@ -38,6 +41,8 @@ class MemoryRule:
     factor in (0, 1]). No scaling is applied to q. The state of a matrix memory with gd is a
     tensor [B, H, Dv, Dphi]; otherwise a dict of named tensors [B, H, out, in] (momentum
     under "S.<name>"). `params` holds learnable component parameters (`default_params()`).
+    `program` is what the runtime runs (`miras.runtime.program.Program`); reading the memory
+    without an update is `rule.program.read(q, state)`.
     """
 
     def __init__(self, compiled: CompiledRule):
@@ -49,40 +54,30 @@ class MemoryRule:
         self.source: str = compiled.source
         self.functions: ModuleType = compiled.functions
         self.checks: list[CheckResult] = compiled.checks
-        module = self.functions
-        memory = MemoryModel(
-            self.spec.memory,
-            activation=getattr(module, "activation", None),
-            activation_grad=getattr(module, "activation_grad", None),
-        )
-        self.runtime = Runtime(
-            self.spec, memory, module, self.plan.chunk_form.start_path, self.plan.linear_step
-        )
+        self.program = Program.from_ir(compiled, kernels=TritonKernels(compiled))
+
+    @property
+    def runtime(self) -> Runtime:
+        """The pieces every backend calls (`self.program.runtime`)."""
+        return self.program.runtime
 
     @property
     def gates(self) -> list[str]:
-        return list(self.spec.gates())
+        return self.program.gates
 
     def default_params(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """Initial values of the learnable component parameters (polynomial coefficients)."""
-        initial = self.spec.feature_map.initial_params()
-        return {name: value.to(dtype) for name, value in initial.items()}
+        return self.program.default_params(dtype)
 
     def initial_state(self, batch: int, heads: int, d_key: int, d_value: int, dtype=torch.float32):
         """The default initial state for inputs of these sizes (what `initial_state=None` uses)."""
-        d_phi = self.spec.feature_map.output_dim(d_key)
-        if self.plan.chunk_form.form == "minimizer":  # zero statistics, or an empty window
-            from miras.runtime.exact_minimizer import initial_state
-
-            return initial_state(batch, heads, d_phi, d_value, dtype, "cpu", self.spec.window.c)
-        state = self.runtime.initial_state(batch, heads, d_phi, d_value, dtype, "cpu")
-        return state["W"] if list(state) == ["W"] else state
+        return self.program.initial_state(batch, heads, d_key, d_value, dtype)
 
     def __call__(self, q, k, v, gates=None, **options):
         # Under autocast (bf16 training) the rule still computes in its state's precision,
         # float32: autocast would run its products in bf16 (docs/training.md).
         with torch.autocast(getattr(q, "device", torch.device("cpu")).type, enabled=False):
-            return run(self, q, k, v, gates, **options)
+            return run(self.program, q, k, v, gates, **options)
 
     def derivation(self) -> Derivation:
         return describe(self.spec, self.bias, self.retention, self.plan)

@@ -22,7 +22,7 @@ from helpers import random_inputs
 from typer.testing import CliRunner
 
 import miras
-from miras import training
+from miras import ops, training
 from miras.cli import app
 from miras.tasks import make_task
 
@@ -52,6 +52,19 @@ def test_the_memory_rule_computes_in_float32_under_autocast(name):
     plain, plain_state = rule(q, k, v, gates, chunk_size=4, output_final_state=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         autocast, state = rule(q, k, v, gates, chunk_size=4, output_final_state=True)
+    assert state.dtype == torch.float32 and autocast.dtype == torch.bfloat16
+    assert torch.equal(autocast, plain) and torch.equal(state, plain_state)
+
+
+def test_the_fla_style_ops_compute_in_float32_under_autocast():
+    """An op of miras.ops calls the rule, autocast guard included: under autocast it gives
+    exactly what it gives outside it, as `rule(...)` does (above)."""
+    rule = miras.compile(ROOT / "specs" / "gated_deltanet.yaml")
+    q, k, v, gates = random_inputs(rule, t=20, dk=8, dv=8, dtype=torch.bfloat16)
+    args = dict(g=gates["decay"].log(), beta=gates["lr"], scale=1.0, output_final_state=True)
+    plain, plain_state = ops.chunk_gated_delta_rule(q, k, v, **args)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast, state = ops.chunk_gated_delta_rule(q, k, v, **args)
     assert state.dtype == torch.float32 and autocast.dtype == torch.bfloat16
     assert torch.equal(autocast, plain) and torch.equal(state, plain_state)
 

@@ -42,7 +42,7 @@ def test_the_runtime_takes_the_path_the_ir_records(monkeypatch):
     """Same spec, two records: the linear module runs only where the IR says "linear", and
     both paths compute the same chunk-start form."""
     shared = miras.compile({"name": "yaad_matrix", "bias": "huber", "retention": "l2"})
-    rule = copy.copy(shared)  # its own runtime below: miras.compile's rule is shared
+    rule = copy.copy(shared)  # its own program below: miras.compile's rule is shared
     calls = []
     original = linear.forward
 
@@ -55,7 +55,8 @@ def test_the_runtime_takes_the_path_the_ir_records(monkeypatch):
     fast, _ = rule(q, k, v, gates=gates, backend="chunk", chunk_size=4)
     assert calls == ["linear"]
 
-    rule.runtime = dataclasses.replace(rule.runtime, start_path="general")
+    runtime = dataclasses.replace(rule.runtime, start_path="general")
+    rule.program = dataclasses.replace(rule.program, runtime=runtime)
     general, _ = rule(q, k, v, gates=gates, backend="chunk", chunk_size=4)
     assert calls == ["linear"]  # the general path ran, though the spec's pieces are linear
     torch.testing.assert_close(general, fast, rtol=1e-10, atol=1e-12)

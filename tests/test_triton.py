@@ -313,13 +313,13 @@ def test_cpu_tensors_without_the_interpreter_raise(monkeypatch):
 
 
 def test_unwritten_output_is_caught():
-    from miras.runtime.triton_backend import _check_written
+    from miras.runtime.triton_launch import check_written
 
     x = torch.zeros(3, 4)
-    _check_written({"x": x})
+    check_written({"x": x})
     x[1, 2] = float("nan")
     with pytest.raises(RuntimeError, match="1 of 12 elements of x"):
-        _check_written({"x": x})
+        check_written({"x": x})
 
 
 # Golden sources ----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from helpers import random_inputs
 from test_triton import _initial_state, _mismatches, _run
 
 import miras
-from miras.runtime import triton_backend
+from miras.runtime import triton_backend, triton_launch
 from miras.runtime.inputs import TRITON_PRECISION_ENV, check_triton_precision
 from miras.runtime.triton_coverage import kernel_source, load_kernels
 
@@ -219,7 +219,7 @@ def test_half_inputs_launch_float32_buffers(dtype, spec, monkeypatch):
 
 def test_the_launcher_refuses_half_tensors():
     with pytest.raises(TypeError, match=r"expected float32 or float64 tensors, got torch\.float16"):
-        triton_backend._acc(torch.zeros(1, dtype=torch.float16))
+        triton_launch.accumulator(torch.zeros(1, dtype=torch.float16))
 
 
 # Strong decay ---------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ def feature_norm_bound(rule: MemoryRule, d_key: int, random_keys: int = 64) -> f
     keys = torch.cat([eye, -eye, constant, -constant, draw.to(torch.float64)])
     keys = F.normalize(keys, dim=-1)[None, None]  # [1, 1, N, d]
     with torch.no_grad():
-        phi = rule.runtime.feature(keys, rule.default_params(torch.float64))
+        phi = rule.program.feature(keys)
     return float(phi.pow(2).sum(-1).max())
 
 
@@ -384,12 +384,10 @@ class MirasLayer(nn.Module):
     def read(self, q: torch.Tensor, state) -> torch.Tensor:
         """M_W(phi(q)) with no update: q [B, T, H, Dk], state in the rule's public form ->
         [B, T, H, Dv]. MAC's retrieval (Titans eq. 21) reads the segment-start memory."""
-        rt = self.rule.runtime
         state = {"W": state} if isinstance(state, torch.Tensor) else state
         dtype = next(iter(state.values())).dtype
-        phi_q = rt.feature(q.transpose(1, 2).to(dtype), self.params())  # [B, H, T, Dphi]
-        weights = {n: w.unsqueeze(2) for n, w in rt.weights(state).items()}  # [B, H, 1, o, i]
-        return rt.memory.forward(weights, phi_q).transpose(1, 2).to(q.dtype)
+        q_ = q.transpose(1, 2).to(dtype)  # [B, H, T, Dk], phi in the state's precision
+        return self.rule.program.read(q_, state, self.params()).transpose(1, 2).to(q.dtype)
 
     # Running -----------------------------------------------------------------------------
     def empty_cache(self, batch: int) -> Cache:
@@ -485,7 +483,7 @@ class MirasLayer(nn.Module):
         n = self.keys_per_token  # k and lr packed [B, T*n, ...] with keys per step
         steps = (token + 1) * n
         keys = k[row : row + 1, :steps, head : head + 1].transpose(1, 2)  # [1, 1, t n, Dk]
-        phi = self.rule.runtime.feature(keys.to(torch.float64), self.params())
+        phi = self.rule.program.feature(keys.to(torch.float64), self.params())
         norm2 = phi.pow(2).sum(-1).flatten()  # [t n]
         lr = gates["lr"][row, :steps, head].reshape(steps, -1).amax(-1).double()
         step = lr * norm2

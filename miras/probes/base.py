@@ -25,7 +25,7 @@ import torch
 from miras.rule import MemoryRule
 from miras.runtime import exact_minimizer
 from miras.stats import confidence_interval
-from miras.tasks.capacity import as_rule, features
+from miras.tasks.capacity import as_rule
 
 # Candidate values per gate name. lr multiplies 1 / ||phi(k)||^2; decay = 1 is no forgetting.
 GATE_GRID: dict[str, tuple[float, ...]] = {
@@ -179,7 +179,7 @@ def recall_errors(
     seq_k = k[:, :, None].expand(b, t, h, k.shape[-1])  # [B, T, H, d_k]
     seq_v = v[:, :, None].expand(b, t, h, v.shape[-1])
     params = rule.default_params(k.dtype)
-    norm2 = rule.runtime.feature(k, params).pow(2).sum(-1, keepdim=True)  # [B, T, 1]
+    norm2 = rule.program.feature(k, params).pow(2).sum(-1, keepdim=True)  # [B, T, 1]
     norm2[:, :pad] = math.inf  # the empty steps: lr 0
     gates = {}
     for name in rule.gates:
@@ -188,15 +188,12 @@ def recall_errors(
     seq_q = seq_k[:, n - 1 :: n]  # unread: the probe reads the final state
     _, state = rule(seq_q, seq_k, seq_v, gates, backend="recurrent", output_final_state=True)
     state = {"W": state} if isinstance(state, torch.Tensor) else state
-    rt = rule.runtime
     if rule.plan.chunk_form.form == "minimizer":  # statistics: W solves the normal equations
         ridge = gates["ridge"][:, -1, :, None] if "ridge" in gates else rule.spec.optimizer.ridge
         ridge = torch.as_tensor(ridge, dtype=k.dtype)
         state = {"W": exact_minimizer.weights(rule.plan.chunk_form, state, ridge)}
-    weights = {name: w.unsqueeze(2) for name, w in rt.weights(state).items()}  # [B, H, 1, o, i]
-    phi = features(rule, episode.read_k)[:, None]  # [B, 1, M, d_phi]
-    phi = phi.expand(b, h, *phi.shape[2:])
-    read = rt.memory.forward(weights, phi)  # [B, H, M, d_v]
+    read_k = episode.read_k[:, None].expand(b, h, *episode.read_k.shape[1:])  # [B, H, M, d_k]
+    read = rule.program.read(read_k, state)  # [B, H, M, d_v]
     target = episode.read_v[:, None]
     error = ((read - target).norm(dim=-1) / target.norm(dim=-1)).mean(-1)  # [B, H]
     return torch.nan_to_num(error, nan=float("inf")).transpose(0, 1)

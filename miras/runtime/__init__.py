@@ -1,6 +1,9 @@
 """Run a compiled rule: input checks, layout, state, and the choice of backend.
 
-    o, state = run(rule, q, k, v, gates, backend="chunk", chunk_size=64)
+    o, state = run(program, q, k, v, gates, backend="chunk", chunk_size=64)
+
+`program` is a compiled rule's `Program` (miras.runtime.program; `rule.program` of a
+`MemoryRule`, which calls this under its autocast guard).
 
 q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates name -> [B, T, H] or [B, T, H, Dv], natural space,
 or a Python float (a constant gate). The state is float32 (float64 when the inputs are); the
@@ -32,9 +35,9 @@ from miras.runtime.inputs import (
     check_triton_precision,
     inside_range,
 )
+from miras.runtime.program import Program
 
 if TYPE_CHECKING:
-    from miras.rule import MemoryRule
     from miras.runtime.recurrent import Recorder
 
 
@@ -79,30 +82,30 @@ def _state_out(state: State):
     return state["W"] if list(state) == ["W"] else state
 
 
-def per_channel_gates(rule: MemoryRule) -> set[str]:
-    """The gates `rule` also takes per value channel, [B, T, H, Dv]; the rest are per head.
+def per_channel_gates(program: Program) -> set[str]:
+    """The gates `program` also takes per value channel, [B, T, H, Dv]; the rest are per head.
 
     A bias gate may vary per channel only where the bias is a sum over channels of an
     elementwise term: in a whole-vector loss (a norm, a channel sum inside a function) it would
     scale no single term. In a matrix memory the step's gates act row by row; gamma weighs a
     whole loss term."""
-    if rule.spec.optimizer.solves_exactly:  # one H_kk serves every value channel
+    if program.spec.optimizer.solves_exactly:  # one H_kk serves every value channel
         return set()
-    bias_gates = set(rule.spec.bias.gates())
-    gates = set(bias_gates) if rule.bias.elementwise else set()
-    if rule.spec.memory.linear:
-        gates |= set(rule.gates) - {"gamma"} - bias_gates
+    bias_gates = set(program.spec.bias.gates())
+    gates = set(bias_gates) if program.bias.elementwise else set()
+    if program.spec.memory.linear:
+        gates |= set(program.gates) - {"gamma"} - bias_gates
     return gates
 
 
-def per_key_gates(rule: MemoryRule) -> set[str]:
-    """The gates `rule` also takes per key feature, [B, T, H, Dphi] (the exact optimizer's
+def per_key_gates(program: Program) -> set[str]:
+    """The gates `program` also takes per key feature, [B, T, H, Dphi] (the exact optimizer's
     ridge on diag(H_kk)): the optimizer's `key_channel_gates` that are gates."""
-    return set(rule.spec.optimizer.key_channel_gates) & set(rule.gates)
+    return set(program.spec.optimizer.key_channel_gates) & set(program.gates)
 
 
 def run(
-    rule: MemoryRule,
+    program: Program,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -120,15 +123,15 @@ def run(
     record: Recorder | None = None,
     _substeps: bool = False,
 ):
-    n = substeps.steps_of(rule)
+    n = substeps.steps_of(program)
     if n > 1 and not _substeps:
         # n optimizer steps per token: the one-step rule over T*n steps, chunk_size of them
         # per chunk (miras.runtime.substeps).
         q, k, v, gates, cu_seqlens = substeps.expand(
-            rule, q, k, v, gates, cu_seqlens, check_inputs=check_inputs
+            program, q, k, v, gates, cu_seqlens, check_inputs=check_inputs
         )
         o, final = run(
-            rule,
+            program,
             q,
             k,
             v,
@@ -173,29 +176,30 @@ def run(
             _substeps=_substeps,
         )
         return _run_packed(
-            rule, q, k, v, gates, cu_seqlens, shapes, initial_state, output_final_state, options
+            program, q, k, v, gates, cu_seqlens, shapes, initial_state, output_final_state, options
         )
     if backend == "triton":
-        from miras.runtime.triton_coverage import unsupported_reason
-
-        reason = unsupported_reason(rule.spec)
+        if program.kernels is None:
+            reason = "no Triton kernels were supplied with its program (Program.kernels)"
+        else:
+            reason = program.kernels.refusal()
         if reason is not None:
             raise ValueError(
-                f"backend: 'triton' does not cover spec '{rule.spec.name}': {reason}; use "
+                f"backend: 'triton' does not cover spec '{program.spec.name}': {reason}; use "
                 "backend='chunk' (parallel) or 'recurrent' (the exact reference)"
             )
     # The execution form (miras.runtime.forms, docs/chunking.md): the compiler's chunk_form
     # pass recorded the spec's, `chunk_mode` may override it, the backend picks among them.
-    form = rule.plan.chunk_form
-    mode = forms.resolve_mode(chunk_mode, form, rule.spec.name)
-    chosen = forms.select(backend, mode, form, chunk_size, rule.spec)
-    rt = rule.runtime
+    form = program.plan.chunk_form
+    mode = forms.resolve_mode(chunk_mode, form, program.spec.name)
+    chosen = forms.select(backend, mode, form, chunk_size, program.spec)
+    rt = program.runtime
     gates = check_gates(
         gates,
-        rule.plan.gates,
+        program.plan.gates,
         shapes,
-        per_channel_ok=per_channel_gates(rule),
-        per_key_ok=per_key_gates(rule),
+        per_channel_ok=per_channel_gates(program),
+        per_key_ok=per_key_gates(program),
     )
     dtype = state_dtype(q.dtype)
 
@@ -206,7 +210,7 @@ def run(
     q_, k_, v_ = heads_first(q), heads_first(k), heads_first(v)
     gates_ = {n: heads_first(g) for n, g in gates.items()}
 
-    call = forms.Call(rule, rt, form, backend, mode, chunk_size, triton_precision, record)
+    call = forms.Call(program, rt, form, backend, mode, chunk_size, triton_precision, record)
     if chosen.closed:  # softmax attention, the exact minimizer: on the inputs as given
         call = dataclasses.replace(
             call, q=q_, k=k_, v=v_, gates=gates_, initial_state=initial_state, params=params
@@ -214,25 +218,25 @@ def run(
         o, final = chosen.forward(call)
         return o.transpose(1, 2).to(q.dtype), (final if output_final_state else None)
 
-    if rule.spec.window.is_global:
+    if program.spec.window.is_global:
         rt, initial_state = global_window(rt, initial_state, shapes.length)
-    params = rule.default_params(dtype) if params is None else params
+    params = program.default_params(dtype) if params is None else params
     phi_q, phi_k = rt.feature(q_, params), rt.feature(k_, params)
     d_phi = phi_k.shape[-1]
-    if rule.spec.memory.residual_field() is not None and d_phi != shapes.d_value:
+    if program.spec.memory.residual_field() is not None and d_phi != shapes.d_value:
         raise ValueError(
             f"v: the residual form x + LN(MLP(x)) needs Dv = Dphi = {d_phi} (the feature map's "
             f"width), got Dv = {shapes.d_value}"
         )
     default = rt.initial_state(shapes.batch, shapes.heads, d_phi, shapes.d_value, dtype, q.device)
-    pads = {info.name: inside_value(info.allowed) for info in rule.plan.gates}
+    pads = {info.name: inside_value(info.allowed) for info in program.plan.gates}
     default.update(_empty_window(rt, shapes, d_phi, gates_, pads, dtype, q.device))
     state = _state_in(rt, initial_state, default)
     if initial_state is not None:
-        _check_window(state, {info.name: info for info in rule.plan.gates})
+        _check_window(state, {info.name: info for info in program.plan.gates})
     seq = _tokens(rt, phi_q, phi_k, v_, gates_, state, pads)
-    if rule.plan.implicit_step is not None:  # the proximal step: gd with eta_t for lr_t
-        rt, seq = implicit.prepare(rt, seq, rule.plan.implicit_step)
+    if program.plan.implicit_step is not None:  # the proximal step: gd with eta_t for lr_t
+        rt, seq = implicit.prepare(rt, seq, program.plan.implicit_step)
 
     o, final = chosen.forward(dataclasses.replace(call, rt=rt, seq=seq, state=state))
     if seq.past:  # carry the window's last c - 1 tokens
@@ -246,7 +250,7 @@ def run(
 
 
 def _run_packed(
-    rule: MemoryRule, q, k, v, gates, cu_seqlens, shapes, initial_state, output_final_state, options
+    program: Program, q, k, v, gates, cu_seqlens, shapes, initial_state, output_final_state, options
 ):
     """Packed sequences (fla's `cu_seqlens`): each sequence runs alone, one `run` call after
     another on the chosen backend, and the outputs are joined along T; the final states are
@@ -257,15 +261,15 @@ def _run_packed(
     # The gates are checked whole (names, shapes, ranges) before they are cut.
     check_gates(
         gates,
-        rule.plan.gates,
+        program.plan.gates,
         shapes,
-        per_channel_ok=per_channel_gates(rule),
-        per_key_ok=per_key_gates(rule),
+        per_channel_ok=per_channel_gates(program),
+        per_key_ok=per_key_gates(program),
     )
     gates = dict(gates or {})
     # The exact optimizer carries statistics of a fixed size, not the window's tokens.
-    grows = rule.spec.window.is_global and not rule.spec.optimizer.solves_exactly
-    if rule.spec.memory.parametric and grows and output_final_state:
+    grows = program.spec.window.is_global and not program.spec.optimizer.solves_exactly
+    if program.spec.memory.parametric and grows and output_final_state:
         raise ValueError(
             "cu_seqlens: with `window: global` the carried window grows by each sequence's "
             "length, so the final states of sequences of different lengths cannot be stacked; "
@@ -291,7 +295,7 @@ def _run_packed(
             init = {name: value[i : i + 1] for name, value in states.items()}
             init = init.get(None, init)
         o, final = run(
-            rule,
+            program,
             q[:, span],
             k[:, span],
             v[:, span],

@@ -17,14 +17,14 @@ import torch
 from miras.ir import ChunkForm
 from miras.runtime import exact_chunk
 from miras.runtime.core import Runtime, State, Tokens
-from miras.runtime.triton_backend import (
-    _acc,
-    _check_written,
-    _poisoned,
-    _pow2,
+from miras.runtime.triton_launch import (
+    accumulator,
     check_available,
+    check_written,
     dot_precision,
     launcher,
+    poisoned,
+    pow2,
 )
 
 # Value channels per program. Per head the state tile is [BV, BK]; per channel each program
@@ -54,7 +54,7 @@ class ScanLaunch:
 
     @property
     def block_v(self) -> int:
-        return min(_pow2(self.d_v), BLOCK_V_PER_CHANNEL if self.per_channel else BLOCK_V)
+        return min(pow2(self.d_v), BLOCK_V_PER_CHANNEL if self.per_channel else BLOCK_V)
 
     @property
     def value_blocks(self) -> int:
@@ -68,13 +68,13 @@ class ScanLaunch:
         return out
 
     def meta(self, like: torch.Tensor) -> dict:
-        acc = _acc(like)
+        acc = accumulator(like)
         return dict(
             HAS_F=self.has_f,
             MOMENTUM=self.momentum,
             PER_CHANNEL=self.per_channel,
-            BR=_pow2(self.rows),
-            BK=_pow2(self.d_k),
+            BR=pow2(self.rows),
+            BK=pow2(self.d_k),
             BV=self.block_v,
             ACC=acc,
             DOT_PRECISION=dot_precision(self.precision, acc),
@@ -92,12 +92,12 @@ class ExactScan(torch.autograd.Function):
         from miras.kernels.templates.exact import exact_scan_forward
 
         bh, nc, rows, dk, dv = launch.bh, launch.chunks, launch.rows, launch.d_k, launch.d_v
-        r = _poisoned(bh, nc, rows, dv, like=base)
-        w_starts = _poisoned(bh, nc, dv, dk, like=base)
-        w_out = _poisoned(bh, dv, dk, like=base)
+        r = poisoned(bh, nc, rows, dv, like=base)
+        w_starts = poisoned(bh, nc, dv, dk, like=base)
+        w_out = poisoned(bh, dv, dk, like=base)
         if launch.momentum:
-            s_starts = _poisoned(bh, nc, dv, dk, like=base)
-            s_out = _poisoned(bh, dv, dk, like=base)
+            s_starts = poisoned(bh, nc, dv, dk, like=base)
+            s_out = poisoned(bh, dv, dk, like=base)
         else:  # never written
             s_starts = s_out = base.new_zeros(1)
         launcher(exact_scan_forward, (bh, launch.value_blocks))(
@@ -108,7 +108,7 @@ class ExactScan(torch.autograd.Function):
         written = {"the signals": r, "the chunk states": w_starts, "the final state": w_out}
         if launch.momentum:
             written |= {"the chunk momenta": s_starts, "the final momentum": s_out}
-        _check_written(written)
+        check_written(written)
         ctx.launch = launch
         ctx.save_for_backward(f, g, keys, lw, ls, d, ce, te, r, w_starts, s_starts)
         if launch.momentum:
@@ -136,27 +136,27 @@ class ExactScan(torch.autograd.Function):
         else:
             ds_starts = ds_out = s_starts
         parts = launch.value_blocks
-        d_base = _poisoned(bh, nc, rows, dv, like=r)
-        d_keys = _poisoned(parts, bh, nc, rows, dk, like=r)
-        d_lw = _poisoned(bh, nc, rows, dv, like=r)
-        d_d = _poisoned(bh, nc, dv, like=r)
-        dw0 = _poisoned(bh, dv, dk, like=r)
+        d_base = poisoned(bh, nc, rows, dv, like=r)
+        d_keys = poisoned(parts, bh, nc, rows, dk, like=r)
+        d_lw = poisoned(bh, nc, rows, dv, like=r)
+        d_d = poisoned(bh, nc, dv, like=r)
+        dw0 = poisoned(bh, dv, dk, like=r)
         written = {"d base": d_base, "d keys": d_keys, "d lw": d_lw, "d d": d_d, "d w0": dw0}
         unused = r.new_zeros(1)
         d_f = d_g = d_ls = d_ce = d_te = ds0 = unused
         if launch.has_f:
             d_f = (
-                _poisoned(bh, nc, dv, rows, rows, like=r)
+                poisoned(bh, nc, dv, rows, rows, like=r)
                 if launch.per_channel
-                else (_poisoned(parts, bh, nc, rows, dk, like=r))
+                else (poisoned(parts, bh, nc, rows, dk, like=r))
             )
             written["d f"] = d_f
         if launch.momentum:
-            d_ls, d_ce, d_te = (_poisoned(*x.shape, like=r) for x in (d_lw, d_d, d_d))
-            ds0 = _poisoned(bh, dv, dk, like=r)
+            d_ls, d_ce, d_te = (poisoned(*x.shape, like=r) for x in (d_lw, d_d, d_d))
+            ds0 = poisoned(bh, dv, dk, like=r)
             written |= {"d ls": d_ls, "d ce": d_ce, "d te": d_te, "d s0": ds0}
             if launch.has_f:
-                d_g = _poisoned(*d_f.shape, like=r)
+                d_g = poisoned(*d_f.shape, like=r)
                 written["d g"] = d_g
         launcher(exact_scan_backward, (bh, parts))(
             f, g, keys, lw, ls, d, ce, te, r, w_starts, s_starts,
@@ -164,7 +164,7 @@ class ExactScan(torch.autograd.Function):
             d_base, d_f, d_g, d_keys, d_lw, d_ls, d_d, d_ce, d_te, dw0, ds0,
             *launch.gate_strides(), bh, nc, rows, dk, dv, **launch.meta(r),
         )  # fmt: skip
-        _check_written(written)
+        check_written(written)
 
         widths = dict(zip(GATES, launch.widths, strict=True))
 

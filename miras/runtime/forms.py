@@ -1,7 +1,7 @@
 """The execution forms, one entry each, and the choice among them (docs/chunking.md).
 
-    mode = resolve_mode(chunk_mode, rule.plan.chunk_form, rule.spec.name)
-    form = select(backend, mode, rule.plan.chunk_form, chunk_size, rule.spec)
+    mode = resolve_mode(chunk_mode, program.plan.chunk_form, program.spec.name)
+    form = select(backend, mode, program.plan.chunk_form, chunk_size, program.spec)
     o, final = form.forward(call)
 
 `FORMS` is the registry, a dict in order of precedence: the first form whose backends and
@@ -35,7 +35,7 @@ from miras.runtime import (
 from miras.runtime.core import Runtime, State, Tokens
 
 if TYPE_CHECKING:
-    from miras.rule import MemoryRule
+    from miras.runtime.program import Program
     from miras.spec import Spec
 
 CHUNK_MODES = ("auto", "start", "exact")
@@ -69,7 +69,7 @@ def is_exact(mode: str) -> bool:
 
 @dataclass(frozen=True)
 class Call:
-    """What a form reads. Every form: the rule, its runtime `rt`, the compiled `chunk` form,
+    """What a form reads. Every form: the rule's `program`, its runtime `rt`, the compiled `chunk` form,
     the backend, the resolved mode, the chunk size, triton's tl.dot precision (None off
     the triton backend) and `record`, which the recurrent form calls with every piece of every
     step (miras check's replay; None otherwise).
@@ -79,7 +79,7 @@ class Call:
     caller gave them. A token form reads `seq` (the memory's tokens, the window's carried ones
     in front) and `state` (the memory state, a dict)."""
 
-    rule: MemoryRule
+    program: Program
     rt: Runtime
     chunk: ChunkForm
     backend: str
@@ -134,11 +134,13 @@ class Form:
 
 
 def _attention(call: Call):
-    return attention.run(call.rule.spec.memory.window, call.q, call.k, call.v, call.initial_state)
+    return attention.run(
+        call.program.spec.memory.window, call.q, call.k, call.v, call.initial_state
+    )
 
 
 def _minimizer(call: Call):
-    params = call.rule.default_params(call.q.dtype) if call.params is None else call.params
+    params = call.program.default_params(call.q.dtype) if call.params is None else call.params
     phi_q, phi_k = call.rt.feature(call.q, params), call.rt.feature(call.k, params)
     return exact_minimizer.forward(
         call.rt, call.chunk, phi_q, phi_k, call.v, call.gates, call.initial_state,
@@ -171,7 +173,9 @@ def _exact_triton(call: Call):
 def _triton(call: Call):
     from miras.runtime import triton_backend  # imports triton only when asked for
 
-    return triton_backend.forward(call.rule, call.seq, call.state, call.chunk_size, call.precision)
+    return triton_backend.forward(
+        call.program, call.seq, call.state, call.chunk_size, call.precision
+    )
 
 
 # The registry ----------------------------------------------------------------------------------

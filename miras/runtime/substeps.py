@@ -28,15 +28,15 @@ import torch
 from miras.runtime.inputs import Shapes, check_cu_seqlens, check_finite, first_bad, inside_range
 
 if TYPE_CHECKING:
-    from miras.rule import MemoryRule
+    from miras.runtime.program import Program
 
 
-def steps_of(rule: MemoryRule) -> int:
+def steps_of(rule: Program) -> int:
     """n, the optimizer steps per token of `rule` (1: the one-step rule itself)."""
     return rule.spec.optimizer.steps_per_token()
 
 
-def _packing(rule: MemoryRule, n: int) -> str:
+def _packing(rule: Program, n: int) -> str:
     return f"spec '{rule.spec.name}' takes n = {n} per token (optimizer.steps: {n}, keys: per_step)"
 
 
@@ -47,7 +47,7 @@ def _check_axes(name: str, x) -> None:
         raise ValueError(f"{name}: expected 4 axes [B, T, H, D], got shape {tuple(x.shape)}")
 
 
-def _check_length(rule: MemoryRule, name: str, x, length: int, n: int, axes: str) -> None:
+def _check_length(rule: Program, name: str, x, length: int, n: int, axes: str) -> None:
     """A per-step input: `length` = T*n entries along axis 1, fla's packing."""
     if isinstance(x, torch.Tensor) and (x.dim() < 2 or x.shape[1] != length):
         raise ValueError(
@@ -56,7 +56,7 @@ def _check_length(rule: MemoryRule, name: str, x, length: int, n: int, axes: str
         )
 
 
-def _check_ranges(rule: MemoryRule, gates, shape: tuple[int, ...]) -> None:
+def _check_ranges(rule: Program, gates, shape: tuple[int, ...]) -> None:
     """Each per-token gate [B, T, H(, Dv)] inside its range, named at its own token (after the
     expansion, token t would be step t*n). The expanded run checks the rest."""
     infos = {info.name: info for info in rule.plan.gates}
@@ -77,7 +77,7 @@ def _check_ranges(rule: MemoryRule, gates, shape: tuple[int, ...]) -> None:
             )
 
 
-def expand(rule: MemoryRule, q, k, v, gates, cu_seqlens, *, check_inputs: bool = True):
+def expand(rule: Program, q, k, v, gates, cu_seqlens, *, check_inputs: bool = True):
     """The sub-step sequence of `rule`'s inputs (the module docstring): q, k [B, T*n, H, Dk],
     v [B, T*n, H, Dv], gates name -> [B, T*n, H(, Dv)] or a Python float, cu_seqlens * n.
     The inputs: q [B, T, H, Dk]; k, v [B, T, H, D] or, for the per-step inputs, [B, T*n, H, D];

@@ -1,6 +1,6 @@
 """The Triton backend: a spec's emitted chunk kernels behind a `torch.autograd.Function`.
 
-    o, final = forward(rule, seq, state, chunk_size)
+    o, final = forward(program, seq, state, chunk_size)
 
 Same semantics as the chunk backend (every inner gradient at the chunk-start state; the
 optimizer and the retention map at every token), computed by the kernels that
@@ -16,7 +16,6 @@ On a machine without a GPU, set TRITON_INTERPRET=1 before triton is imported.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -24,12 +23,22 @@ from typing import TYPE_CHECKING
 import torch
 
 from miras.runtime.core import State, Tokens
+from miras.runtime.triton_launch import (
+    CHECK_ENV,
+    CONFIG_ENV,
+    accumulator,
+    check_available,
+    check_written,
+    dot_precision,
+    launcher,
+    poisoned,
+    pow2,
+    runs_on_cpu,
+)
+from miras.triton_template import linear_applies
 
 if TYPE_CHECKING:
-    from miras.rule import MemoryRule
-
-CHECK_ENV = "MIRAS_TRITON_CHECK"
-CONFIG_ENV = "MIRAS_TRITON_CONFIG"  # an autotune config index to run alone
+    from miras.runtime.program import Program
 
 # The linear kernel splits the value channels (rows of W) into blocks of at most this many,
 # one program each, when the bias is elementwise (rows then evolve independently): a smaller
@@ -46,34 +55,13 @@ GENERAL_MAX_TILE = 128 * 128
 
 def general_refusal(d_k: int, d_v: int) -> str | None:
     """Why the general kernels cannot run at these widths on a GPU, or None."""
-    if _pow2(d_k) * _pow2(d_v) <= GENERAL_MAX_TILE:
+    if pow2(d_k) * pow2(d_v) <= GENERAL_MAX_TILE:
         return None
     return (
         f"the general kernels hold the whole state tile [Dv, Dphi] = [{d_v}, {d_k}] in one "
         f"program, which above {GENERAL_MAX_TILE} entries (128 x 128) needs more shared memory "
         "than a GPU block has (320 KiB at 256 x 256; 227 KiB on sm_90, 163 KiB on sm_80)"
     )
-
-
-def _pow2(n: int) -> int:
-    """The block size for n: the next power of two, at least 16 (tl.dot's smallest side)."""
-    return max(16, 1 << (max(n, 1) - 1).bit_length())
-
-
-def _poisoned(*shape, like: torch.Tensor) -> torch.Tensor:
-    return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)
-
-
-def _check_written(named: dict[str, torch.Tensor]) -> None:
-    if os.environ.get(CHECK_ENV, "") in ("", "0"):
-        return
-    for name, x in named.items():
-        missing = int(torch.isnan(x).sum())
-        if missing:
-            raise RuntimeError(
-                f"triton backend: {missing} of {x.numel()} elements of {name} were not written "
-                "(still NaN after the launch)"
-            )
 
 
 @dataclass
@@ -109,8 +97,8 @@ class Launch:
 
     def meta(self, acc) -> dict:
         return dict(
-            BT=_pow2(self.chunk_size),
-            BK=_pow2(self.d_k),
+            BT=pow2(self.chunk_size),
+            BK=pow2(self.d_k),
             BV=self.block_v,
             ACC=acc,
             DOT_PRECISION=dot_precision(self.precision, acc),
@@ -129,47 +117,12 @@ class Launch:
         return args
 
 
-def launcher(kernel, grid):
-    """kernel[grid], autotuned over its configs (kernels/common/tuning.py); with
-    MIRAS_TRITON_CONFIG=i in the environment, config i alone, untuned (tests compare them)."""
-    pinned = os.environ.get(CONFIG_ENV, "")
-    if pinned == "":
-        return kernel[grid]
-    configs = kernel.configs
-    if not pinned.isdigit() or int(pinned) >= len(configs):
-        raise ValueError(
-            f"{CONFIG_ENV}: expected an index into {kernel.base_fn.__name__}'s "
-            f"{len(configs)} autotune configs (0 to {len(configs) - 1}), got {pinned!r}"
-        )
-    pinned = configs[int(pinned)].all_kwargs()
-    return lambda *args, **meta: kernel.fn[grid](*args, **meta, **pinned)
-
-
-def _acc(x: torch.Tensor):
-    import triton.language as tl
-
-    if x.dtype not in (torch.float32, torch.float64):
-        # The runtime casts bf16 and fp16 inputs to the float32 state before the kernels, so
-        # every buffer, scratch and gradient of a launch is float32: fp16 backward
-        # intermediates (products of state, decay and gradient) would overflow at 65504.
-        raise TypeError(f"triton kernels: expected float32 or float64 tensors, got {x.dtype}")
-    return tl.float64 if x.dtype == torch.float64 else tl.float32
-
-
-def dot_precision(precision: str, acc) -> str:
-    """tl.dot's `input_precision` for tiles in `acc`: the chosen one for float32 tiles;
-    float64 tiles multiply in float64 (TF32 does not apply to them), as "ieee" says."""
-    import triton.language as tl
-
-    return precision if acc == tl.float32 else "ieee"
-
-
 def _forward(launch: Launch, q, k, v, valid, w0, s0, gates):
     bh, nc, dv, dk = launch.bh, launch.n_chunks, launch.d_v, launch.d_k
-    o = _poisoned(bh, launch.length, dv, like=q)
-    w_out = _poisoned(bh, dv, dk, like=q)
-    w_chunks = _poisoned(bh, nc, dv, dk, like=q)
-    meta = launch.meta(_acc(q))
+    o = poisoned(bh, launch.length, dv, like=q)
+    w_out = poisoned(bh, dv, dk, like=q)
+    w_chunks = poisoned(bh, nc, dv, dk, like=q)
+    meta = launch.meta(accumulator(q))
     grid = (bh, launch.n_value_blocks)
     if launch.linear:
         launcher(launch.module.linear_forward, grid)(
@@ -178,12 +131,12 @@ def _forward(launch: Launch, q, k, v, valid, w0, s0, gates):
         )  # fmt: skip
         s_out = torch.zeros_like(w_out)
         s_chunks = torch.zeros(1, dtype=q.dtype, device=q.device)
-        _check_written({"o": o, "the final state": w_out, "the chunk states": w_chunks})
+        check_written({"o": o, "the final state": w_out, "the chunk states": w_chunks})
         return o, w_out, s_out, w_chunks, s_chunks
     momentum = launch.module.MOMENTUM.value
     if momentum:
-        s_out = _poisoned(bh, dv, dk, like=q)
-        s_chunks = _poisoned(bh, nc, dv, dk, like=q)
+        s_out = poisoned(bh, dv, dk, like=q)
+        s_chunks = poisoned(bh, nc, dv, dk, like=q)
     else:  # never read or written by the kernels
         s_out = torch.zeros_like(w_out)
         s_chunks = torch.zeros(1, dtype=q.dtype, device=q.device)
@@ -197,7 +150,7 @@ def _forward(launch: Launch, q, k, v, valid, w0, s0, gates):
     written = {"o": o, "the final state": w_out, "the chunk states": w_chunks}
     if momentum:
         written |= {"the final momentum": s_out, "the chunk momenta": s_chunks}
-    _check_written(written)
+    check_written(written)
     return o, w_out, s_out, w_chunks, s_chunks
 
 
@@ -206,16 +159,16 @@ def _backward(launch: Launch, saved, do, dw_out, ds_out):
     bh, dv, dk = launch.bh, launch.d_v, launch.d_k
     rows_window = launch.past + launch.length
     parts = launch.n_value_blocks  # dq and dk: one part per block of value channels
-    dq = _poisoned(parts, bh, launch.length, dk, like=q)
-    dk_ = _poisoned(parts, bh, rows_window, dk, like=q)
-    dv_ = _poisoned(bh, rows_window, dv, like=q)
-    dw0 = _poisoned(bh, dv, dk, like=q)
+    dq = poisoned(parts, bh, launch.length, dk, like=q)
+    dk_ = poisoned(parts, bh, rows_window, dk, like=q)
+    dv_ = poisoned(bh, rows_window, dv, like=q)
+    dw0 = poisoned(bh, dv, dk, like=q)
     window = set(launch.window_gates)
     gate_grads = [
-        _poisoned(bh, rows_window if name in window else launch.length, dv, like=q)
+        poisoned(bh, rows_window if name in window else launch.length, dv, like=q)
         for name in launch.gate_names
     ]
-    meta = launch.meta(_acc(q))
+    meta = launch.meta(accumulator(q))
     grid = (bh, parts)
     if launch.linear:
         launcher(launch.module.linear_backward, grid)(
@@ -225,7 +178,7 @@ def _backward(launch: Launch, saved, do, dw_out, ds_out):
         ds0 = torch.zeros_like(dw0)
     else:
         momentum = launch.module.MOMENTUM.value
-        ds0 = _poisoned(bh, dv, dk, like=q) if momentum else torch.zeros_like(dw0)
+        ds0 = poisoned(bh, dv, dk, like=q) if momentum else torch.zeros_like(dw0)
         bt, bv, bk = meta["BT"], meta["BV"], meta["BK"]
         scratch = dict(dtype=q.dtype, device=q.device)
         g_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
@@ -239,7 +192,7 @@ def _backward(launch: Launch, saved, do, dw_out, ds_out):
         )  # fmt: skip
     written = {"dq": dq, "dk": dk_, "dv": dv_, "d initial state": dw0, "d initial momentum": ds0}
     written |= {f"d {n}": g for n, g in zip(launch.gate_names, gate_grads, strict=True)}
-    _check_written(written)
+    check_written(written)
     dq, dk_ = dq.sum(0), dk_.sum(0)
     # Per-channel gate gradients -> the gate's own width.
     gate_grads = [
@@ -278,42 +231,14 @@ class ChunkKernels(torch.autograd.Function):
         return None, dq, dk, dv, None, dw0, ds0, *gate_grads
 
 
-def runs_on_cpu() -> bool:
-    """Triton's interpreter was asked for (TRITON_INTERPRET=1, before triton is imported)."""
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
-
-
-def _check_device(x: torch.Tensor) -> None:
-    if x.device.type == "cpu" and not runs_on_cpu():
-        raise ValueError(
-            "backend: 'triton' needs CUDA tensors, or TRITON_INTERPRET=1 in the environment "
-            "(set before triton is imported) to run its kernels on the CPU; got CPU tensors. "
-            "On the CPU use backend='chunk' (parallel) or 'recurrent' (the exact reference)"
-        )
-
-
-def check_available(x: torch.Tensor) -> None:
-    """CUDA tensors (or the interpreter) and the triton package, else a ValueError that says
-    which backend to use instead."""
-    _check_device(x)
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        raise ValueError(
-            "backend: 'triton' needs the triton package (Linux x86-64); use backend='chunk' "
-            "(parallel) or 'recurrent' (the exact reference)"
-        ) from None
-
-
 def choose_kernels(
     compiled, d_v: int, d_k: int, per_channel_decay: bool, precision: str = "ieee"
 ) -> tuple[bool, int]:
     """(linear, BV): whether a call runs the linear kernels, and the value channels per
-    program, for a compiled rule (`rule.ir`) at value width d_v and feature width d_k under
-    tl.dot's input `precision`. `miras.runtime.gpu_compile` asks the same question to compile
-    what a launch would run."""
-    from miras.runtime.triton_coverage import linear_applies
-
+    program, for a compiled rule (anything with the IR's `spec`, `plan` and `bias`: a
+    `CompiledRule`, a runtime `Program`) at value width d_v and feature width d_k under tl.dot's
+    input `precision`. `miras.runtime.gpu_compile` asks the same question to compile what a
+    launch would run."""
     # A bias with channel sums keeps every value channel in one program; above 64 channels the
     # linear backward would then need more shared memory than a GPU block has (272 KB at
     # Dv = Dphi = 128, past the 227 KB of an H100), so the general kernels take it.
@@ -321,28 +246,27 @@ def choose_kernels(
     linear = (
         linear_applies(compiled)
         and not per_channel_decay
-        and not (whole_rows and _pow2(d_v) > LINEAR_BLOCK_V)
+        and not (whole_rows and pow2(d_v) > LINEAR_BLOCK_V)
     )
     split = linear and not whole_rows
     block = LINEAR_BLOCK_V
-    if precision != "ieee" and _pow2(d_k) >= 128:
+    if precision != "ieee" and pow2(d_k) >= 128:
         # TF32 tiles go through shared memory to the tensor cores: compiled for sm_90, the
         # linear backward at Dphi = 128 needs 272 KB at 64 value channels (ieee: 112 KB), past
         # the 227 KB a block may use, and 200 KB at 32 (docs/kernels.md, "Precision").
         block = min(block, TF32_LINEAR_BLOCK_V)
-    return linear, min(_pow2(d_v), block) if split else _pow2(d_v)
+    return linear, min(pow2(d_v), block) if split else pow2(d_v)
 
 
-def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int, precision: str = "ieee"):
+def forward(program: Program, seq: Tokens, state: State, chunk_size: int, precision: str = "ieee"):
     """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum).
     `precision`: tl.dot's input precision on float32 tiles, checked by the caller
-    (`inputs.check_triton_precision`)."""
-    from miras.runtime.triton_coverage import gate_plan, load_kernels
-
-    spec = rule.spec
+    (`inputs.check_triton_precision`). The kernels come from `program.kernels`, emitted and
+    loaded on its first use."""
+    spec = program.spec
     check_available(seq.phi_q)
-    module = load_kernels(rule.ir)
-    plan = gate_plan(spec)
+    module = program.kernels.module()
+    plan = program.kernels.gate_plan()
     b, h, t, d_k = seq.phi_q.shape
     d_v = seq.v.shape[-1]
     rows = seq.past + t
@@ -356,7 +280,7 @@ def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int, precis
     ]
     widths = tuple(g.shape[-1] for g in gates)
     per_channel_decay = "decay" in plan.step and widths[plan.order.index("decay")] != 1
-    linear, block_v = choose_kernels(rule.ir, d_v, d_k, per_channel_decay, precision)
+    linear, block_v = choose_kernels(program, d_v, d_k, per_channel_decay, precision)
     refusal = None if linear else general_refusal(d_k, d_v)
     if refusal is not None:
         raise ValueError(
@@ -399,3 +323,18 @@ def forward(rule: MemoryRule, seq: Tokens, state: State, chunk_size: int, precis
     if "S.W" in state:
         final["S.W"] = s_out.reshape(b, h, d_v, d_k)
     return o.reshape(b, h, t, d_v), final
+
+
+__all__ = [
+    "CHECK_ENV",
+    "CONFIG_ENV",
+    "ChunkKernels",
+    "Launch",
+    "check_available",
+    "choose_kernels",
+    "dot_precision",
+    "forward",
+    "general_refusal",
+    "launcher",
+    "runs_on_cpu",
+]

@@ -379,5 +379,6 @@ def _memory_state(spec: Spec, d_head: int) -> int:
     """Floats of one head's memory state: W's matrices (MLP layers), doubled with momentum."""
     rule = compile_rule(spec, checked=False)
     d_phi = spec.feature_map.output_dim(d_head)
-    count = sum(math.prod(shape) for shape in rule.runtime.shapes(d_phi, d_head).values())
-    return count * (2 if rule.runtime.has_momentum else 1)
+    rt = rule.program.runtime
+    count = sum(math.prod(shape) for shape in rt.shapes(d_phi, d_head).values())
+    return count * (2 if rt.has_momentum else 1)

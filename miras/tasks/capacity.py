@@ -84,7 +84,7 @@ def relaxation(epochs: int) -> torch.Tensor:
 
 def features(rule: MemoryRule, k: torch.Tensor) -> torch.Tensor:
     """phi(k): [..., d_k] -> [..., d_phi] with the rule's feature map (default parameters)."""
-    return rule.runtime.feature(k, rule.default_params(k.dtype))
+    return rule.program.feature(k)
 
 
 def store(
@@ -135,10 +135,7 @@ def store(
 
 def recall(rule: MemoryRule, state, k: torch.Tensor) -> torch.Tensor:
     """Read M(phi(k)) for k [B, N, d_k] from a one-head state -> [B, N, d_v]."""
-    rt = rule.runtime
-    state = {"W": state} if isinstance(state, torch.Tensor) else state
-    params = {name: w.unsqueeze(2) for name, w in rt.weights(state).items()}  # [B, 1, 1, o, i]
-    return rt.memory.forward(params, features(rule, k)[:, None])[:, 0]
+    return rule.program.read(k[:, None], state)[:, 0]  # one head: [B, 1, N, d_k] in
 
 
 def recall_error(predicted: torch.Tensor, v: torch.Tensor) -> float:

@@ -372,8 +372,9 @@ class TestStartGeneral(TestStartLinear):
 
     def rule(self, name):
         if name not in _GENERAL:
-            rule = copy.copy(rule_of(name, self.cases[name]))  # its own runtime, below
-            rule.runtime = dataclasses.replace(rule.runtime, start_path="general")
+            rule = copy.copy(rule_of(name, self.cases[name]))  # its own program, below
+            runtime = dataclasses.replace(rule.runtime, start_path="general")
+            rule.program = dataclasses.replace(rule.program, runtime=runtime)
             _GENERAL[name] = rule
         return _GENERAL[name]
 
