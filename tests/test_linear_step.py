@@ -168,3 +168,14 @@ def test_unrolled_weights_equal_the_recurrences_stepped_out():
         want_s = unrolled.state_carry[t, 0] * s0 + unrolled.state_mix[0, t, : t + 1] @ g[: t + 1]
         torch.testing.assert_close(w, want_w, rtol=1e-13, atol=1e-13)
         torch.testing.assert_close(s, want_s, rtol=1e-13, atol=1e-13)
+
+
+def test_the_triton_templates_take_the_optimizers_gates_from_the_record():
+    from miras.compiler.printer import UnsupportedExpression
+    from miras.compiler.triton import Roles, step_roles
+
+    momentum = load_spec({"name": "p", "retention": "l2", "optimizer": "momentum"})
+    assert step_roles(momentum) == Roles("lr", "momentum", "decay")
+    assert step_roles(load_spec({"name": "p", "retention": "none"})) == Roles("lr", None, None)
+    with pytest.raises(UnsupportedExpression, match="gd and momentum updates only"):
+        step_roles(load_spec({"name": "p", "optimizer": "nesterov"}))

@@ -63,6 +63,14 @@ def derive_linear_step(spec: Spec, retention: RetentionRule) -> tuple[LinearStep
     decay, why = retention_decay(spec, retention)
     if decay is None:
         return None, why
+    return linear_update(spec, decay)
+
+
+def linear_update(spec: Spec, decay: Coefficient | None = None) -> tuple[LinearStep | None, str]:
+    """The optimizer's half alone: (the record with `decay` as a_t, "") where the update is
+    linear in the state and the gradient, whatever the retention (`decay` None: a_t = 1, for
+    a reader of the update only, such as the Triton templates' optimizer lines)."""
+    decay = Coefficient(1.0) if decay is None else decay
     opt = spec.optimizer
     names = {"optimizer": opt.gateable}
     expressions = opt.update_expressions()
@@ -140,4 +148,4 @@ def _monomial(c: sp.Expr, names: dict[str, dict]) -> Coefficient | None:
     return Coefficient(float(constant), tuple(gates))
 
 
-__all__ = ["derive_linear_step", "linear_record", "retention_decay"]
+__all__ = ["derive_linear_step", "linear_record", "linear_update", "retention_decay"]

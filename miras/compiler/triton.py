@@ -235,6 +235,51 @@ def _retention_pieces(rule: RetentionRule, spec: Spec) -> list[str]:
     return [step, vjp, *maps, *reads]
 
 
+# The step's roles ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The gate in each part the templates' step gives it, by name: `step_size` scales the
+    gradient, `state_decay` decays the state S (None without one), `decay` is a_t of
+    W_t = a_t W_{t-1} - u_t (the retention's declared `decay_gate`; None without one). The
+    optimizer's come from its half of the compiled `LinearStep`: the templates run
+    u_t = b_t g_t (the shape "step") and S_t = theta_t S_{t-1} + b_t g_t, u_t = S_t (the shape
+    "momentum"), in the kernels' variables g_lr, g_momentum and a."""
+
+    step_size: str
+    state_decay: str | None
+    decay: str | None
+
+
+def step_roles(spec: Spec) -> Roles:
+    """The `Roles` of `spec`'s step, from the optimizer's half of its linear step
+    (`miras.compiler.linear_step.linear_update`; any retention: the general template prints
+    the retention's derived step). Raises UnsupportedExpression when the update is not linear
+    or not of a shape the templates run."""
+    from miras.compiler.linear_step import linear_update
+
+    step, why = linear_update(spec)
+    if step is None:
+        raise UnsupportedExpression(f"the kernels run a linear update: {why}")
+    if step.shape == "step":
+        pieces = {"step_size": step.from_gradient}
+    elif step.shape == "momentum":
+        pieces = {"step_size": step.state_input, "state_decay": step.state_decay}
+    else:
+        raise UnsupportedExpression(
+            f"the kernels run the gd and momentum updates only, not {spec.optimizer.kind}'s"
+        )
+    names = {}
+    for role, coefficient in pieces.items():
+        if coefficient.constant != 1.0 or len(coefficient.gates) != 1:
+            raise UnsupportedExpression(
+                f"the kernels read the step's {role} as one gate, not {coefficient.text()}"
+            )
+        names[role] = coefficient.gates[0][1]
+    return Roles(names["step_size"], names.get("state_decay"), spec.retention.decay_gate)
+
+
 # Template slots ------------------------------------------------------------------------------
 
 
@@ -244,22 +289,27 @@ def _retention_pieces(rule: RetentionRule, spec: Spec) -> list[str]:
 Slots = dict[str, "list[str] | str"]
 
 
-def _rows_load(name: str, rows: str, base_rows: str, other: str) -> str:
+def _rows_load(name: str, rows: str, base_rows: str, other: str, into: str | None = None) -> str:
+    """`into` (default g_<name>) = the rows of gate `name`'s tensor."""
+    into = into or f"g_{name}"
     return (
-        f"g_{name} = load_rows(g_{name}_ptr + pid * {base_rows} * g_{name}_rs, {rows}, mt, cv, mv, "
+        f"{into} = load_rows(g_{name}_ptr + pid * {base_rows} * g_{name}_rs, {rows}, mt, cv, mv, "
         f"g_{name}_rs, g_{name}_sc, {other}, ACC)"
     )
 
 
-def _slots(spec: Spec, gates: Gates) -> Slots:
+def _slots(spec: Spec, gates: Gates, roles: Roles) -> Slots:
     fixed = gates.fixed
     retained = spec.retention.retained_factor() is not None
+    lr_name, momentum_name, decay_name = roles.step_size, roles.state_decay, roles.decay
 
     def literal(name: str) -> str:
         return repr(fixed[name])
 
     lr = (
-        [_rows_load("lr", "tok", "T", "0.0")] if "lr" in gates.step else [f"g_lr = {literal('lr')}"]
+        [_rows_load(lr_name, "tok", "T", "0.0", "g_lr")]
+        if lr_name in gates.step
+        else [f"g_lr = {literal(lr_name)}"]
     )
     window = [_rows_load(n, "wi", "NR", "1.0") for n in gates.bias]
     window += (
@@ -272,29 +322,32 @@ def _slots(spec: Spec, gates: Gates) -> Slots:
         "other=1.0).to(ACC)[:, None]"
         for n in gates.retention
     ]
-    if spec.optimizer.linear_form == "momentum":
-        if "momentum" in gates.step:
+    if momentum_name is not None:
+        m = momentum_name
+        if m in gates.step:
             token.append(
-                "g_momentum = tl.load(g_momentum_ptr + (pid * T + t) * g_momentum_rs + cv * "
-                "g_momentum_sc, mask=mv, other=0.0).to(ACC)[:, None]"
+                f"g_momentum = tl.load(g_{m}_ptr + (pid * T + t) * g_{m}_rs + cv * "
+                f"g_{m}_sc, mask=mv, other=0.0).to(ACC)[:, None]"
             )
         else:
-            token.append(f"g_momentum = {literal('momentum')}")
+            token.append(f"g_momentum = {literal(m)}")
+    decay_gated = decay_name is not None and decay_name in gates.step
     if retained:
         decay_block = (
-            [_rows_load("decay", "tok", "T", "1.0").replace("g_decay =", "decay_blk =", 1)]
-            if "decay" in gates.step
-            else [f"decay_blk = tl.zeros([BT, BV], dtype=ACC) + {literal('decay')}"]
+            [_rows_load(decay_name, "tok", "T", "1.0", "decay_blk")]
+            if decay_gated
+            else [f"decay_blk = tl.zeros([BT, BV], dtype=ACC) + {literal(decay_name)}"]
         )
     else:
         decay_block = []
-    has_decay = "decay" in gates.step or "decay" in fixed
-    if "decay" in gates.step:
+    has_decay = decay_gated or (decay_name is not None and decay_name in fixed)
+    if decay_gated:
+        a = decay_name
         decay_vector = [
-            "a = tl.load(g_decay_ptr + (pid * T + tok) * g_decay_rs, mask=mt, other=1.0).to(ACC)"
+            f"a = tl.load(g_{a}_ptr + (pid * T + tok) * g_{a}_rs, mask=mt, other=1.0).to(ACC)"
         ]
     elif has_decay:
-        decay_vector = [f"a = tl.where(mt, {literal('decay')}, 1.0).to(ACC)"]
+        decay_vector = [f"a = tl.where(mt, {literal(decay_name)}, 1.0).to(ACC)"]
     else:
         decay_vector = []
     store_token = [
@@ -304,18 +357,18 @@ def _slots(spec: Spec, gates: Gates) -> Slots:
     ]
     momentum_grad = (
         [
-            "tl.store(g_momentum_grad + (pid * T + t) * DV + cv, tl.sum(du * s_p, axis=1)"
-            ".to(g_momentum_grad.dtype.element_ty), mask=mv)"
+            f"tl.store(g_{momentum_name}_grad + (pid * T + t) * DV + cv, tl.sum(du * s_p, axis=1)"
+            f".to(g_{momentum_name}_grad.dtype.element_ty), mask=mv)"
         ]
-        if "momentum" in gates.step
+        if momentum_name is not None and momentum_name in gates.step
         else []
     )
     retained_decay = (
         [
-            "add_rows(g_decay_grad + pid * T * DV, tok, mt, cv, mv, DV, "
+            f"add_rows(g_{decay_name}_grad + pid * T * DV, tok, mt, cv, mv, DV, "
             "tl.cumsum(d_kept * kept, axis=0, reverse=True) / decay_blk)"
         ]
-        if retained and "decay" in gates.step
+        if retained and decay_gated
         else []
     )
     return {
@@ -344,17 +397,17 @@ def _slots(spec: Spec, gates: Gates) -> Slots:
             f"add_rows(g_{n}_grad + pid * NR * DV, wi, mt, cv, mv, DV, d_{n})" for n in gates.bias
         ],
         "store_lr_grad": (
-            ["store_rows(g_lr_grad + pid * T * DV, tok, mt, cv, mv, DV, d_lr)"]
-            if "lr" in gates.step
+            [f"store_rows(g_{lr_name}_grad + pid * T * DV, tok, mt, cv, mv, DV, d_lr)"]
+            if lr_name in gates.step
             else []
         ),
         "add_retained_decay_grad": retained_decay or ["pass"],
         "store_decay_grad": (
             [
-                "store_rows(g_decay_grad + pid * T * DV, tok, mt, cv, mv, DV, "
+                f"store_rows(g_{decay_name}_grad + pid * T * DV, tok, mt, cv, mv, DV, "
                 "tl.where(cv[None, :] == iv * BV, d_a[:, None], 0.0))"
             ]
-            if "decay" in gates.step
+            if decay_gated
             else []
         ),
     }
@@ -392,13 +445,14 @@ from miras.kernels.common.tuning import CHUNK, PRUNE, configs"""
 
 
 def _linear_step_ok(rule: RetentionRule, spec: Spec) -> None:
-    """The linear template assumes the step a w0 - u; check the derived one is."""
-    decay = gate_symbol("decay") if "decay" in rule.gates else None
-    if decay is None:
-        decay = sp.nsimplify(spec.retention.fixed().get("decay", 1))
-    if sp.simplify(rule.step - (decay * w0 - u)) != 0:
+    """The linear template runs W_t = a_t W_{t-1} - u_t: the compiler's proof of the linear
+    step (`miras.compiler.linear_step`) must hold."""
+    from miras.compiler.linear_step import derive_linear_step
+
+    step, why = derive_linear_step(spec, rule)
+    if step is None:
         raise UnsupportedExpression(
-            f"the linear template needs the step decay*w0 - u, the derivation gave {rule.step}"
+            f"the linear template needs the step a_t w0 - u, the derivation gave {rule.step} ({why})"
         )
 
 
@@ -409,17 +463,19 @@ def emit_source(
     `gates` says; the linear kernels too when `linear_template`. Raises UnsupportedExpression
     for a piece the printer cannot emit."""
     retained = spec.retention.retained_factor() is not None
-    has_decay = "decay" in gates.step or "decay" in gates.fixed
+    roles = step_roles(spec)
+    decay = roles.decay
+    has_decay = decay is not None and (decay in gates.step or decay in gates.fixed)
     constants = [
         f"WINDOW = tl.constexpr({spec.window.c})  # Omega window c",
         f"PAST = tl.constexpr({spec.window.c - 1})  # earlier tokens a window reaches back to",
-        f"MOMENTUM = tl.constexpr({spec.optimizer.linear_form == 'momentum'})",
+        f"MOMENTUM = tl.constexpr({roles.state_decay is not None})",
         f"RETAINED = tl.constexpr({retained})  # grad_at: retained",
         f"DECAY = tl.constexpr({has_decay})  # an l2 decay (the linear template)",
         f"PAD = tl.constexpr({PAD[spec.retention.domain()]})  # padded state entries: in the domain",
     ]
     pieces = _bias_pieces(bias, spec) + _retention_pieces(retention, spec)
-    slots = _slots(spec, gates)
+    slots = _slots(spec, gates, roles)
     kernels = [_fill(general.FORWARD, slots), _fill(general.BACKWARD, slots)]
     if linear_template:
         _linear_step_ok(retention, spec)
