@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from miras.components.base import POSITIVE
+from miras.errors import DerivationError
 from miras.ir import GateInfo, ImplicitStep, Plan
 from miras.spec import Spec
 
@@ -59,5 +60,13 @@ def _implicit_step(spec: Spec) -> ImplicitStep | None:
     has refused a spec without one)."""
     if not spec.memory.parametric or not spec.optimizer.implicit:
         return None
+    from miras.compiler.linear_step import linear_update
+
     slope, _ = spec.bias.constant_slope()
-    return ImplicitStep("lr", slope)
+    step, why = linear_update(spec)  # u_t = b_t g_t: the gate b_t the step size replaces
+    if step is None or step.stateful or len(step.from_gradient.gates) != 1:
+        raise DerivationError(
+            f"the implicit {spec.optimizer.kind} optimizer's update is not u_t = b_t g_t with b_t "
+            f"one gate ({why or step.text()})"
+        )
+    return ImplicitStep(step.from_gradient.gates[0][1], slope)
