@@ -3,10 +3,11 @@ with a fixed factor, S_t = 0.9 S_{t-1} + g_t, u_t = lr_t S_t (the step size outs
 momentum, unlike `momentum`'s S_t = theta_t S_{t-1} + lr_t g_t).
 
 Its `update_expressions` are all the fast forms need: the compiler proves the step linear and
-records it (`plan.linear_step`), and the exact form, the linear chunk-start path and the dual
-form of a deep memory run it, each equal to its reference: the recurrence, or the recurrence
-with every gradient of a chunk taken at the chunk's start state (a token loop written out
-below)."""
+records it (`plan.linear_step`), and the exact form (its scan in torch and in the Triton scan
+kernels, under TRITON_INTERPRET=1), the linear chunk-start path and the dual form of a deep
+memory run it, each equal to its reference: the recurrence, or the recurrence with every
+gradient of a chunk taken at the chunk's start state (a token loop written out below). The
+emitted Triton chunk kernels run the gd and momentum shapes only and refuse it, naming why."""
 
 from __future__ import annotations
 
@@ -186,3 +187,24 @@ def test_the_dual_form_of_a_deep_memory_equals_the_per_token_path():
     assert_same(got, want)
     at_one = run(rule, 9, chunk_size=1, mode="auto")
     assert_same(at_one, run(rule, 9, chunk_size=1, mode="auto", backend="recurrent"))
+
+
+def test_the_exact_triton_scan_runs_its_prepared_step(monkeypatch):
+    """The exact form's scan over chunks on the Triton kernels (kernels/templates/exact.py,
+    under TRITON_INTERPRET=1 on a CPU) reads only the prepared, unrolled step: with it in
+    place of the torch scan, the exact form still equals the recurrence."""
+    pytest.importorskip("triton")
+    from miras.runtime import exact_chunk, exact_triton
+
+    calls = []
+
+    def on_triton(*args):
+        calls.append(1)
+        return exact_triton.scan(*args, "ieee")
+
+    monkeypatch.setattr(exact_chunk, "scan_chunks", on_triton)
+    rule = compiled(MATRIX)
+    got = run(rule, 11, chunk_size=4, mode="exact")
+    assert calls
+    want = run(rule, 11, chunk_size=1, mode="auto", backend="recurrent")
+    assert_same(got, want)
