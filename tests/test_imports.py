@@ -306,3 +306,29 @@ def test_no_cycle_through_these_packages_even_in_type_checking_imports(packages)
     graph = import_graph(type_checking=True)
     groups = _cycles_through(graph, packages)
     assert not groups, "\n".join(" -> ".join(_shortest_cycle(graph, g)) for g in groups)
+
+
+def private_imports(package: str) -> list[str]:
+    """`importer <- module.name` for each `_`-prefixed name a module of `package` imports from
+    another module of the tree (a private module itself, `from a import _b` with a/_b.py, is
+    not a name and not counted)."""
+    files = module_files()
+    found = []
+    for module, path in files.items():
+        if not _inside(module, package):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _absolute(module, path.name == "__init__.py", node)
+            for alias in node.names:
+                private = alias.name.startswith("_") and f"{source}.{alias.name}" not in files
+                if source in files and private:
+                    found.append(f"{module} <- {source}.{alias.name}")
+    return found
+
+
+def test_the_runtime_imports_no_private_names():
+    """What two runtime modules share is public (the Triton forms' launch helpers:
+    miras.runtime.triton_launch), not one module's private helper reached from another."""
+    assert private_imports("miras.runtime") == []
