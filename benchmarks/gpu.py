@@ -7,9 +7,10 @@ Three sections, written as one JSON file (`--out`) and printed as one table, a r
 it finishes:
 
 1. check: every shipped spec (specs/*.yaml, specs/examples/*.yaml) that the Triton backend
-   covers (`triton_coverage.unsupported_reason`; the others are listed with the reason), in
-   each chunk form it runs on triton ("exact" where the spec has the exact form, and "start",
-   the chunk-start form, for every covered spec), float32 and bfloat16, T in 512, 2048, 8192:
+   covers (`miras.compiler.triton_kernels.unsupported_reason`; the others are listed with the
+   reason), in each chunk form it runs on triton ("exact" where the spec has the exact form,
+   and "start", the chunk-start form, for every covered spec), float32 and bfloat16, T in
+   512, 2048, 8192:
    `backend="triton"` against `backend="chunk"` on the same inputs (B = 1, H = 4, K = V = 128,
    the form's default chunk size), forward (the output and every final-state tensor) and
    backward (the gradients of q, k, v, every gate and every initial-state tensor, of one
@@ -86,8 +87,8 @@ from pathlib import Path
 import torch
 
 import miras
+from miras.compiler.triton_kernels import unsupported_reason
 from miras.runtime.exact_chunk import default_chunk_size
-from miras.runtime.triton_coverage import unsupported_reason
 from miras.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -56,7 +56,7 @@ def _torch(spec) -> str | None:
 
 
 def _triton(spec) -> str | None:
-    from miras.runtime.triton_coverage import kernel_source, unsupported_reason
+    from miras.compiler.triton_kernels import kernel_source, unsupported_reason
 
     return None if unsupported_reason(spec) is not None else kernel_source(spec)
 

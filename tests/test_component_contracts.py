@@ -23,6 +23,7 @@ import miras
 from miras.check_end_to_end import check_end_to_end
 from miras.compiler.describe import plain_lines
 from miras.compiler.retention_derive import derive_retention
+from miras.compiler.triton_kernels import unsupported_reason
 from miras.components import FEATURE_MAPS, MEMORIES, OPTIMIZERS
 from miras.components.base import FeatureMap, Memory, Optimizer
 from miras.components.feature_map.custom import CustomMap
@@ -42,7 +43,6 @@ from miras.components.optimizer.nesterov import Nesterov
 from miras.components.optimizer.proximal import Proximal
 from miras.components.retention.f_divergence import FDivergenceRetention
 from miras.errors import DerivationError
-from miras.runtime.triton_coverage import unsupported_reason
 
 f64 = torch.float64
 B, H, N = 2, 3, 5

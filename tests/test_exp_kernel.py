@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 
 import miras
+from miras.compiler.triton_kernels import unsupported_reason
 from miras.components.feature_map.exp_kernel import ExpKernelMap
 from miras.errors import SpecError
 from miras.models.layer import MirasLayer
 from miras.models.model import build_model
-from miras.runtime.triton_coverage import unsupported_reason
 from miras.tasks import make_task
 
 ROOT = Path(__file__).resolve().parents[1]

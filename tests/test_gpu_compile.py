@@ -23,9 +23,9 @@ from helpers import random_inputs
 
 import miras
 from miras.compiler.pipeline import compile_ir
+from miras.compiler.triton_kernels import unsupported_reason
 from miras.kernels.common import tuning
 from miras.runtime import gpu_compile, triton_backend
-from miras.runtime.triton_coverage import unsupported_reason
 from miras.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,8 +26,8 @@ import torch
 
 import miras
 from miras.check_end_to_end import check_end_to_end, proximal_update
+from miras.compiler.triton_kernels import kernel_source, unsupported_reason
 from miras.errors import SpecError
-from miras.runtime.triton_coverage import kernel_source, unsupported_reason
 from miras.spec import load_spec
 
 f64 = torch.float64

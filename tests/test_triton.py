@@ -19,8 +19,8 @@ import torch
 from helpers import random_inputs
 
 import miras
+from miras.compiler.triton_kernels import kernel_source
 from miras.runtime import triton_backend
-from miras.runtime.triton_coverage import kernel_source
 
 TOL = 1e-5  # relative RMS, float32
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -339,7 +339,7 @@ MATRIX_SPECS = [
     "specs/examples/linear_deep_transformer.yaml",
     "specs/examples/logcosh_deltanet.yaml",
 ]
-# Matrix specs the kernels do not cover, refused with the reason (triton_coverage).
+# Matrix specs the kernels do not cover, refused with the reason (miras.compiler.triton_kernels).
 NO_KERNEL = {"specs/mesanet.yaml": "the exact optimizer"}
 
 

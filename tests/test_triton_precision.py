@@ -22,9 +22,9 @@ from helpers import random_inputs
 from test_triton import _initial_state, _mismatches, _run
 
 import miras
+from miras.compiler.triton_kernels import kernel_source, load_kernels
 from miras.runtime import triton_backend, triton_launch
 from miras.runtime.inputs import TRITON_PRECISION_ENV, check_triton_precision
-from miras.runtime.triton_coverage import kernel_source, load_kernels
 
 TOL = 1e-5  # relative RMS, float32, as tests/test_triton.py
 ROOT = Path(__file__).resolve().parents[1]
