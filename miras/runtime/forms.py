@@ -69,10 +69,10 @@ def is_exact(mode: str) -> bool:
 
 @dataclass(frozen=True)
 class Call:
-    """What a form reads. Every form: the rule's `program`, its runtime `rt`, the compiled `chunk` form,
-    the backend, the resolved mode, the chunk size, triton's tl.dot precision (None off
-    the triton backend) and `record`, which the recurrent form calls with every piece of every
-    step (miras check's replay; None otherwise).
+    """What a form reads. Every form: the rule's `program`, its runtime `rt`, the compiled
+    `chunk` form, the backend, the resolved mode, the chunk size, triton's tl.dot precision
+    (None off the triton backend) and `record`, which the recurrent form calls with every piece
+    of every step (miras check's replay; None otherwise).
 
     A closed form reads the inputs heads first, in the state's dtype: `q`, `k` [B, H, T, Dk],
     `v` [B, H, T, Dv], `gates` name -> [B, H, T, X], and `initial_state` and `params` as the
