@@ -167,8 +167,8 @@ def kernel(
 def _kernel_report(
     spec: Path, target: str, dim: int, chunk_size: int, shape: str, precision: str
 ) -> None:
+    from miras import gpu_compile
     from miras.compiler.emit import cache_dir
-    from miras.runtime import gpu_compile
     from miras.runtime.inputs import TRITON_PRECISIONS
 
     try:

@@ -28,9 +28,8 @@ it finishes:
    the matrix Titans spec on triton. Forward and forward+backward, median of 10 after 2
    warm-ups; the delta-rule ops also in nominal TFLOP/s (below).
 3. compile: the per-kernel compile report of every covered spec (registers, spills, shared
-   memory and the module's own limits; `miras.runtime.gpu_compile`, or
-   `miras.compiler.gpu_compile`, imported by the child process that writes it: where neither
-   is there, the output says so and the run goes on) at the device's own target, D = 128,
+   memory and the module's own limits; `miras.gpu_compile`, imported by the child
+   process that writes it: where it is not there, the output says so and the run goes on) at the device's own target, D = 128,
    the spec's default chunk size and the timing shape's (B, T, H) for the launch grid, each
    passed under whichever name the report function gives it (`compile_item`). Compiling for
    a target is CPU work (Triton's front end and ptxas), so it runs in a child process on the
@@ -532,7 +531,7 @@ def titans_pair(depth: int, device) -> dict:
 
 
 # Where the per-kernel compile report lives (the first of these that is there).
-COMPILE_MODULES = ("miras.runtime.gpu_compile", "miras.compiler.gpu_compile")
+COMPILE_MODULES = ("miras.gpu_compile",)
 
 
 def compile_module_name() -> tuple[str | None, str | None]:

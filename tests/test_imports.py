@@ -230,13 +230,10 @@ def test_the_runtime_imports_neither_the_facade_nor_the_compiler():
     Triton kernels through the program's provider: no runtime module imports miras.compiler,
     nor reaches miras.rule, the end-to-end checks above it or the models, TYPE_CHECKING
     imports included. (The spec's components call compiler analyses of their own: reached
-    through miras.spec, not imported by the runtime.) Exceptions: gpu_compile, the
-    ahead-of-time kernel compile tool, and triton_coverage, the names it imports from the
-    compiler's Triton pass; no other runtime module reaches either."""
-    tools = {"miras.runtime.gpu_compile", "miras.runtime.triton_coverage"}
+    through miras.spec, not imported by the runtime.)"""
     graph = import_graph(type_checking=True)
-    above = ("miras.rule", "miras.check_end_to_end", "miras.models", *tools)
-    for module in [m for m in graph if _inside(m, "miras.runtime") and m not in tools]:
+    above = ("miras.rule", "miras.check_end_to_end", "miras.models")
+    for module in [m for m in graph if _inside(m, "miras.runtime")]:
         compiler = sorted(m for m in graph[module] if _inside(m, "miras.compiler"))
         assert not compiler, f"{module} imports {compiler}"
         banned = sorted(m for m in _reach(graph, module) if any(_inside(m, p) for p in above))

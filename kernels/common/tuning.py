@@ -8,7 +8,7 @@ the scratch buffers and the per-block gradient parts by), so none is free to tun
 
 num_stages 1: the chunk loop carries the state, and the software pipeliner's prefetch buffers
 would double the shared memory (past an H100's 227 KiB at d = 128). The compile-only checks
-(`miras.runtime.gpu_compile`) compile every config on sm_80 and sm_90.
+(`miras.gpu_compile`) compile every config on sm_80 and sm_90.
 
 maxnreg 255 (the most a thread may hold): left unstated, the ptxas that triton 3.9 ships (CUDA
 13.4) gives these loop-carried kernels 32 registers a thread, the count that fills an SM with

@@ -3,7 +3,7 @@
     source = emit_source(spec, bias, retention, gates, linear)   # the module text
 
 The Triton backend decides what it covers and where each gate enters the kernels
-(`miras.runtime.triton_coverage`: `kernel_source`, `load_kernels`, `gate_plan`,
+(`miras.compiler.triton_kernels`: `kernel_source`, `load_kernels`, `gate_plan`,
 `unsupported_reason`); this module prints what it is given.
 
 The module holds, in order: the spec's structure as compile-time constants (window, momentum,

@@ -14,7 +14,7 @@ registers per thread, spill stores, shared memory per block, and the launch grid
 The interpreter (TRITON_INTERPRET=1) replaces `triton.jit` when triton is imported, and a
 Triton cache hit skips ptxas (whose log holds registers and spills), so the compiles run in a
 child process that does not interpret, with a fresh Triton cache (`python -m
-miras.runtime.gpu_compile`, one per batch of kernels). Results are cached by the kernel's
+miras.gpu_compile`, one per batch of kernels). Results are cached by the kernel's
 source, constexprs, config and target: in this process, and on disk under `cache_dir`.
 """
 
@@ -175,8 +175,8 @@ def jobs(
     import triton.language as tl
 
     from miras.compiler.pipeline import compile_ir
+    from miras.compiler.triton_kernels import gate_plan, kernel_source, load_kernels
     from miras.runtime import exact_triton, triton_backend
-    from miras.runtime.triton_coverage import gate_plan, kernel_source, load_kernels
     from miras.spec import load_spec
 
     spec = load_spec(spec)
@@ -336,7 +336,7 @@ def _run_worker(payload: list[dict]) -> list[dict]:
     # Always a child process: one that does not interpret, with a fresh Triton cache.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, "-m", "miras.runtime.gpu_compile"],
+        [sys.executable, "-m", "miras.gpu_compile"],
         input=json.dumps(payload, default=str),
         capture_output=True,
         text=True,
