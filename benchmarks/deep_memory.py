@@ -12,7 +12,7 @@ with x requiring grad. "auto" is the layer's default (`chunk_mode="auto"`: the d
 the compiler recorded it, titans; the bounded per-token path otherwise; the table names the
 form), "bounded" the per-token path (`chunk_mode="start"`: only chunk-start states kept, one
 chunk recomputed at a time in the backward), "storing" the per-token path before that
-(autograd keeps every token's weights: `miras.runtime.chunk.recomputes` patched to False).
+(autograd keeps every token's weights: the layer's `recompute=False`).
 
 Each case runs alone in a fresh subprocess (so its peak is its own): `peak` is
 `resource.getrusage(RUSAGE_SELF).ru_maxrss` after the run, `base` the RSS just before it
@@ -72,13 +72,15 @@ def build(case: str, path: str):
         )
         return (lambda x: mem(x)[0]), "-"
     from miras.models import MirasLayer
-    from miras.runtime import chunk
 
-    if path == "storing":
-        chunk.recomputes = lambda rt: False
     mode = "auto" if path == "auto" else "start"
     layer = MirasLayer(
-        ROOT / "specs" / f"{case}.yaml", D_MODEL, HEADS, chunk_size=CHUNK, chunk_mode=mode
+        ROOT / "specs" / f"{case}.yaml",
+        D_MODEL,
+        HEADS,
+        chunk_size=CHUNK,
+        chunk_mode=mode,
+        recompute=False if path == "storing" else None,
     )
     with torch.no_grad():  # compiles the rule and warms the imports outside the clock
         layer(torch.zeros(1, CHUNK, D_MODEL))

@@ -1,8 +1,8 @@
 """Bounded memory for deep memories on the chunk-start general path (miras/runtime/chunk.py).
 
 - The recomputing backward (`_BoundedChunk`: only chunk-start states kept, one chunk recomputed
-  at a time) equals the storing one (`recomputes` patched off: autograd keeps every token's
-  weights) to 1e-10 in float64: outputs, final state, and the gradients with respect to q, k,
+  at a time) equals the storing one (`recomputes` patched off, or `recompute=False`: autograd
+  keeps every token's weights) to 1e-10 in float64: outputs, final state, and the gradients with respect to q, k,
   v, every gate, the initial state and the feature map's parameters.
 - The bytes autograd keeps between the forward and the backward, and their peak over both
   (the recompute of one chunk included), grow like T / b copies of the state, not T: counted
@@ -94,7 +94,7 @@ class Saved:
         Saved.live -= self.size
 
 
-def saved_bytes(rule, t_len, chunk_size, d):
+def saved_bytes(rule, t_len, chunk_size, d, **options):
     """(bytes autograd keeps from the forward for the backward, peak saved bytes over forward and
     backward) for B = H = 1, Dk = Dv = d. Includes the tensors the bounded backward saves while
     it recomputes a chunk."""
@@ -103,7 +103,9 @@ def saved_bytes(rule, t_len, chunk_size, d):
         x.requires_grad_(True)
     Saved.live = Saved.peak = 0
     with torch.autograd.graph.saved_tensors_hooks(Saved, lambda s: s.x):
-        o, _ = rule(q, k, v, gates, backend="chunk", chunk_mode="start", chunk_size=chunk_size)
+        o, _ = rule(
+            q, k, v, gates, backend="chunk", chunk_mode="start", chunk_size=chunk_size, **options
+        )
         kept = Saved.live
         o.sum().backward()
     return kept, Saved.peak
@@ -137,3 +139,42 @@ def test_saved_bytes_grow_like_chunks_not_tokens(name, monkeypatch):
     # 256 more tokens add 256 / b chunk-start states (and token-sized tensors), not 256 states.
     growth_bound = (256 // b) * state_bytes + 8 * 256 * token_bytes
     assert measured[512] - measured[256] <= growth_bound, (measured, growth_bound)
+
+
+def test_recompute_chooses_the_backward_on_either_memory():
+    """`recompute=` overrides the default (`chunk.recomputes`): a deep memory can keep every
+    token's weights, a matrix memory can recompute its chunks; the numbers are the same."""
+    titans = compiled("titans")
+    d, b, t_len = 16, 16, 256
+    weight_bytes = sum(
+        s.numel() * 8
+        for n, s in titans.initial_state(1, 1, d, d, torch.float64).items()
+        if n in titans.runtime.param_names
+    )
+    kept_default, _ = saved_bytes(titans, t_len, b, d)
+    kept_storing, _ = saved_bytes(titans, t_len, b, d, recompute=False)
+    assert kept_default < t_len * weight_bytes < kept_storing
+
+    matrix = miras.compile({"name": "kl_matrix", "memory": "matrix", "retention": "kl"})
+    assert not chunk.recomputes(matrix.runtime)
+    kept_default, _ = saved_bytes(matrix, t_len, b, d)
+    kept_bounded, _ = saved_bytes(matrix, t_len, b, d, recompute=True)
+    assert kept_bounded < kept_default / 2
+
+    q, k, v, gates = random_inputs(titans, b=1, t=40, h=2, dk=4, dv=4, seed=2)
+    leaves = [q, k, v, *gates.values()]
+    for x in leaves:
+        x.requires_grad_(True)
+    got = {}
+    for recompute in (True, False):
+        o, _ = titans(q, k, v, gates, chunk_mode="start", chunk_size=8, recompute=recompute)
+        got[recompute] = [o, *torch.autograd.grad(o.square().sum(), leaves)]
+    for a, c in zip(got[True], got[False], strict=True):
+        torch.testing.assert_close(a, c, rtol=TOL, atol=TOL)
+
+
+def test_recompute_must_be_a_bool_or_none():
+    rule = compiled("titans")
+    q, k, v, gates = random_inputs(rule, b=1, t=4, h=1, dk=4, dv=4)
+    with pytest.raises(ValueError, match=r"recompute: expected True, False or None .*got 'yes'"):
+        rule(q, k, v, gates, recompute="yes")

@@ -287,7 +287,9 @@ class MirasLayer(nn.Module):
     with one token it runs the exact recurrent step, so decoding token by token equals the
     parallel forward of the `recurrent` backend (and of `chunk` at chunk size 1).
     `persistent_tokens` learnable inputs are run before the sequence (Titans eq. 26), priming
-    the memory; their outputs are dropped.
+    the memory; their outputs are dropped. `recompute` (True, False, None: the default) sets
+    whether the general chunk-start path recomputes each chunk in the backward instead of
+    keeping its per-token weights (`miras.runtime.run`).
     """
 
     def __init__(
@@ -303,6 +305,7 @@ class MirasLayer(nn.Module):
         gate_rank: int = 16,
         persistent_tokens: int = 0,
         check_inputs: bool = True,
+        recompute: bool | None = None,
     ):
         super().__init__()
         spec = load_spec(spec)
@@ -324,6 +327,7 @@ class MirasLayer(nn.Module):
         self.backend = backend
         self.chunk_mode = chunk_mode
         self.check_inputs = check_inputs
+        self.recompute = recompute  # the general chunk-start backward (miras.runtime.chunk)
         # keys: per_step (DeltaProduct): n keys and values per token, the rule's [B, T*n, H, D].
         opt = spec.optimizer
         per_step = {name: opt.steps_per_token() for name in opt.per_step_inputs()}
@@ -449,6 +453,7 @@ class MirasLayer(nn.Module):
             output_final_state=keep_state,
             params=self.params(),
             check_inputs=self.check_inputs,
+            recompute=self.recompute,
         )
         if self.check_inputs and not all_finite(o):
             raise self.diverged(q, k, v, gates, cache["memory"], o)

@@ -121,6 +121,7 @@ def run(
     check_inputs: bool = True,
     triton_precision: str | None = None,
     record: Recorder | None = None,
+    recompute: bool | None = None,
     _substeps: bool = False,
 ):
     n = substeps.steps_of(program)
@@ -146,6 +147,7 @@ def run(
             check_inputs=False,  # checked before the expansion, in the caller's token numbers
             triton_precision=triton_precision,
             record=record,
+            recompute=recompute,
             _substeps=True,
         )
         return substeps.pick(o, n), final
@@ -154,6 +156,10 @@ def run(
         check_finite(q, k, v)
     backend = check_backend(backend)
     chunk_size = check_chunk_size(chunk_size)
+    if recompute is not None and not isinstance(recompute, bool):
+        raise ValueError(
+            f"recompute: expected True, False or None (the form's default), got {recompute!r}"
+        )
     if record is not None and (backend != "recurrent" or cu_seqlens is not None):
         raise ValueError(
             "record: only the recurrent backend on one sequence records its steps (miras "
@@ -173,6 +179,7 @@ def run(
             params=params,
             check_inputs=False,
             triton_precision=triton_precision,
+            recompute=recompute,
             _substeps=_substeps,
         )
         return _run_packed(
@@ -210,7 +217,9 @@ def run(
     q_, k_, v_ = heads_first(q), heads_first(k), heads_first(v)
     gates_ = {n: heads_first(g) for n, g in gates.items()}
 
-    call = forms.Call(program, rt, form, backend, mode, chunk_size, triton_precision, record)
+    call = forms.Call(
+        program, rt, form, backend, mode, chunk_size, triton_precision, record, recompute
+    )
     if chosen.closed:  # softmax attention, the exact minimizer: on the inputs as given
         call = dataclasses.replace(
             call, q=q_, k=k_, v=v_, gates=gates_, initial_state=initial_state, params=params

@@ -28,29 +28,33 @@ from miras.runtime.chunk_common import chunk_views, window_gradients
 from miras.runtime.core import Runtime, State, Tokens, as_param_gate
 
 
-def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
-    """Returns o [B, H, T, Dv] and the final memory state."""
+def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, recompute: bool | None = None):
+    """Returns o [B, H, T, Dv] and the final memory state. `recompute`: the general path's
+    backward (None: `recomputes(rt)`); the linear path keeps no per-token state either way."""
     if rt.start_path == "linear":
         return linear.forward(rt, seq, state, chunk_size)
-    return forward_general(rt, seq, state, chunk_size)
+    return forward_general(rt, seq, state, chunk_size, recompute)
 
 
 # The general path ---------------------------------------------------------------------------
 
 
 def recomputes(rt: Runtime) -> bool:
-    """Whether the general path keeps only chunk-boundary states for the backward and
-    recomputes one chunk at a time (`_BoundedChunk`): for every deep memory (`Memory.linear`
-    false: MLP, gated MLP), whose per-token weights [B, H, b, out, in] would otherwise be kept
-    for every token of the sequence. A matrix memory on this path keeps the storing backward:
-    its per-token states are as small as its keys, and the recompute would cost a second
-    forward (docs/chunking.md, "Bounded memory for deep rules")."""
+    """Whether the general path, by default, keeps only chunk-boundary states for the backward
+    and recomputes one chunk at a time (`_BoundedChunk`): for every deep memory
+    (`Memory.linear` false: MLP, gated MLP), whose per-token weights [B, H, b, out, in] would
+    otherwise be kept for every token of the sequence. A matrix memory on this path keeps the
+    storing backward: its per-token states are as small as its keys, and the recompute would
+    cost a second forward (docs/chunking.md, "Bounded memory for deep rules"). `run(...,
+    recompute=True / False)` overrides it."""
     return not rt.spec.memory.linear
 
 
-def forward_general(rt: Runtime, seq: Tokens, state: State, chunk_size: int):
+def forward_general(
+    rt: Runtime, seq: Tokens, state: State, chunk_size: int, recompute: bool | None = None
+):
     state = dict(state)
-    bounded = recomputes(rt) and torch.is_grad_enabled()
+    bounded = (recomputes(rt) if recompute is None else recompute) and torch.is_grad_enabled()
     # The keys a chunk step reads and writes: the weights and the optimizer's states. The
     # window's entries ("window.*") pass through untouched.
     names = set(rt.param_names)

@@ -71,8 +71,10 @@ def is_exact(mode: str) -> bool:
 class Call:
     """What a form reads. Every form: the rule's `program`, its runtime `rt`, the compiled
     `chunk` form, the backend, the resolved mode, the chunk size, triton's tl.dot precision
-    (None off the triton backend) and `record`, which the recurrent form calls with every piece
-    of every step (miras check's replay; None otherwise).
+    (None off the triton backend), `record`, which the recurrent form calls with every piece
+    of every step (miras check's replay; None otherwise), and `recompute`, whether the general
+    chunk-start path recomputes each chunk in the backward instead of keeping its per-token
+    states (None: its default, `chunk.recomputes`; no other form has the choice).
 
     A closed form reads the inputs heads first, in the state's dtype: `q`, `k` [B, H, T, Dk],
     `v` [B, H, T, Dv], `gates` name -> [B, H, T, X], and `initial_state` and `params` as the
@@ -87,6 +89,7 @@ class Call:
     chunk_size: int
     precision: str | None = None
     record: recurrent.Recorder | None = None
+    recompute: bool | None = None
     q: torch.Tensor | None = None
     k: torch.Tensor | None = None
     v: torch.Tensor | None = None
@@ -161,7 +164,7 @@ def _dual(call: Call):
 
 
 def _start(call: Call):  # the linear fast path where the runtime's start_path says "linear"
-    return chunk.forward(call.rt, call.seq, call.state, call.chunk_size)
+    return chunk.forward(call.rt, call.seq, call.state, call.chunk_size, call.recompute)
 
 
 def _exact_triton(call: Call):
