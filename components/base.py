@@ -294,15 +294,12 @@ class Optimizer(Component):
     """Memory optimizer: how the inner gradient becomes the update u_t.
 
     `update` is the step every backend runs (the recurrence and the chunk-start form call it
-    per token); `linear_form` names the recurrences the fast chunk forms unroll as decay
-    matrices instead."""
+    per token); `update_expressions` states it in sympy, from which the compiler proves
+    whether the fast forms may unroll it as decay matrices (`miras.compiler.linear_step`)."""
 
     family: ClassVar[str] = "optimizer"
     # True when each parameter carries a state s_t (kept as "S.<name>", zeros at t = 0).
     stateful: ClassVar[bool] = False
-    # "step": u_t = lr_t g_t; "momentum": u_t = s_t = theta_t s_{t-1} + lr_t g_t; None: not one
-    # of these (the linear chunk path and the exact chunk form do not apply).
-    linear_form: ClassVar[Literal["step", "momentum"] | None] = None
     # True for an implicit step (proximal): the runtime replaces the gate lr_t by
     # `step_size(lr_t, curvature_t)` before any form runs, and `update` then takes that step.
     implicit: ClassVar[bool] = False
@@ -331,6 +328,18 @@ class Optimizer(Component):
     def update_lines(self) -> list:
         """The display lines of u_t (and s_t)."""
         raise NotImplementedError
+
+    @property
+    def linear_form(self) -> Literal["step", "momentum"] | None:
+        """The shape of the update where the compiler proves it linear and it is one of the
+        two the emitted Triton kernels run: "step" (u_t = b_t g_t) or "momentum"
+        (u_t = s_t = theta_t s_{t-1} + b_t g_t); None otherwise (another linear update, such
+        as Nesterov's, which the torch fast forms run from the compiled `LinearStep`, or
+        one that is not linear). Derived from `update_expressions`, never declared."""
+        from miras.compiler.linear_step import optimizer_update
+
+        step, _ = optimizer_update(self)
+        return step.shape if step is not None and step.shape != "general" else None
 
     def update_expressions(self) -> tuple[sp.Expr, sp.Expr | None] | None:
         """The step `update` takes, in sympy, for one entry of the parameter: (u_t, s_t), u_t

@@ -22,7 +22,6 @@ class GD(SteppedOptimizer):
     kind: Literal["gd"] = "gd"
     lr: gate_or(NONNEGATIVE) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE}
-    linear_form: ClassVar[str | None] = "step"
 
     def update(
         self, grad: torch.Tensor, state: torch.Tensor | None, lr: torch.Tensor

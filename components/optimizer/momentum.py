@@ -22,7 +22,6 @@ class Momentum(SteppedOptimizer):
     momentum: gate_or(HALF_OPEN_UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE, "momentum": HALF_OPEN_UNIT}
     stateful: ClassVar[bool] = True
-    linear_form: ClassVar[str | None] = "momentum"
 
     def update(
         self,

@@ -32,9 +32,8 @@ class Proximal(Optimizer):
     kind: Literal["proximal"] = "proximal"
     lr: gate_or(NONNEGATIVE) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE}
-    # After the step size is transformed (`step_size`), the update is gd's u_t = lr_t g_t, so
-    # the exact and linear chunk forms unroll it as they unroll gd.
-    linear_form: ClassVar[str | None] = "step"
+    # After the step size is transformed (`step_size`), the update is gd's u_t = lr_t g_t
+    # (`update_expressions`), so the exact and linear chunk forms unroll it as they unroll gd.
     implicit: ClassVar[bool] = True
 
     def step_size(self, lr: Any, curvature: Any) -> Any:

@@ -18,6 +18,7 @@ The memory's own linearity (W phi(k)) is a separate question each form asks.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import sympy as sp
@@ -70,8 +71,27 @@ def linear_update(spec: Spec, decay: Coefficient | None = None) -> tuple[LinearS
     """The optimizer's half alone: (the record with `decay` as a_t, "") where the update is
     linear in the state and the gradient, whatever the retention (`decay` None: a_t = 1, for
     a reader of the update only, such as the Triton templates' optimizer lines)."""
-    decay = Coefficient(1.0) if decay is None else decay
-    opt = spec.optimizer
+    return optimizer_update(spec.optimizer, decay)
+
+
+# (optimizer class, its fields as JSON) -> its proved update with a_t = 1: components ask
+# for it (`Optimizer.linear_form`) on every compile.
+_UPDATES: dict[tuple[type, str], tuple[LinearStep | None, str]] = {}
+
+
+def optimizer_update(opt, decay: Coefficient | None = None) -> tuple[LinearStep | None, str]:
+    """`linear_update` of one optimizer component."""
+    key = (type(opt), opt.model_dump_json())
+    if key not in _UPDATES:
+        _UPDATES[key] = _prove_update(opt)
+    step, why = _UPDATES[key]
+    if step is None or decay is None:
+        return step, why
+    return replace(step, decay=decay), why
+
+
+def _prove_update(opt) -> tuple[LinearStep | None, str]:
+    decay = Coefficient(1.0)
     names = {"optimizer": opt.gateable}
     expressions = opt.update_expressions()
     if expressions is None:
@@ -148,4 +168,10 @@ def _monomial(c: sp.Expr, names: dict[str, dict]) -> Coefficient | None:
     return Coefficient(float(constant), tuple(gates))
 
 
-__all__ = ["derive_linear_step", "linear_record", "linear_update", "retention_decay"]
+__all__ = [
+    "derive_linear_step",
+    "linear_record",
+    "linear_update",
+    "optimizer_update",
+    "retention_decay",
+]
