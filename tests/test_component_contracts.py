@@ -146,6 +146,29 @@ class OptimizerContract:
             torch.testing.assert_close(u, momentum, rtol=RTOL, atol=0)
             torch.testing.assert_close(s_new, momentum, rtol=RTOL, atol=0)
 
+    def test_update_expressions_are_what_update_computes(self):
+        """The compiler proves the fast forms from `update_expressions` (the compiled
+        LinearStep); the recurrence runs `update`: the two must be the same step."""
+        expressions = self.optimizer.update_expressions()
+        if expressions is None:
+            pytest.skip("no elementwise update: the fast linear forms do not apply")
+        import sympy as sp
+
+        from miras.symbols import g as grad
+        from miras.symbols import gate_symbol, s_new, s_prev
+
+        g, s, gates = self._step(11)
+        u, s_next = self.optimizer.update(g, s, **gates)
+        symbols = [grad, s_prev, s_new, *(gate_symbol(n) for n in gates)]
+        update, state = expressions
+        zeros = torch.zeros_like(g)
+        at = (g, zeros if s is None else s, zeros if s_next is None else s_next, *gates.values())
+        torch.testing.assert_close(sp.lambdify(symbols, update, "math")(*at), u, rtol=RTOL, atol=0)
+        assert (state is None) == (s_next is None)
+        if state is not None:
+            got = sp.lambdify(symbols, state, "math")(*at)
+            torch.testing.assert_close(got, s_next, rtol=RTOL, atol=0)
+
     def test_fixed_gates_are_accepted(self):
         g, s, _ = self._step(7)
         fixed = {name: 0.5 for name in self.optimizer.gateable}
