@@ -179,3 +179,15 @@ def test_the_triton_templates_take_the_optimizers_gates_from_the_record():
     assert step_roles(load_spec({"name": "p", "retention": "none"})) == Roles("lr", None, None)
     with pytest.raises(UnsupportedExpression, match="gd and momentum updates only"):
         step_roles(load_spec({"name": "p", "optimizer": "nesterov"}))
+
+
+def test_the_retentions_declared_linear_step_is_what_the_compiler_proves():
+    """Spec validation reads `Retention.linear_step` (n steps per token, the exact optimizer)
+    without deriving anything; it must agree with the proof every fast form reads."""
+    from miras.compiler.linear_step import retention_decay
+    from miras.compiler.retention_derive import derive_retention
+
+    for kind, cls in CATALOGUE["retention"].items():
+        spec = load_spec({"name": "p", "retention": kind})
+        decay, why = retention_decay(spec, derive_retention(spec.retention))
+        assert cls.linear_step == (decay is not None), (kind, why)
