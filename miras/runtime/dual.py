@@ -5,14 +5,16 @@ Sun et al. 2024, "Learning to (Learn at Test Time)").
 It applies where the compiler's chunk_form pass recorded `form == "dual"`
 (`miras.compiler.pipeline.dual_reason`): a memory written as a network of weight matrices
 (`Memory.has_gradient_factors`: the MLP, with or without MIRAS's `x + LN(...)`, and the gated
-MLP), retention none or l2 and optimizer gd or momentum, any bias, any finite window.
+MLP), a linear step (the compiled `LinearStep`: retention none or l2 with gd, proximal,
+momentum or Nesterov), any bias, any finite window.
 The semantics are `miras.runtime.chunk`'s, to rounding (tests/test_dual_form.py): in a chunk
 from state (W_S, S_S), every gradient is taken at W_e,t = W_S (or P_t W_S for the retained
 gradient point, P_t = prod_{j<=t} a_j), and token t reads its own weights
 
     W_t = D_t W_S - C_t S_S - sum_{s<=t} K[t, s] lr_s g_s,    g_s = sum_j e_{s,j} x_{s,j}^T
 
-per weight matrix (K = L^a L^theta, C = L^a Theta with momentum; K = L^a, C = 0 for gd:
+per weight matrix (K[t, s] lr_s = M[t, s] and C the weight of S_S, the record unrolled by
+`miras.runtime.unroll`: K = L^a L^theta, C = L^a Theta with momentum; K = L^a, C = 0 for gd:
 docs/chunking.md, "The fast path"). Each token's gradient of a weight matrix is an outer product
 of the backpropagated error e (at W_e) and that layer's input x, so the layer's read of an input
 h_t is
