@@ -341,16 +341,17 @@ def counts(call: Call, qkv, backward: bool, weight: torch.Tensor) -> dict[str, f
     }
 
 
-def matmul_rate(size: int = 1024, repeats: int = 10) -> float:
+def matmul_rate(size: int = 1024, repeats: int = 10, batch: int = 1) -> float:
+    """FLOP/s of a [batch, size, size] x [batch, size, size] fp32 product (best of `repeats`)."""
     gen = torch.Generator().manual_seed(2)
-    a, b = (torch.randn(size, size, generator=gen) for _ in "ab")
+    a, b = (torch.randn(batch, size, size, generator=gen) for _ in "ab")
     a @ b
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return 2 * batch * size**3 / best
 
 
 def main() -> None:
@@ -383,6 +384,11 @@ def main() -> None:
         print(note)
     rate = matmul_rate()
     print(f"fp32 matmul rate (1024^3, {args.threads} threads): {rate / 1e9:.1f} GFLOP/s")
+    # The chunk forms' products are [n, n] and [n, d] tiles batched over (B, H, chunks): their
+    # own ceiling, in the same run (B H N = 2 * 4 * 32 at T = 2048, chunk 64).
+    small = matmul_rate(CHUNK, repeats=20, batch=B * H * 32)
+    print(f"fp32 batched {CHUNK}^3 matmul rate (batch {B * H * 32}): {small / 1e9:.1f} GFLOP/s "
+          f"({small / rate:.0%} of the 1024^3 rate)")  # fmt: skip
 
     rows = []
     for t in lengths:
@@ -506,8 +512,8 @@ def main() -> None:
             )
     if args.json:
         payload = dict(load_start=load_start, load_end=load_end, cores=cores,
-                       threads=args.threads, matmul_rate=rate, rows=rows, layers=layers,
-                       note=note)  # fmt: skip
+                       threads=args.threads, matmul_rate=rate, small_matmul_rate=small,
+                       rows=rows, layers=layers, note=note)  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=1))
 
 
