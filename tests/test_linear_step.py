@@ -17,7 +17,7 @@ import torch
 from helpers import chunk_grads, random_inputs
 
 import miras
-from miras.compiler.linear_step import linear_record
+from miras.compiler.affine import linear_record
 from miras.components import CATALOGUE
 from miras.errors import SpecError
 from miras.ir import Coefficient, LinearStep

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import sympy as sp
 
 from miras.compiler.bias_derive import derive_bias
-from miras.compiler.linear_step import linear_record, retention_decay
+from miras.compiler.linear_step import derive_linear_step, retention_decay
 from miras.formula import MAX_SIMPLIFY_OPS, bounded_simplify, not_finite, value_at
 from miras.ir import BiasRule, ChunkForm, LinearStep
 from miras.symbols import e, gate_symbol, v, y
@@ -81,6 +81,12 @@ def slope_of(bias: Bias, rule: BiasRule) -> tuple[sp.Expr | None, str]:
 
 # (y, v, each gate or channel sum) points where a slope that depends on y shows it.
 _PROBES = ((0.3, 0.4, 0.7), (1.7, 0.4, 0.7), (-1.1, 0.4, 0.7))
+
+
+def linear_record(spec: Spec) -> tuple[LinearStep | None, str]:
+    """`derive_linear_step` of `spec`, its retention's step derived here (the linear_step pass
+    has it already)."""
+    return derive_linear_step(spec, _retention_rule(spec))
 
 
 def _retention_rule(spec: Spec):

@@ -31,15 +31,6 @@ if TYPE_CHECKING:  # annotations only
     from miras.spec import Spec
 
 
-def linear_record(spec: Spec, retention: RetentionRule | None = None):
-    """`derive_linear_step` of `spec`, deriving its retention's step when not given."""
-    if retention is None:
-        from miras.compiler.retention_derive import derive_retention
-
-        retention = derive_retention(spec.retention)
-    return derive_linear_step(spec, retention)
-
-
 def retention_decay(spec: Spec, retention: RetentionRule) -> tuple[Coefficient | None, str]:
     """(a_t, "") where the retention's step is W_t = a_t W_{t-1} - u_t, else (None, why not)."""
     kept = spec.retention
@@ -170,7 +161,6 @@ def _monomial(c: sp.Expr, names: dict[str, dict]) -> Coefficient | None:
 
 __all__ = [
     "derive_linear_step",
-    "linear_record",
     "linear_update",
     "optimizer_update",
     "retention_decay",
