@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from miras.ir import ChunkForm
 from miras.runtime.core import Runtime, State, Tokens
-from miras.runtime.unroll import unroll
+from miras.runtime.unroll import mul_fresh, unroll
 
 
 def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm):
@@ -139,7 +139,7 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
         else:
             k_tok, row = _shift_rows(mix_lr), slope * _expand_tokens(rho, c)
         left = keys if isinstance(row, float) and row == 1.0 else keys * row
-        system = _mul_fresh(left @ keys.mT, _expand_rows(_expand_cols(k_tok, c), c)[:, :, :, 0])
+        system = mul_fresh(left @ keys.mT, _expand_rows(_expand_cols(k_tok, c), c)[:, :, :, 0])
         scale_w = slope * _expand_tokens(coef_w, c)  # [B, H, N, nc, 1]
         rhs = [offset, scale_w * keys]
         if coef_s is not None:
@@ -370,7 +370,7 @@ def read(prep: Prepared, r: torch.Tensor, starts_w: torch.Tensor, starts_s: torc
     the products, and the subtraction is fused into one baddbmm."""
     queries, keys = prep.queries, prep.keys
     mix = _expand_cols(prep.mix_lr, prep.c)  # [B, H, N, X, n, nc]
-    read_mix = _mul_fresh(queries @ keys.mT, mix.squeeze(3)) if mix.shape[3] == 1 else None
+    read_mix = mul_fresh(queries @ keys.mT, mix.squeeze(3)) if mix.shape[3] == 1 else None
     if read_mix is not None and prep.d.shape[-1] == 1:
         o = (prep.d * queries) @ starts_w.mT
         if starts_s is not None:
@@ -550,14 +550,6 @@ def _window_index(past: int, c: int, chunks: int, n: int, device: str) -> torch.
 @functools.lru_cache(maxsize=64)
 def _lower(n: int, strict: bool, device: str) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril(-1 if strict else 0)
-
-
-def _mul_fresh(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """x * y, written into x when no graph is being recorded and y broadcasts to x's shape:
-    x must be a temporary the caller owns (one pass and no new [.., n, n] tensor)."""
-    if torch.is_grad_enabled() or torch.broadcast_shapes(x.shape, y.shape) != x.shape:
-        return x * y
-    return x.mul_(y)
 
 
 def _rows(z: torch.Tensor) -> torch.Tensor:

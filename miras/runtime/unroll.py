@@ -73,12 +73,11 @@ def coefficient(
 @dataclass
 class Unrolled:
     """The unrolled step of one or many chunks (module docstring): `d` D_t and `carry` C_t,
-    `state_carry` Theta_t [..., n, X]; `mix` M, `state_mix` N and `decay` L^a [..., X, n, n];
-    `a` the decay factors [..., n, X]. The state's pieces are None without one."""
+    `state_carry` Theta_t [..., n, X]; `mix` M and `state_mix` N [..., X, n, n]; `a` the decay
+    factors [..., n, X]. The state's pieces are None without one."""
 
     a: torch.Tensor
     d: torch.Tensor
-    decay: torch.Tensor
     mix: torch.Tensor
     carry: torch.Tensor | None = None
     state_carry: torch.Tensor | None = None
@@ -93,13 +92,13 @@ def rows(z: torch.Tensor) -> torch.Tensor:
 def unroll(
     step: LinearStep, lookup: Callable[[str, str], torch.Tensor], like: torch.Tensor
 ) -> Unrolled:
-    """The chunk's D, C, Theta, M, N and L^a from the record's coefficients (`coefficient`)."""
+    """The chunk's D, C, Theta, M and N from the record's coefficients (`coefficient`)."""
     a = coefficient(step.decay, lookup, like)
     q = coefficient(step.from_gradient, lookup, like)
     d = torch.cumprod(a, dim=-2)
     mix_a = decay_matrix(a)
-    if not step.stateful:
-        return Unrolled(a, d, mix_a, mix_a * rows(q).unsqueeze(-2))
+    if not step.stateful:  # M = L^a diag(q); L^a is read only here: scaled in place
+        return Unrolled(a, d, mul_fresh(mix_a, rows(q).unsqueeze(-2)))
     theta = coefficient(step.state_decay, lookup, like)
     beta = rows(coefficient(step.state_input, lookup, like)).unsqueeze(-2)  # [..., X, 1, n]
     mix_theta = decay_matrix(theta)
@@ -114,7 +113,15 @@ def unroll(
     if not step.from_gradient.is_zero:
         mix = mix + mix_a * rows(q).unsqueeze(-2)
     carry = (mix_a @ rows(carried).unsqueeze(-1)).squeeze(-1).movedim(-1, -2)  # [..., n, X]
-    return Unrolled(a, d, mix_a, mix, carry, big_theta, mix_theta * beta)
+    return Unrolled(a, d, mix, carry, big_theta, mix_theta * beta)
 
 
-__all__ = ["Unrolled", "coefficient", "decay_matrix", "rows", "unroll"]
+def mul_fresh(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x * y, written into x when no graph is being recorded and y broadcasts to x's shape:
+    x must be a temporary the caller owns (one pass and no new [.., n, n] tensor)."""
+    if torch.is_grad_enabled() or torch.broadcast_shapes(x.shape, y.shape) != x.shape:
+        return x * y
+    return x.mul_(y)
+
+
+__all__ = ["Unrolled", "coefficient", "decay_matrix", "mul_fresh", "rows", "unroll"]
