@@ -181,9 +181,9 @@ def test_auto_picks_exact_and_start_matches_chunk_start_path(monkeypatch):
     calls = []
     original = chunk.forward
 
-    def spy(rt, seq, state, chunk_size):
+    def spy(rt, seq, state, chunk_size, recompute=None):
         calls.append(chunk_size)
-        return original(rt, seq, state, chunk_size)
+        return original(rt, seq, state, chunk_size, recompute)
 
     monkeypatch.setattr(chunk, "forward", spy)
     start, _ = run(name, inputs, "chunk", 16, "start", grads=False)
