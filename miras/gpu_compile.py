@@ -236,7 +236,8 @@ def jobs(
 
         scan_source = inspect.getsource(exact)
         rows = min(chunk_size, length) * spec.window.c
-        momentum = spec.optimizer.linear_form == "momentum"
+        step = compiled.plan.linear_step
+        momentum = step is not None and step.stateful  # the scan carries S beside W
         for per_channel in (False, True):
             launch = exact_triton.ScanLaunch(
                 batch * heads,

@@ -279,7 +279,8 @@ def forward(program: Program, seq: Tokens, state: State, chunk_size: int, precis
         for n in plan.order
     ]
     widths = tuple(g.shape[-1] for g in gates)
-    per_channel_decay = "decay" in plan.step and widths[plan.order.index("decay")] != 1
+    decay = spec.retention.decay_gate  # the retention's own gate name (None: no decay)
+    per_channel_decay = decay in plan.step and widths[plan.order.index(decay)] != 1
     linear, block_v = choose_kernels(program, d_v, d_k, per_channel_decay, precision)
     refusal = None if linear else general_refusal(d_k, d_v)
     if refusal is not None:
