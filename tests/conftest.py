@@ -11,11 +11,19 @@ so the tests neither write to the user's ~/.cache/miras nor read stale modules f
 Markers (registered in pyproject.toml): `services` for tests that start PostgreSQL or headless
 Chromium, `slow` for the longest ones. `pytest -m "not slow and not services"` is the fast
 suite; a plain `pytest` (and `make test`) runs everything.
+
+The suite's folders follow the source (tests/compiler/, tests/runtime/, ...). Test modules
+import shared oracles from one another across folders (`from test_known_models import
+fla_naive`), so every folder is put on sys.path here, as pytest puts tests/ itself (this file's
+folder, for helpers.py and search_support.py); pytest would add a folder only once it collects
+a file there, too late for a folder collected earlier or a single file run on its own.
 """
 
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +34,11 @@ if not torch.cuda.is_available():
 _CACHE = tempfile.mkdtemp(prefix="miras-test-cache-")
 _USER_CACHE = os.environ.get("MIRAS_CACHE_DIR")
 os.environ["MIRAS_CACHE_DIR"] = _CACHE
+
+_TESTS = Path(__file__).resolve().parent
+for _folder in sorted(_TESTS.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 def pytest_unconfigure(config):
