@@ -1,6 +1,6 @@
 """The emitted bias_grad against sympy's own derivative of the written-out loss, in float64.
 
-tests/test_bias.py checks the derived dL/dy against autograd of the emitted `bias_loss`, which
+tests/compiler/test_bias.py checks the derived dL/dy against autograd of the emitted `bias_loss`, which
 shares the printer (and the channel-sum bookkeeping) with `bias_grad`: a printing mistake made
 in both would pass. The oracle here shares neither. The parsed formula is written out as one
 scalar expression over Dv = 3 concrete channels (each sum(f) becomes f(e_0, y_0, v_0) + ... +
@@ -27,7 +27,7 @@ from miras.compiler.emit import load_module, module_source
 from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, RobustBias
 from miras.symbols import ChannelSum, e, gate_symbol, sigmoid, softplus, v, y
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DV = 3  # value channels written out
 POINTS = 6  # random (y, v, gates) vectors per bias
 DIGITS = 30
@@ -48,7 +48,7 @@ def _shipped_custom_biases() -> dict[str, CustomBias]:
 
 SHIPPED = _shipped_custom_biases()
 
-# Formulas written for this test (and the custom biases of tests/test_bias.py): elementwise and
+# Formulas written for this test (and the custom biases of tests/compiler/test_bias.py): elementwise and
 # whole-vector losses, in e, y and v, gated and fixed parameters, every family of function.
 WRITTEN = {
     "logcosh": CustomBias(loss="log(cosh(e))"),

@@ -10,7 +10,7 @@ import miras
 from miras.compiler import pipeline
 from miras.errors import DerivationError, SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(ROOT.glob("specs/*.yaml")) + sorted(ROOT.glob("specs/examples/*.yaml"))
 
 

@@ -30,7 +30,7 @@ from miras.check_inputs import random_inputs, sizes_for
 from miras.cli import app
 from miras.runtime import recurrent
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "specs").glob("*.yaml")) + sorted((ROOT / "specs/examples").glob("*.yaml"))
 
 # Defect 1 of issue 10: the c - 1 padded slots carried gate a = 0, so tanh(e/a) was 0/0.

@@ -18,7 +18,7 @@ from miras.compiler import pipeline
 from miras.compiler.describe import LatexPrinter, Line, Math, Name, PlainPrinter, Times
 from miras.errors import DerivationError, SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted(ROOT.glob("specs/*.yaml")) + sorted(ROOT.glob("specs/examples/*.yaml"))
 runner = CliRunner()
 
