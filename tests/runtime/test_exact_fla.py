@@ -1,11 +1,11 @@
 """The exact chunk form at chunk 64 against fla's references (issue 12): DeltaNet and Gated
 DeltaNet against fla's naive recurrences (outputs, final state, gradients), and the momentum
 delta rule against fla's `recurrent_momentum_delta_rule_ref` and `chunk_momentum_delta_rule_ref`.
-fla's chunked forms of DeltaNet and Gated DeltaNet are tests/test_exact_chunk.py.
+fla's chunked forms of DeltaNet and Gated DeltaNet are tests/runtime/test_exact_chunk.py.
 
 fla computes in float32 whatever the input dtype, so the inputs are float32-representable
 float64 tensors, miras runs in float64, and the tolerance is a relative RMS of 1e-5
-(tests/test_known_models.py). T = 100 at chunk 64: a full chunk and a partial one.
+(tests/runtime/test_known_models.py). T = 100 at chunk 64: a full chunk and a partial one.
 
 The momentum delta rule in fla (state S [Dk, Dv], p the key that predicts):
     M_t = mu_t M_{t-1} + eta_t k_t (p_t^T S_{t-1} - v_t),   S_t = alpha_t S_{t-1} - beta_t M_t.

@@ -20,7 +20,7 @@ from helpers import GATED_MOMENTUM, chunk_grads, random_inputs
 import miras
 from miras.runtime import chunk
 
-SPECS = Path(__file__).resolve().parent.parent / "specs"
+SPECS = Path(__file__).resolve().parents[2] / "specs"
 TOL = 1e-10
 
 

@@ -207,7 +207,7 @@ def test_exact_refused_with_the_reason():
 
 
 def test_triton_computes_the_exact_form():
-    """Triton computes the exact form too (auto on an affine spec; tests/test_triton_exact.py
+    """Triton computes the exact form too (auto on an affine spec; tests/kernels/test_triton_exact.py
     holds it to the chunk backend), and at chunk size 1, where the two forms are one model."""
     rule = rule_of("gated_deltanet")
     q, k, v, gates, _, _ = make_inputs("gated_deltanet", 5, dtype=torch.float32)

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import miras
 from miras.runtime import chunk, dual
 
-SPECS = Path(__file__).resolve().parent.parent / "specs"
+SPECS = Path(__file__).resolve().parents[2] / "specs"
 TOL = 1e-10
 CASES = {
     "titans": SPECS / "titans.yaml",  # mlp, l2 bias, l2 retention, momentum
@@ -196,7 +196,7 @@ def test_per_token_path_is_still_the_reference_module():
 
 @pytest.mark.parametrize("name", ["titans_mlp", "moneta_mlp", "gated_mlp_huber"])
 def test_dual_form_equals_the_autograd_chunk_loop(name):
-    """Also against tests/test_runtime.py's plain loop (inner gradients by autograd)."""
+    """Also against tests/runtime/test_runtime.py's plain loop (inner gradients by autograd)."""
     from test_runtime import chunk_reference
     from test_runtime import compiled as runtime_spec
 

@@ -19,8 +19,8 @@ and a residual target), so it is checked against the paper's formula alone.
 Chunk sizes above 1: here only the dot-product (Hebbian) models, whose gradient does not
 depend on the state, so every chunk form equals the recurrence. The delta-rule models at
 chunk 64 (the exact chunk form, `chunk_mode="auto"`) against fla's recurrences and chunked
-forms, the momentum delta rule included, are tests/test_exact_fla.py and
-tests/test_exact_chunk.py; the chunk-start form (`chunk_mode="start"`) is a different model
+forms, the momentum delta rule included, are tests/runtime/test_exact_fla.py and
+tests/runtime/test_exact_chunk.py; the chunk-start form (`chunk_mode="start"`) is a different model
 for them (docs/chunking.md).
 
 Nonparametric memory (softmax attention, SWA) is checked against `softmax(q k^T + mask) v`
@@ -362,7 +362,7 @@ def test_titans_momentum_matrix_matches_paper(backend):
 def test_hebbian_models_match_fla_at_any_chunk_size(name, chunk_size):
     """The dot-product bias's gradient -v k^T does not depend on the state, so the chunk-start
     semantics coincide with the recurrence: exact for every chunk size (T = 63 leaves a partial
-    chunk). The delta-rule models at b > 1: tests/test_exact_fla.py."""
+    chunk). The delta-rule models at b > 1: tests/runtime/test_exact_fla.py."""
     model = MODELS[name]
     rule = miras.compile(model.spec)
     q, k, v, gates, init, leaves = make_inputs(rule, seed=4)

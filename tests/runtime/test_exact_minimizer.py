@@ -15,7 +15,7 @@ import miras
 from miras.check_minimizer import check_minimizer_end_to_end
 from miras.errors import SpecError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MESANET = ROOT / "specs/mesanet.yaml"
 
 

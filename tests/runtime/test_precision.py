@@ -35,7 +35,7 @@ from helpers import random_inputs
 
 import miras
 
-SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
+SPEC_DIR = Path(__file__).resolve().parents[2] / "specs"
 f64, f32, bf16 = torch.float64, torch.float32, torch.bfloat16
 F32_TOL = 2e-6
 BF16_TOL = 2.0**-8 + F32_TOL

@@ -19,7 +19,7 @@ from miras.models.layer import MirasLayer
 from miras.probes.suite import capacity
 from miras.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DELTAPRODUCT = ROOT / "specs/deltaproduct.yaml"
 
 

@@ -2,7 +2,7 @@
 backward (a reverse scan over chunks) against autograd through a plain loop of the recurrence
 in its docstring, in float64 to 1e-10, on every input: per head and per channel (X = 1 or Dv),
 with and without momentum, the dot bias's state-free signals, one chunk, and nc = n*c not a
-power of 2. The full form against the recurrence is tests/test_exact_chunk.py.
+power of 2. The full form against the recurrence is tests/runtime/test_exact_chunk.py.
 """
 
 from __future__ import annotations

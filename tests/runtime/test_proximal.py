@@ -19,7 +19,7 @@ from miras.components.optimizer.proximal import Proximal
 from miras.errors import SpecError
 from miras.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LONGHORN = ROOT / "specs/longhorn.yaml"
 
 
