@@ -29,7 +29,7 @@ from miras.kernels.common import tuning
 from miras.runtime import triton_backend
 from miras.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 needs_ptxas = pytest.mark.skipif(
     not (sys.platform == "linux" and PTXAS.exists()),

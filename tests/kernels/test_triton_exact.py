@@ -5,7 +5,7 @@ in kernels/templates/exact.py), under the interpreter on a machine without a GPU
   and backward (every input), per head and per channel, with and without momentum and a
   slope, at odd sizes (R and Dv not powers of two, Dphi != Dv, several value blocks).
 - `backend="triton"` equals `backend="chunk"` in the exact form for the covering set of affine
-  specs of tests/test_exact_chunk.py: outputs, final state and the gradients w.r.t. q, k, v,
+  specs of tests/runtime/test_exact_chunk.py: outputs, final state and the gradients w.r.t. q, k, v,
   every gate and the initial state, float32, relative RMS 1e-5, at T not a multiple of the
   chunk, chunk 7 and 16, and a single chunk; in float64 to 1e-12.
 - CPU tensors without the interpreter raise on the exact path too.

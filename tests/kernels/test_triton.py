@@ -7,7 +7,7 @@ checked written after it (MIRAS_TRITON_CHECK=1). The interpreter is slow, so the
 covering set (each bias, retention, optimizer, feature map, window, length, width, chunk size,
 gate layout and kernel at least once), not the cross product; shapes stay small.
 
-Golden files: `MIRAS_UPDATE_GOLDEN=1 pytest tests/test_triton.py -k golden` rewrites them;
+Golden files: `MIRAS_UPDATE_GOLDEN=1 pytest tests/kernels/test_triton.py -k golden` rewrites them;
 review the diff and commit it with the compiler change that caused it.
 """
 
@@ -24,8 +24,8 @@ from miras.runtime import triton_backend
 
 TOL = 1e-5  # relative RMS, float32
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).resolve().parent / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
 @pytest.fixture(autouse=True)
@@ -129,7 +129,7 @@ def _run(rule, backend, inputs, chunk, seed=7):
     init_ = [s.clone().requires_grad_(True) for s in _flat(init)]
     state = dict(zip(init, init_, strict=True)) if isinstance(init, dict) else init_[0]
     params_ = {n: p.clone().requires_grad_(True) for n, p in params.items()}
-    # chunk_mode "start": the emitted kernels' form (the exact form: tests/test_triton_exact.py).
+    # chunk_mode "start": the emitted kernels' form (the exact form: tests/kernels/test_triton_exact.py).
     o, final = rule(
         q_, k_, v_, dict(zip(gates, g_, strict=True)), backend=backend, chunk_size=chunk,
         chunk_mode="start", initial_state=state, output_final_state=True, params=params_,

@@ -26,8 +26,8 @@ from miras.compiler.triton_kernels import kernel_source, load_kernels
 from miras.runtime import triton_backend, triton_launch
 from miras.runtime.inputs import TRITON_PRECISION_ENV, check_triton_precision
 
-TOL = 1e-5  # relative RMS, float32, as tests/test_triton.py
-ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-5  # relative RMS, float32, as tests/kernels/test_triton.py
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = sorted((ROOT / "tests" / "golden").glob("*.py.golden"))
 EXACT = ROOT / "kernels" / "templates" / "exact.py"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
