@@ -189,7 +189,7 @@ class OptimizerContract:
     def test_backends_run_the_update(self, monkeypatch):
         """The recurrence and the chunk-start form call `update`, and agree at chunk size 1.
         (For gd and momentum an MLP memory's "auto" form is the dual form, which takes the
-        optimizer's linear form instead: tests/test_dual_form.py.)"""
+        optimizer's linear form instead: tests/runtime/test_dual_form.py.)"""
         calls = []
         original = type(self.optimizer).update
 
@@ -245,7 +245,7 @@ class TestNesterov(OptimizerContract):
 
 class TestExact(OptimizerContract):
     """The exact minimizer takes no step: `update` is never called, and the contract's
-    per-token checks become what it does instead (tests/test_exact_minimizer.py has the rest)."""
+    per-token checks become what it does instead (tests/runtime/test_exact_minimizer.py has the rest)."""
 
     optimizer = Exact()
     fields = {"retention": {"kind": "l2", "decay": "gate"}, "window": "global"}
@@ -539,7 +539,7 @@ class TestCustomMap(FeatureMapContract):
 
 
 class TestExpKernelMap(FeatureMapContract):
-    """The gated exp-kernel map at order 3 (tests/test_exp_kernel.py holds the kernel itself)."""
+    """The gated exp-kernel map at order 3 (tests/components/test_exp_kernel.py holds the kernel itself)."""
 
     feature_map = ExpKernelMap(order=3, gating=True, max_features=10_000)  # the spec: d = 32
 

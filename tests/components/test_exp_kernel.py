@@ -20,7 +20,7 @@ from miras.models.layer import MirasLayer
 from miras.models.model import build_model
 from miras.tasks import make_task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 f64 = torch.float64
 NEW_SPECS = [
     "specs/deep_transformer.yaml",
