@@ -15,7 +15,7 @@ from miras.errors import SpecError
 from miras.tasks import make_task
 from miras.training_config import TrainConfig
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "spec.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "spec.md"
 
 
 def limits_table() -> dict[tuple[str, str], str]:

@@ -17,7 +17,7 @@ from miras.components.bias.lp import LpBias
 from miras.errors import SpecError
 from miras.spec import COMPATIBILITY_RULES, Spec, Window, load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The spec sketch of docs/architecture.md, word for word.
 SKETCH = """\
