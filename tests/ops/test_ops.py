@@ -3,7 +3,7 @@
 - Each alias equals fla's pure-torch reference of the same model (`fla/ops/<op>/naive.py`,
   fla-core 0.6) on the same arguments: log-decays, `scale`, fla's [B, H, K, V] initial state;
   forward and gradients. fla computes in float32, so inputs are float32-representable float64
-  tensors and the tolerance is a relative RMS of 1e-5, as in tests/test_known_models.py. The
+  tensors and the tolerance is a relative RMS of 1e-5, as in tests/runtime/test_known_models.py. The
   aliases run the chunk backend at chunk size 8 on T = 20 (a partial last chunk).
 - Packed sequences equal each sequence run alone, with its own copies of the leaves: outputs,
   final states [N, ...], and the gradients of q, k, v, gates and the initial states.

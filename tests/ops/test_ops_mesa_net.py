@@ -4,7 +4,7 @@ states, at chunk sizes that do and do not divide T; packed sequences (cu_seqlens
 sequence alone through the same reference (which has no cu_seqlens); the boundary's errors.
 
 fla computes in float32, so inputs are float32-representable float64 tensors, miras runs in
-float64 and the tolerance is a relative RMS of 1e-5 (tests/test_known_models.py). fla's op
+float64 and the tolerance is a relative RMS of 1e-5 (tests/runtime/test_known_models.py). fla's op
 requires V = K; miras's does not, and the reference's h_kv is [K, K] then, so K = V here.
 """
 

@@ -3,7 +3,7 @@
 Against fla-core 0.6's `naive_recurrent_gated_delta_product` (fla/ops/gated_delta_product/
 naive.py: h = h exp(g_t), then n delta-rule steps, each on its own key, value and beta, then
 the read), on equal float32 inputs in fla's packing (k, v [B, T*n, H, .], beta [B, T*n, H]),
-at the tolerance the other aliases meet against fla (relative RMS 1e-5, tests/test_ops.py):
+at the tolerance the other aliases meet against fla (relative RMS 1e-5, tests/ops/test_ops.py):
 n = 2 and 3, with a decay and without one (g None), with and without an initial state,
 packed sequences (cu_seqlens), forward and the gradients of every input. The chunk size counts
 steps (fla chunks the T*n of them): 7 leaves chunks that end inside a token and a partial
@@ -128,7 +128,7 @@ def test_functional_runs_the_shipped_spec_in_fla_packing():
     beta, cu_seqlens included, and equals the alias."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "specs/deltaproduct.yaml"
+    path = Path(__file__).resolve().parents[2] / "specs/deltaproduct.yaml"
     q, k, v, beta, g, h0, _ = inputs(50, 2, gated=True, batch=1, states=2)
     bounds = torch.tensor([0, 9, T])
     op = ops.functional(path, chunk_size=CHUNK)
