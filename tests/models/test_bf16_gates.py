@@ -16,7 +16,7 @@ import miras
 from miras.models.layer import unsquash
 from miras.models.model import build_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DECAY = 0.999  # bf16 rounds it to 1.0: its neighbours below 1 are 0.99609375 and 0.998046875
 
 pytestmark = pytest.mark.usefixtures("one_thread")
