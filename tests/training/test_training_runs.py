@@ -24,7 +24,7 @@ from miras.errors import TrainingDiverged
 from miras.tasks import make_task
 from miras.tasks.mqar import MQAR
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = {
     "name": "tiny-dn",
     "model": {"d_model": 16, "n_heads": 1, "n_layers": 1, "chunk_size": 8},

@@ -14,7 +14,7 @@ from miras.training import evaluate_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GRID = {
     "vocab_size": 64,
     "seq_len": 32,

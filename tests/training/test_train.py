@@ -19,7 +19,7 @@ from miras.models.model import build_model
 
 training = importlib.import_module("miras.training")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = {
     "name": "tiny-gdn",
     "retention": {"kind": "l2", "grad_at": "retained"},
