@@ -17,7 +17,7 @@ from miras.training import evaluate_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"vocab_size": 16, "embed_dim": 8, "num_pairs": 4}
 
 

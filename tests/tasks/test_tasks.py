@@ -22,7 +22,7 @@ from miras.tasks.mad import SUBTASKS
 from miras.tasks.niah import MAX_SNAP, TEMPLATES
 from miras.tasks.text import corpus, split_bounds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Every generator, at small sizes where the defaults are large.
 CONFIGS = [

@@ -12,7 +12,7 @@ from miras.tasks import IGNORE, SPLITS, make_task
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"vocab_size": 64, "seq_len": 64, "num_pairs": 8, "num_updates": 4}
 
 
