@@ -2,7 +2,7 @@
 torchrun (gloo, two CPU processes) and reaches the values, and the intermediate evaluations the
 pruner sees, of the same trials on one rank; a bad `ranks` is named with the study file.
 
-Tolerance: TOL of tests/test_distributed.py, for its reason. Two ranks see the same sequences
+Tolerance: TOL of tests/training/test_distributed.py, for its reason. Two ranks see the same sequences
 as one process; only the order of float32 sums differs (each rank's half-batch gradient, added
 by the all-reduce), a few ulp that AdamW carries on: measured 5e-7 over 20 steps there.
 """

@@ -99,7 +99,7 @@ def test_cost_objectives_in_a_study_and_the_report(tmp_path):
     assert not front.empty and set(front["trial"]) <= {t.number for t in done}
 
 
-@pytest.mark.services  # headless Chromium, as tests/test_report_browser.py
+@pytest.mark.services  # headless Chromium, as tests/search/test_report_browser.py
 def test_replicated_multi_objective_report_renders(tmp_path, browser):  # noqa: F811
     objectives = ["accuracy", "state_bytes", "throughput"]
     definition = load_study({**TINY, "objectives": objectives, "pruner": None, "replicates": 3})
