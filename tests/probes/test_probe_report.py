@@ -13,7 +13,7 @@ from miras.cli import app
 from miras.probes import capacity
 from miras.probes.base import SCALE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DELTANET = str(ROOT / "specs/deltanet.yaml")
 GATED = str(ROOT / "specs/gated_deltanet.yaml")
 # d_k orthogonal pairs or fewer: lr 1 (the exact delta rule) recalls them exactly, so it is the

@@ -29,7 +29,7 @@ from miras.probes import (
 from miras.probes.suite import teacher_values
 from miras.rule import compile as compile_rule
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DELTANET = str(ROOT / "specs/deltanet.yaml")
 HEBBIAN = str(ROOT / "specs/linear_attention.yaml")  # W += v k^T, lr 1, no gates
 SMALL = {"d_k": 8, "trials": 4, "seeds": 2}
