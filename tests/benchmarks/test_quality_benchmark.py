@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "quality.py"
 spec = importlib.util.spec_from_file_location("quality_benchmark", PATH)
 quality = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(quality)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "roofline.py"
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "roofline.py"
 spec = importlib.util.spec_from_file_location("roofline", PATH)
 roofline = importlib.util.module_from_spec(spec)
 sys.modules["roofline"] = roofline  # its dataclasses look their module up

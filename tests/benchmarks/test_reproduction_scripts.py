@@ -14,7 +14,7 @@ import pytest
 from miras.search.study import load_study
 from miras.stats import welch_p
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def script(name: str, registered_as: str | None = None):
