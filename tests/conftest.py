@@ -3,7 +3,7 @@
 Triton chooses its interpreter when it is first imported, and test modules import it at
 collection (fla, in test_known_models.py, imports triton). So on a machine without CUDA the
 choice is made here, before any test module: TRITON_INTERPRET=1 runs the Triton backend's
-kernels on the CPU (tests/test_triton.py). Nothing else in the suite launches a kernel.
+kernels on the CPU (tests/kernels/test_triton.py). Nothing else in the suite launches a kernel.
 
 Emitted sources go to a fresh temporary MIRAS_CACHE_DIR for the session (removed at the end),
 so the tests neither write to the user's ~/.cache/miras nor read stale modules from it.

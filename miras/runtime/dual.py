@@ -6,7 +6,7 @@ It applies where the compiler's chunk_form pass recorded `form == "dual"`
 (`miras.compiler.pipeline.dual_reason`): a memory written as a network of weight matrices
 (`Memory.has_gradient_factors`: the MLP, with or without MIRAS's `x + LN(...)`, and the gated
 MLP), retention none or l2 and optimizer gd or momentum, any bias, any finite window.
-The semantics are `miras.runtime.chunk`'s, to rounding (tests/test_dual_form.py): in a chunk
+The semantics are `miras.runtime.chunk`'s, to rounding (tests/runtime/test_dual_form.py): in a chunk
 from state (W_S, S_S), every gradient is taken at W_e,t = W_S (or P_t W_S for the retained
 gradient point, P_t = prod_{j<=t} a_j), and token t reads its own weights
 

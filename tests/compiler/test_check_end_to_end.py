@@ -252,7 +252,7 @@ def test_a_saturated_unit_interval_state_keeps_its_relative_precision():
     """Binary entropy's step is sigmoid(logit(w0) - u). Sought in w, the oracle's root stopped
     at the bisection's absolute floor (a state of 7e-18 came out as 2.8e-14), so the next
     token's step was off by 0.28 and `miras check` failed a correct rule (taylor features, lp
-    bias, bregman retention, window 3: found by tests/test_spec_fuzz.py)."""
+    bias, bregman retention, window 3: found by tests/spec/test_spec_fuzz.py)."""
     from miras.check_end_to_end import argmin_separable
 
     w0 = torch.tensor([0.3, 1e-15, 0.5, 1 - 1e-9], dtype=torch.float64)

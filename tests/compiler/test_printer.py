@@ -94,6 +94,6 @@ def test_printed_code_computes_the_expression():
 def test_an_irrational_constant_of_a_two_argument_function_is_a_float_tensor():
     """sqrt(e**2 + 1/10) prints as hypot(e, sqrt(10)/10): the constant used to go through
     sp.Float(sqrt(10)/10), a TypeError (an lp bias with eps = 0.1 over a window failed to
-    compile; found by tests/test_spec_fuzz.py)."""
+    compile; found by tests/spec/test_spec_fuzz.py)."""
     code = torch_code(sp.sqrt(e**2 + sp.Rational(1, 10)))
     assert code == "torch.hypot(e, torch.tensor(0.31622776601683794, dtype=torch.float64))"
