@@ -11,7 +11,7 @@ from helpers import random_inputs
 
 import miras
 from miras.compiler.bias_check import check_bias
-from miras.compiler.bias_derive import derive_bias
+from miras.compiler.bias_derive import _sign_to_abs, derive_bias
 from miras.compiler.emit import load_module, module_source
 from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, RobustBias
 from miras.errors import DerivationError
@@ -180,3 +180,27 @@ def test_whole_vector_bias_refuses_per_channel_gates():
     gates["radius"] = gates["radius"].unsqueeze(-1).expand(*gates["radius"].shape, v.shape[-1])
     with pytest.raises(ValueError, match="radius"):
         rule(q, k, v, gates, backend="recurrent")
+
+
+# The lp gradient prints simplified: sign(e) absorbed into |e| ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("p", "gradient"),
+    [(3, "3*e*Abs(e)"), (5, "5*e**3*Abs(e)"), (2.5, "5*e*sqrt(Abs(e))/2"), (4, "4*e**3")],
+)
+def test_lp_gradient_is_simplified_and_checks(p, gradient):
+    bias = LpBias(p=p)
+    rule = derive_bias(bias)
+    assert str(rule.gradient) == gradient
+    assert all(r.passed for r in check_bias(bias, rule))
+
+
+def test_sign_to_abs_is_the_same_function_at_zero_too():
+    cases = [e**2 * sp.sign(e), 3 * e**4 * sp.sign(e) + e, e * sp.sign(e), sp.sign(e) + e]
+    for expr in cases:
+        rewritten = _sign_to_abs(expr)
+        for point in (-2, -sp.Rational(1, 3), 0, sp.Rational(1, 2), 3):
+            assert rewritten.subs(e, point) == expr.subs(e, point), (expr, point)
+    assert _sign_to_abs(e**2 * sp.sign(e)) == e * sp.Abs(e)
+    assert _sign_to_abs(sp.sign(e) + e) == sp.sign(e) + e  # no power of e to absorb sign(e)

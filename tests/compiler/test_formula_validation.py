@@ -156,6 +156,50 @@ def test_bregman_potential_refused(potential, reason):
     assert reason in message
 
 
+# --- the custom loss's wording; params keys and values ---------------------------------------
+
+
+def test_appears_outside_sum_is_grammatical():
+    one = problem({"bias": {"kind": "custom", "loss": "sum(e**2) + y"}})
+    assert one.startswith("bias.loss: y appears outside sum(...)/norm(...); ")
+    two = problem({"bias": {"kind": "custom", "loss": "sum(e**2) + y*v"}})
+    assert two.startswith("bias.loss: v, y appear outside sum(...)/norm(...); ")
+
+
+@pytest.mark.parametrize(
+    ("params", "path", "words"),
+    [
+        ({"c": float("nan")}, "feature_map.params.c", "expected a number in (-inf, inf), got nan"),
+        ({"c": float("inf")}, "feature_map.params.c", "expected a number in (-inf, inf), got inf"),
+        ({"c": True}, "feature_map.params.c", "got True"),
+        ({"c": "gate"}, "feature_map.params.c", "got 'gate'"),
+        ({"c": "2"}, "feature_map.params.c", "got '2'"),
+    ],
+    ids=["nan", "inf", "bool", "gate", "text"],
+)
+def test_feature_map_param_values_must_be_finite_numbers(params, path, words):
+    fields = {"bias": "l2", "feature_map": {"kind": "custom", "formula": "c*x", "params": params}}
+    message = problem(fields)
+    assert message.startswith(f"{path}: ") and words in message
+
+
+@pytest.mark.parametrize("name", ["exp", "sum", "norm", "where", "sigmoid"])
+def test_param_named_like_a_function_is_refused(name):
+    bias = {"bias": {"kind": "custom", "loss": f"{name}*e**2", "params": {name: 1.0}}}
+    message = problem(bias)
+    assert message.startswith("bias.params: ")
+    assert f"parameter name '{name}' is the name of a formula function" in message
+
+
+def test_unused_param_names_the_key_and_the_used_ones():
+    bias = {"bias": {"kind": "custom", "loss": "c*e**2", "params": {"c": 1.0, "delta": 2.0}}}
+    message = problem(bias)
+    assert message == (
+        "bias.params: parameter name 'delta' is declared in params but not used in loss "
+        "(it uses c); use it in the formula or remove it"
+    )
+
+
 # --- the command line ------------------------------------------------------------------------
 
 

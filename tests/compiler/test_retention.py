@@ -13,10 +13,12 @@ import pytest
 import sympy as sp
 import torch
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from miras.cli import app
 from miras.compiler.emit import load_module, module_source
 from miras.compiler.retention_check import SHAPE, check_retention, sample_gates, sample_state
-from miras.compiler.retention_derive import derive_retention
+from miras.compiler.retention_derive import _solve_unique, derive_retention
 from miras.components.base import Retention
 from miras.components.retention.bregman import BregmanRetention
 from miras.components.retention.elastic_net import ElasticNetRetention
@@ -26,10 +28,12 @@ from miras.components.retention.lq import LqRetention
 from miras.components.retention.none import NoRetention
 from miras.errors import DerivationError
 from miras.ir import RetentionRule
-from miras.symbols import gate_symbol, sigmoid, soft_threshold, u, w0
+from miras.symbols import gate_symbol, sigmoid, soft_threshold, u, w, w0
 
 STATIONARITY_TOL = 1e-8  # |autograd grad of the objective| at the derived W_t, float64
 ARGMIN_TOL = 1e-6  # derived W_t vs a numerical minimizer (golden section / L-BFGS), float64
+runner = CliRunner()
+
 PUBLISHED_TOL = 1e-12  # emitted step vs the published formula written in torch below
 
 a, gamma = gate_symbol("decay"), gate_symbol("threshold")
@@ -382,3 +386,45 @@ def test_potential_errors_name_the_field(potential, words):
     with pytest.raises(ValidationError, match=words) as info:
         BregmanRetention(potential=potential)
     assert info.value.errors()[0]["loc"] == ("potential",)
+
+
+# The derivation's text and errors: the lq equation names the spec's q, Bregman errors say what
+# sympy found ---------------------------------------------------------------------------------
+
+
+def test_lq_equation_names_the_specs_q(tmp_path):
+    assert "||A_t||_3^1" in LqRetention(q=3).spec_equation()
+    assert "q = 3 here, 4 in Moneta" in LqRetention(q=3).spec_equation()
+    assert "||A_t||_4^2" in LqRetention().spec_equation()
+    path = tmp_path / "lq3.yaml"
+    path.write_text("name: lq3\nmemory: matrix\nbias: l2\nretention: {kind: lq, q: 3}\n")
+    text = runner.invoke(app, ["derive", str(path)]).stdout
+    assert "||A_t||_3^1   (MIRAS eq. 24; q = 3 here, 4 in Moneta)" in text
+    assert "q = 4)" not in text
+
+
+def test_bregman_error_when_sympy_finds_no_solution():
+    with pytest.raises(DerivationError) as info:  # F' = w^5 + w; unvalidated (validation refuses)
+        derive_retention(BregmanRetention.model_construct(potential="w**6/6 + w**2/2"))
+    message = str(info.value)
+    assert "sympy found no closed-form solution for w" in message
+    assert "no solution was not" not in message and "retention.solver: newton" in message
+
+
+def test_bregman_error_lists_the_rejected_solutions_on_the_command_line(tmp_path):
+    path = tmp_path / "cubic.yaml"
+    path.write_text(
+        "name: cubic\nmemory: matrix\nbias: l2\nretention: {kind: bregman, potential: 'w**4/4'}\n"
+    )
+    result = runner.invoke(app, ["derive", str(path)])
+    assert result.exit_code == 1
+    # rich used to read the bracketed list as markup and print "its solutions  are not"
+    assert "none of its solutions for w (z**(1/3), " in result.stderr, result.stderr
+    assert "is a real inverse at every sample point" in result.stderr
+
+
+def test_solve_unique_says_how_many_solutions_sympy_found():
+    with pytest.raises(DerivationError, match=r"sympy found no solution of exp\(w\) = 0 for w"):
+        _solve_unique(sp.exp(w), w, "case")
+    with pytest.raises(DerivationError, match=r"sympy found 2: -1, 1"):
+        _solve_unique(w**2 - 1, w, "case")

@@ -132,3 +132,24 @@ def test_training_that_diverges_at_step_one_blames_the_initialization(monkeypatc
     assert err.value.step == 1 and "the forward pass is nan" in text
     assert "before any update" in text and "lower the learning rate" not in text
     assert "memory layer (spec 'elu-deltanet'): its output is non-finite from token" in text
+
+
+# Gates whose dtype differs from the inputs' are refused, naming the gate and the fix -----------
+
+
+def test_gate_dtype_must_match_the_inputs():
+    rule = miras.compile("specs/gated_deltanet.yaml")
+    q, k, v, gates = random_inputs(rule, t=5, dtype=torch.float32)
+    rule(q, k, v, gates)  # matching dtypes run
+    wide = {**gates, "lr": gates["lr"].double()}
+    with pytest.raises(ValueError) as info:
+        rule(q, k, v, wide)
+    assert str(info.value) == (
+        "gates['lr']: the gate is float64 but q, k, v are float32; pass gates in the inputs' "
+        "dtype, e.g. gates['lr'].to(q.dtype)"
+    )
+    q16, k16, v16 = (x.bfloat16() for x in (q, k, v))
+    with pytest.raises(
+        ValueError, match=r"gates\['decay'\]: the gate is float32 but q, k, v are bfloat16"
+    ):
+        rule(q16, k16, v16, gates)
