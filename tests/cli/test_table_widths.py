@@ -17,7 +17,7 @@ from miras.cli import app
 from miras.components import CATALOGUE
 from miras.rule import MemoryRule
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DELTANET = ROOT / "specs" / "deltanet.yaml"
 LONG_PIECE = (
     "stationarity: autograd grad of the objective at the derived W_t, from the default initial "
