@@ -44,6 +44,8 @@ def load(rule: RetentionRule):
     return load_module(module_source(f"test retention {rule.kind}", [rule.source]))
 
 
+# Not helpers.random_inputs: the retention step takes a state and an update (w0, u) and
+# per-entry gates, not q, k, v.
 def inputs(retention: Retention, seed: int = 7, shape=SHAPE):
     """w0 in the retention's domain, u, and per-entry gates, float64."""
     gen = torch.Generator().manual_seed(seed)

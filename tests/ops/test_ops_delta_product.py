@@ -28,6 +28,7 @@ def naive():
     return fla_naive("gated_delta_product", "naive_recurrent_gated_delta_product")
 
 
+# Not helpers.random_inputs: fla's DeltaProduct packing (n keys and values per token).
 def inputs(seed: int, n: int, *, gated: bool, batch: int = B, states: int = B):
     """Leaves q [B, T, H, K], k [B, T*n, H, K], v [B, T*n, H, V], beta [B, T*n, H],
     g [B, T, H] (log-decays; None when not gated) and h0 [states, H, K, V] (fla's layout)."""

@@ -35,6 +35,8 @@ def grads_of(outputs, leaves, seed=3):
     return torch.autograd.grad(loss, leaves)
 
 
+# Not helpers.random_inputs: fla's layout and conventions (beta, the log-decay g, the state
+# [B, H, K, V]), with beta 0 and a decay of 0 at fixed tokens.
 def inputs(seed, dtype=f32):
     """q, k (unit rows), v, beta with zeros at every 3rd token, g with -200 (a decay of 0) at
     every 5th token, and an initial state [B, H, K, V]."""

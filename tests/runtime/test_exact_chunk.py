@@ -77,6 +77,8 @@ def rule_of(name: str):
     return miras.compile({"name": name, **CASES[name][0]})
 
 
+# Not helpers.random_inputs: every fifth momentum is exactly 0 (the closed end of its range),
+# learning rates reach 0.9, and a random initial state joins the leaves.
 def make_inputs(name: str, t_len: int, seed: int = 0, dtype=f64):
     """Unit-norm q, k; v ~ N(0, 1); gates in their ranges (every fifth momentum exactly 0, the
     closed end of its range); a random initial state (memory and momentum); all leaves."""

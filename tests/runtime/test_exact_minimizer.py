@@ -32,6 +32,8 @@ def exact_spec(**fields) -> dict:
     return spec
 
 
+# Not helpers.random_inputs: MesaNet's gates by name in their own ranges (a decay from 0.5,
+# gamma past 1, the ridge per key channel [B, T, H, Dk]).
 def inputs(rule, b=2, t=23, h=2, d=5, dv=3, dtype=torch.float64, per_key=True, seed=0):
     """q, k (unit rows), v and every gate of `rule` in its range; the ridge per key channel."""
     gen = torch.Generator().manual_seed(seed)

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import random_inputs
 
 import miras
 from miras.runtime import linear
@@ -31,13 +32,6 @@ def test_the_chunk_form_pass_records_the_start_path(spec, form, path):
     assert (chunk_form.form, chunk_form.start_path) == (form, path)
 
 
-def inputs(rule, length=10):
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, length, 2, 4, generator=gen, dtype=torch.float64) for _ in "qkv")
-    gates = {n: 0.2 + 0.6 * torch.rand(1, length, 2, generator=gen) for n in rule.gates}
-    return q, k, v, {n: g.double() for n, g in gates.items()}
-
-
 def test_the_runtime_takes_the_path_the_ir_records(monkeypatch):
     """Same spec, two records: the linear module runs only where the IR says "linear", and
     both paths compute the same chunk-start form."""
@@ -51,7 +45,7 @@ def test_the_runtime_takes_the_path_the_ir_records(monkeypatch):
         return original(rt, seq, state, chunk_size)
 
     monkeypatch.setattr(linear, "forward", spy)
-    q, k, v, gates = inputs(rule)
+    q, k, v, gates = random_inputs(rule, b=1, t=10, h=2, dk=4, dv=4)
     fast, _ = rule(q, k, v, gates=gates, backend="chunk", chunk_size=4)
     assert calls == ["linear"]
 

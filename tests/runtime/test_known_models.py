@@ -81,6 +81,8 @@ def gates_for(rule, gen, *, per_channel_lr=False) -> dict[str, torch.Tensor]:
     return out
 
 
+# Not helpers.random_inputs: fla's references compute in float32, so every leaf is a
+# float32-representable float64 tensor (f32_exact), with a non-zero initial state.
 def make_inputs(rule, seed, *, per_channel_lr=False, momentum_state=False):
     """q, k unit rows (what keeps the delta rule contractive), v ~ N(0, 1), a non-zero initial
     state; all leaves require grad."""

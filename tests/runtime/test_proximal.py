@@ -27,6 +27,8 @@ def prox(**changes) -> dict:
     return {"name": "prox", "bias": "l2", "optimizer": "proximal", **changes}
 
 
+# Not helpers.random_inputs: the keys are not normalized (the tests vary their norm by
+# key_scale) and the learning rate reaches 3.
 def inputs(b=2, t=37, h=3, dk=5, dv=7, *, key_scale=1.0, per_channel=False, seed=0):
     """q, k, v [B, T, H, D] float64, keys NOT normalized (||k|| ~ key_scale sqrt(dk)), and a
     learning rate in [0.1, 3] per head [B, T, H] or per channel [B, T, H, Dv]."""
