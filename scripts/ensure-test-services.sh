@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the search tests start themselves, when it is missing:
-#   - PostgreSQL server binaries (tests/test_search_postgres.py runs initdb + postgres in a tmp dir)
-#   - Chromium and chromedriver (tests/test_report_browser.py opens the HTML report headless)
+#   - PostgreSQL server binaries (tests/search/test_search_postgres.py runs initdb + postgres in a tmp dir)
+#   - Chromium and chromedriver (tests/search/test_report_browser.py opens the HTML report headless)
 # Debian/Ubuntu only (apt-get). Idempotent: when everything is there it returns at once without
 # touching apt. Run as root (CI) or through sudo; `make test` runs it first.
 set -euo pipefail

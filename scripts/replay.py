@@ -13,7 +13,7 @@ outputs, each compared with its copy under tests/golden/:
 - `derivation`: the derived update rule as `miras derive` prints it (golden/derivation/);
 - `torch`: the emitted torch module, `rule.source` (golden/torch/);
 - `triton`: the emitted Triton module where the kernels cover the spec, as `miras kernel`
-  prints it (golden/<name>.py.golden, the copies tests/test_triton.py also reads).
+  prints it (golden/<name>.py.golden, the copies tests/kernels/test_triton.py also reads).
 
 A golden copy that is missing counts as a difference (run --update to write it); so does one
 whose spec no longer exists. tests/compiler/test_replay.py runs the replay in the suite.

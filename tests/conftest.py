@@ -3,7 +3,7 @@
 Triton chooses its interpreter when it is first imported, and test modules import it at
 collection (fla, in test_known_models.py, imports triton). So on a machine without CUDA the
 choice is made here, before any test module: TRITON_INTERPRET=1 runs the Triton backend's
-kernels on the CPU (tests/test_triton.py). Nothing else in the suite launches a kernel.
+kernels on the CPU (tests/kernels/test_triton.py). Nothing else in the suite launches a kernel.
 
 Emitted sources go to a fresh temporary MIRAS_CACHE_DIR for the session (removed at the end),
 so the tests neither write to the user's ~/.cache/miras nor read stale modules from it.
@@ -11,11 +11,19 @@ so the tests neither write to the user's ~/.cache/miras nor read stale modules f
 Markers (registered in pyproject.toml): `services` for tests that start PostgreSQL or headless
 Chromium, `slow` for the longest ones. `pytest -m "not slow and not services"` is the fast
 suite; a plain `pytest` (and `make test`) runs everything.
+
+The suite's folders follow the source (tests/compiler/, tests/runtime/, ...). Test modules
+import shared oracles from one another across folders (`from test_known_models import
+fla_naive`), so every folder is put on sys.path here, as pytest puts tests/ itself (this file's
+folder, for helpers.py and search_support.py); pytest would add a folder only once it collects
+a file there, too late for a folder collected earlier or a single file run on its own.
 """
 
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +34,11 @@ if not torch.cuda.is_available():
 _CACHE = tempfile.mkdtemp(prefix="miras-test-cache-")
 _USER_CACHE = os.environ.get("MIRAS_CACHE_DIR")
 os.environ["MIRAS_CACHE_DIR"] = _CACHE
+
+_TESTS = Path(__file__).resolve().parent
+for _folder in sorted(_TESTS.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 def pytest_unconfigure(config):

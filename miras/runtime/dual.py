@@ -7,8 +7,8 @@ It applies where the compiler's chunk_form pass recorded `form == "dual"`
 (`Memory.has_gradient_factors`: the MLP, with or without MIRAS's `x + LN(...)`, and the gated
 MLP), a linear step (the compiled `LinearStep`: retention none or l2 with gd, proximal,
 momentum or Nesterov), any bias, any finite window.
-The semantics are `miras.runtime.chunk`'s, to rounding (tests/test_dual_form.py): in a chunk
-from state (W_S, S_S), every gradient is taken at W_e,t = W_S (or P_t W_S for the retained
+The semantics are `miras.runtime.chunk`'s, to rounding (tests/runtime/test_dual_form.py): in a
+chunk from state (W_S, S_S), every gradient is taken at W_e,t = W_S (or P_t W_S for the retained
 gradient point, P_t = prod_{j<=t} a_j), and token t reads its own weights
 
     W_t = D_t W_S - C_t S_S - sum_{s<=t} K[t, s] lr_s g_s,    g_s = sum_j e_{s,j} x_{s,j}^T

@@ -4,9 +4,9 @@ It is registered the way a user's component is (`miras.registry.register`), writ
 component hooks (`parameter_shapes`, `network`, `gradient_factors`), and gets every form a
 deep memory qualifies for: the dual form of the chunk-start form (`chunk_mode="auto"`), the
 per-token chunk-start path and the recurrence. The dual form equals the per-token path to the
-tolerance of tests/test_dual_form.py (forward, final state and every gradient), and at chunk
+tolerance of tests/runtime/test_dual_form.py (forward, final state and every gradient), and at chunk
 size 1 it equals the recurrence. The memory's own forward and backward pass the memory
-contract of tests/test_component_contracts.py.
+contract of tests/components/test_component_contracts.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from miras.components.base import Memory, Range, number
 from miras.components.memory.mlp import Activation, activation_functions
 from miras.registry import registered
 
-TOL = 1e-10  # tests/test_dual_form.py's
+TOL = 1e-10  # tests/runtime/test_dual_form.py's
 
 
 class SwiGLU3Memory(Memory):

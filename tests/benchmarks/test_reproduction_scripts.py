@@ -1,0 +1,206 @@
+"""The reproduction scripts (benchmarks/zoology_forgetting.py, zoology_continuous.py,
+mad_protocol.py and their shared benchmarks/reproduction.py): the per-model studies they
+build load, and their tables and verdicts read hand-made per-seed numbers as stated. No
+training here: the scripts' --quick runs are the end-to-end check."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from miras.search.study import load_study
+from miras.stats import welch_p
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def script(name: str, registered_as: str | None = None):
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(registered_as or f"{name}_script", path)
+    module = importlib.util.module_from_spec(spec)
+    if registered_as:
+        sys.modules[registered_as] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# The scripts `import reproduction` (run as scripts, benchmarks/ is their sys.path[0]): it is
+# registered first, so their import finds it without benchmarks/ on every test's path.
+rep = script("reproduction", registered_as="reproduction")
+forgetting = script("zoology_forgetting")
+continuous = script("zoology_continuous")
+mad = script("mad_protocol")
+
+HIGH = [0.95, 0.96, 0.97]
+LOW = [0.40, 0.42, 0.44]
+NOISY = [0.30, 0.90, 0.60]  # overlaps both
+
+
+def row(model, seeds, **params):
+    extra = {"task": params.pop("task")} if "task" in params else {}
+    return rep.Row(model, "family", list(seeds), {"lr": 0.01}, 1024.0, params, extra)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["studies/zoology_forgetting.yaml", "studies/zoology_continuous.yaml", "studies/mad.yaml"],
+)
+def test_the_study_files_load(path):
+    study = load_study(ROOT / path)
+    assert study.sweeps and study.replicates == 3 and study.sampler_def().kind == "grid"
+
+
+@pytest.mark.parametrize("module", [forgetting, continuous], ids=["forgetting", "continuous"])
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_every_model_study_loads(module, quick):
+    found = module.jobs(quick)
+    assert [j.label for j in found] == list(module.MODELS)
+    for job in found:
+        study = load_study(job.study)
+        assert study.name == job.study["name"]
+    if quick:
+        assert all(j.study["train"]["steps"] <= 10 for j in found)
+
+
+def test_mad_studies_cover_every_subtask_and_atlas_only_where_asked():
+    found = mad.jobs(False, ["memorization"], [0.0, 0.1])
+    pairs = {(j.label, j.extra["task"]) for j in found}
+    assert ("atlas", "memorization") in pairs and ("atlas", "compression") not in pairs
+    assert len(pairs) == 4 * len(mad.TASKS) + 1
+    copying = next(j for j in found if j.extra["task"] == "selective_copying")
+    study = load_study(copying.study)
+    assert study.task.options["subtask"] == "selective_copying"
+    assert study.sweep_points == [
+        {"lr": lr, "weight_decay": wd} for lr in (3e-3, 1e-2, 3e-2) for wd in (0.0, 0.1)
+    ]
+    atlas = next(j for j in found if j.label == "atlas")
+    assert load_study(atlas.study).spec["optimizer"]["kind"] == "muon"
+
+
+def test_model_study_swaps_components_and_keeps_the_model_section():
+    base = rep.load_yaml("studies/zoology_forgetting.yaml")
+    study = rep.model_study(base, "la", rep.spec_fields("specs/linear_attention.yaml"))
+    assert study["name"] == "zoology_forgetting-la"
+    assert study["spec"]["bias"] == "dot" and study["spec"]["retention"] == "none"
+    assert study["spec"]["optimizer"] == {"kind": "gd", "lr": 1}
+    assert "feature_map" not in study["spec"] and "window" not in study["spec"]  # GDN's, dropped
+    assert study["spec"]["model"] == base["spec"]["model"]
+    assert base["spec"]["bias"] == "l2"  # the base is not changed
+
+
+def test_quick_study_cuts_the_sweeps_seeds_and_steps():
+    base = rep.load_yaml("studies/mad.yaml")
+    base["train"]["weight_decay"] = {"sweep": [0.0, 0.1]}
+    quick = rep.quick_study(base, steps=6, points=1, seeds=2)
+    assert quick["train"]["lr"] == {"sweep": [3e-3]}
+    assert quick["train"]["weight_decay"] == {"sweep": [0.0]}
+    assert quick["replicates"] == 2 and quick["train"]["steps"] == 6
+    assert base["train"]["steps"] == 250
+
+
+def test_beats_needs_a_higher_mean_and_p_below_005():
+    assert rep.beats(HIGH, LOW) == (True, welch_p(HIGH, LOW))
+    assert rep.beats(LOW, HIGH)[0] is False  # separated, but below
+    assert rep.beats(NOISY, LOW)[0] is False  # above, but p >= 0.05
+    assert welch_p(NOISY, LOW) >= 0.05
+
+
+def forgetting_rows(gdn=HIGH, dn=HIGH, la=LOW, ret=LOW):
+    return [row("gated_deltanet", gdn), row("deltanet", dn), row("linear_attention", la),
+            row("retnet", ret)]  # fmt: skip
+
+
+def test_forgetting_verdict():
+    assert forgetting.verdict(forgetting_rows()).startswith("verdict: reproduced")
+    line = forgetting.verdict(forgetting_rows(dn=NOISY))
+    assert line.startswith("verdict: not reproduced")
+    assert "deltanet vs linear_attention" in line and "deltanet vs retnet" in line
+    assert "gated_deltanet vs" not in line
+    missing = forgetting.verdict(forgetting_rows()[:3])
+    assert "not reproduced" in missing and "retnet" in missing
+
+
+def test_forgetting_table_has_the_four_p_values_best_first():
+    text = forgetting.table(forgetting_rows(dn=NOISY))
+    lines = text.splitlines()
+    assert lines[2].startswith("| gated_deltanet")  # the highest mean first
+    dn = next(line for line in lines if line.startswith("| deltanet "))
+    assert f"{welch_p(NOISY, LOW):.3g}" in dn
+    la = next(line for line in lines if line.startswith("| linear_attention"))
+    assert la.rstrip().endswith("|  |  |")  # the additive rows have no p of their own
+
+
+def continuous_rows(dn_small=HIGH):
+    rows = []
+    for heads, la, dn in ((1, LOW, HIGH), (4, [0.1, 0.12, 0.11], dn_small)):
+        rows += [
+            row("linear_attention", la, **{"model.n_heads": heads}),
+            row("deltanet", dn, **{"model.n_heads": heads}),
+            row("gated_deltanet", dn, **{"model.n_heads": heads}),
+        ]
+    for r in rows:
+        r.state_bytes = 4096.0 / r.params["model.n_heads"]
+    return rows
+
+
+def test_continuous_verdict_and_curve_line():
+    first, second = continuous.verdict(continuous_rows())
+    assert first.startswith("verdict: reproduced")
+    assert "linear_attention yes" in second and "deltanet no" in second  # HIGH at both sizes
+    first, _ = continuous.verdict(continuous_rows(dn_small=[0.05, 0.30, 0.12]))
+    assert first.startswith("verdict: not reproduced") and "at 4 heads" in first
+    assert "at 1 head" not in first
+
+
+def test_continuous_table_marks_the_best_per_head_count():
+    lines = continuous.table(continuous_rows()).splitlines()[2:]
+    assert [line.split("|")[1].strip() for line in lines[:2]] == ["linear_attention"] * 2
+    assert lines[0].split("|")[3].strip() == "4"  # by model, then state size (4 heads: smaller)
+    best = [line for line in lines if line.rstrip().endswith("| best |")]
+    assert len(best) == 2  # one per head count (deltanet: the first of the tied pair)
+
+
+def mad_rows(atlas=HIGH, titans=LOW):
+    rows = [row(m, [0.5, 0.5, 0.5], task=t) for m in ("linear_attention", "swa") for t in mad.TASKS]
+    rows += [row("atlas", atlas, task="memorization"), row("titans", titans, task="memorization")]
+    return rows
+
+
+def test_mad_verdict():
+    assert "holds: Atlas is above every other" in mad.verdict(mad_rows())
+    fails = mad.verdict(mad_rows(atlas=LOW, titans=HIGH))
+    assert "does not hold" in fails and "titans" in fails
+    tied = mad.verdict(mad_rows(atlas=NOISY))
+    assert "not reproduced" in tied and "linear_attention" in tied
+    assert "not shown" in mad.verdict([r for r in mad_rows() if r.model != "atlas"])
+
+
+def test_mad_scores_average_each_seed_over_the_six_subtasks():
+    rows = [row("swa", [0.1 * i, 0.2, 0.3], task=t) for i, t in enumerate(mad.TASKS)]
+    rows.append(row("atlas", HIGH, task="memorization"))
+    scores = mad.mad_scores(rows)
+    assert list(scores) == ["swa"]  # atlas ran on one subtask: no score
+    assert scores["swa"] == pytest.approx([0.1 * sum(range(6)) / 6, 0.2, 0.3])
+
+
+def test_mad_table_says_not_run_and_ends_with_the_scores():
+    lines = mad.table(mad_rows()).splitlines()
+    assert any("| compression | atlas |" in line and "not run" in line for line in lines)
+    assert lines[-1].startswith("| MAD score (mean of 6)")
+    memorization = [line for line in lines if line.startswith("| memorization")]
+    assert memorization[0].startswith("| memorization | atlas |")  # best first
+
+
+def test_cost_line_names_resumed_studies():
+    cost = rep.Cost(cpu=12.4, wall=7.6)
+    fresh = rep.StudyResult("a", "a", [], [], 1.0)
+    again = rep.StudyResult("b", "b", [], [], 1.0, resumed=True)
+    assert rep.cost_line(cost, 2, [fresh]) == (
+        "CPU time 12 s (this process and its 2 workers), wall 8 s"
+    )
+    assert rep.cost_line(cost, 2, [fresh, again]).endswith(
+        "1 of 2 studies resumed from storage, their earlier time not counted: b"
+    )

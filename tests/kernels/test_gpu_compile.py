@@ -1,0 +1,266 @@
+"""Compile-only GPU checks (`miras.gpu_compile`): every kernel a shipped spec runs on,
+compiled for sm_80 and sm_90 by Triton and the ptxas its wheel ships (no GPU), with the
+launcher's block sizes and each autotune config; and, under the interpreter, every autotune
+config giving the same results.
+
+ptxas takes from seconds (a small scan) to minutes (a d = 128 backward) per kernel, so the
+default run compiles one small kernel on both targets and checks that the jobs are the
+launcher's; the whole matrix (every covered spec x form x config x d in {64, 128, 256} x
+{sm_80, sm_90}) is one `slow` test that runs only with MIRAS_COMPILE_MATRIX=1 (hours from a cold
+cache, beyond make test's budget), cached on disk under pytest's cache directory by kernel
+source, constexprs, config and target, so a rerun compiles only what changed.
+"""
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+from helpers import random_inputs
+
+import miras
+from miras import gpu_compile
+from miras.compiler.pipeline import compile_ir
+from miras.compiler.triton_kernels import unsupported_reason
+from miras.kernels.common import tuning
+from miras.runtime import triton_backend
+from miras.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+needs_ptxas = pytest.mark.skipif(
+    not (sys.platform == "linux" and PTXAS.exists()),
+    reason=f"the triton wheel's ptxas is absent ({PTXAS}): Triton ships it for Linux x86-64",
+)
+COVERED = [
+    p for p in sorted(glob.glob(str(ROOT / "specs" / "*.yaml"))) if not unsupported_reason(load_spec(p))
+]  # fmt: skip
+
+
+def _cache(pytestconfig) -> Path:
+    return pytestconfig.cache.mkdir("gpu_compile")
+
+
+# Arguments ------------------------------------------------------------------------------------
+
+
+def test_bad_target_and_width_name_the_allowed_values():
+    with pytest.raises(ValueError, match=r"target: expected one of sm_80, sm_90, got 'sm_86'"):
+        gpu_compile.check_target("sm_86")
+    with pytest.raises(ValueError, match=r"dim: expected one of 64, 128, 256 .*got 96"):
+        gpu_compile.check_width(96)
+    with pytest.raises(ValueError, match=r"shape: expected B,T,H .*got '2,64'"):
+        gpu_compile.parse_shape("2,64")
+
+
+def test_cli_report_refuses_a_bad_target_and_width():
+    from typer.testing import CliRunner
+
+    from miras.cli import app
+
+    spec = str(ROOT / "specs" / "deltanet.yaml")
+    result = CliRunner().invoke(app, ["kernel", spec, "--report", "--target", "sm_75"])
+    assert result.exit_code == 1
+    assert "target: expected one of sm_80, sm_90, got 'sm_75'" in result.output
+    result = CliRunner().invoke(app, ["kernel", spec, "--report", "--dim", "32"])
+    assert result.exit_code == 1
+    assert "dim: expected one of 64, 128, 256" in result.output
+    result = CliRunner().invoke(app, ["kernel", spec, "--report", "--precision", "fp16"])
+    assert result.exit_code == 1
+    assert "precision: expected one of ieee, tf32, tf32x3, got 'fp16'" in result.output
+
+
+def test_every_autotune_config_states_the_register_cap():
+    """Left unstated, the ptxas of triton 3.9 gives these loop-carried kernels 32 registers a
+    thread and spills their state tiles (kernels/common/tuning.py)."""
+    for config in tuning.configs(tuning.CHUNK) + tuning.configs(tuning.SCAN):
+        assert config.maxnreg == tuning.MAX_REGISTERS == 255
+
+
+# The jobs are the launcher's -------------------------------------------------------------------
+
+
+def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
+    spec = load_spec(ROOT / "specs" / "gated_deltanet.yaml")
+    found = gpu_compile.jobs(spec, d=128, chunk_size=64, shape=(2, 1000, 4))
+    kernels = {(j.kernel, j.variant) for j in found}
+    assert kernels == {
+        ("general_forward", ""), ("general_backward", ""),
+        ("linear_forward", ""), ("linear_backward", ""),
+        ("exact_scan_forward", "per head"), ("exact_scan_backward", "per head"),
+        ("exact_scan_forward", "per channel"), ("exact_scan_backward", "per channel"),
+    }  # fmt: skip
+    compiled = compile_ir(spec)
+    for job in found:
+        meta = dict(job.constexprs)
+        configs = tuning.SCAN if job.form == "scan" else tuning.CHUNK
+        assert (job.num_warps, job.num_stages) == configs[job.config]
+        assert job.maxnreg == tuning.MAX_REGISTERS
+        assert meta["DOT_PRECISION"] == "ieee" and meta["ACC"] == "fp32"
+        if job.form == "scan":
+            assert meta["BR"] == 64 and meta["BK"] == 128
+            assert meta["BV"] == (16 if job.variant == "per channel" else 64)
+        else:
+            linear = job.form == "linear"
+            block_v = triton_backend.choose_kernels(compiled, 128, 128, not linear)[1]
+            assert (meta["BT"], meta["BK"], meta["BV"]) == (64, 128, block_v)
+        assert job.grid == (8, 128 // meta["BV"])
+    assert len(found) == 8 * len(tuning.CHUNK)
+
+
+def test_a_bias_with_channel_sums_above_64_channels_has_no_linear_jobs():
+    """The launcher runs such a spec on the general kernels there; nothing else is compiled."""
+    spec = load_spec({"name": "cauchy", "bias": {"kind": "custom", "loss": "log(1 + sum(e**2))"}})
+    forms = {j.form for j in gpu_compile.jobs(spec, d=128)}
+    assert "linear" not in forms and "general" in forms
+    assert "linear" in {j.form for j in gpu_compile.jobs(spec, d=64)}
+
+
+def test_the_general_kernels_are_refused_above_128_by_128():
+    """At 256 x 256 general_forward needs 320 KiB of shared memory per block (compiled for
+    sm_90), past every target's limit: the launcher refuses it before any work, naming the
+    widths, the limit and what to use instead, and the checks compile no general job there."""
+    rule = miras.compile({"name": "wide-momentum", "bias": "l2", "optimizer": "momentum"})
+    q, k, v, gates = random_inputs(rule, b=1, t=2, h=1, dk=256, dv=256, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"Dv = 256, Dphi = 256: the general kernels .*128 x 128"):
+        rule(q, k, v, gates, backend="triton", chunk_size=16, chunk_mode="start")
+    assert triton_backend.general_refusal(128, 128) is None
+    assert "general" not in {j.form for j in gpu_compile.jobs(rule.spec, d=256)}
+    assert "general" in {j.form for j in gpu_compile.jobs(rule.spec, d=128)}
+
+
+def test_limits_flag_errors_shared_memory_and_spills():
+    def row(**found):
+        base = dict(registers=96, spills=0, stack=0, shared=1024, error="", target="sm_80")
+        base.update(found)
+        return gpu_compile.Row("general", "general_forward", "", 0, 4, 1, (1, 1), **base)
+
+    limit = gpu_compile.TARGETS["sm_80"].shared_limit
+    assert gpu_compile.over_limits([row(shared=limit)]) == []
+    (shared,) = gpu_compile.over_limits([row(shared=limit + 1)])
+    assert f"{limit + 1} bytes of shared memory, over the {limit}" in shared
+    (spills,) = gpu_compile.over_limits([row(spills=gpu_compile.SPILL_BOUND + 4)])
+    assert "spill stores, over the bound" in spills
+    (error,) = gpu_compile.over_limits([row(error="CompilationError: boom")])
+    assert "does not compile: CompilationError: boom" in error
+
+
+# Real compiles -------------------------------------------------------------------------------
+
+
+@needs_ptxas
+def test_a_small_kernel_compiles_for_both_targets(pytestconfig):
+    """The exact scan's forward at d = 64 and chunk 16, a fast kernel to compile (12 s of CPU
+    for both targets), through the whole path (child process, ptxas log, disk cache)."""
+    spec = load_spec(ROOT / "specs" / "deltanet.yaml")
+    small = [
+        j
+        for j in gpu_compile.jobs(spec, d=64, chunk_size=16)
+        if j.kernel == "exact_scan_forward" and j.variant == "per head" and j.config == 0
+    ]
+    assert len(small) == 1
+    for name, target in gpu_compile.TARGETS.items():
+        (row,) = gpu_compile.compile_jobs(small, target, _cache(pytestconfig))
+        assert row.error == "" and row.target == name
+        # 32 without the configs' maxnreg: ptxas's choice for a full SM, spilling 6.4 KB
+        assert row.registers > 32 and row.shared > 0
+        assert gpu_compile.over_limits([row]) == []
+
+
+def test_tf32_splits_the_linear_kernels_value_channels_to_32_at_d_128():
+    """Under TF32 the tiles reach the tensor cores through shared memory: compiled for sm_90,
+    gated_deltanet's linear_backward at d = 128 needs 278528 B at 64 value channels per program,
+    past the 232448 B a block may use, and 204800 B at 32, the launcher's choice there."""
+    compiled = compile_ir(load_spec(ROOT / "specs" / "gated_deltanet.yaml"))
+    choose = triton_backend.choose_kernels
+    assert choose(compiled, 128, 128, False, "ieee") == (True, 64)
+    assert choose(compiled, 128, 128, False, "tf32") == (True, 32)
+    assert choose(compiled, 128, 128, False, "tf32x3") == (True, 32)
+    assert choose(compiled, 64, 64, False, "tf32") == (True, 64)
+    assert choose(compiled, 128, 128, True, "tf32") == (False, 128)  # general: whole rows
+
+
+@needs_ptxas
+def test_the_tf32_linear_backward_at_d_128_fits_sm_90(pytestconfig):
+    spec = load_spec(ROOT / "specs" / "gated_deltanet.yaml")
+    (job,) = [
+        j
+        for j in gpu_compile.jobs(spec, d=128, precision="tf32")
+        if j.kernel == "linear_backward" and j.config == 0
+    ]
+    assert dict(job.constexprs)["DOT_PRECISION"] == "tf32"
+    assert dict(job.constexprs)["BV"] == 32 and job.grid == (8, 4)
+    (row,) = gpu_compile.compile_jobs([job], gpu_compile.TARGETS["sm_90"], _cache(pytestconfig))
+    assert row.error == ""
+    assert 0 < row.shared <= gpu_compile.TARGETS["sm_90"].shared_limit
+
+
+@pytest.mark.slow
+@needs_ptxas
+@pytest.mark.skipif(
+    os.environ.get("MIRAS_COMPILE_MATRIX") != "1",
+    reason="the whole compile matrix takes hours of ptxas on a CPU from a cold cache, beyond "
+    "make test's budget: run it with MIRAS_COMPILE_MATRIX=1",
+)
+@pytest.mark.parametrize("d", gpu_compile.WIDTHS)
+@pytest.mark.parametrize("target", list(gpu_compile.TARGETS))
+def test_every_kernel_of_every_covered_spec_fits(target, d, pytestconfig):
+    """Every covered shipped spec x form x autotune config at width d on the target: compiles,
+    shared memory within the block limit, spills within SPILL_BOUND. Kernels shared by specs
+    (the exact scan; identical sources) compile once."""
+    jobs = [job for path in COVERED for job in gpu_compile.jobs(path, d=d)]
+    rows = gpu_compile.compile_jobs(jobs, gpu_compile.TARGETS[target], _cache(pytestconfig))
+    assert gpu_compile.over_limits(rows) == []
+
+
+# Autotune configs under the interpreter ---------------------------------------------------------
+
+
+def test_the_interpreter_tries_one_config():
+    """Under TRITON_INTERPRET=1 (which ignores num_warps and num_stages) a launch runs the first
+    config alone: autotuning does not multiply the interpreted tests' time."""
+    assert triton_backend.runs_on_cpu() or torch.cuda.is_available()
+    configs = tuning.configs(tuning.CHUNK)
+    assert len(configs) > 1
+    expected = configs[:1] if triton_backend.runs_on_cpu() else configs
+    assert tuning.first_under_interpreter(configs, {}) == expected
+
+
+CONFIG_CASES = {  # which kernels run: chunk_mode and spec
+    "linear": ("start", {"bias": "l2", "retention": {"kind": "l2", "grad_at": "retained"}}),
+    "general": ("start", {"bias": "l2", "retention": "l2", "optimizer": "momentum"}),
+    "scan": ("exact", {"bias": "l2", "retention": {"kind": "l2", "grad_at": "retained"}}),
+}
+
+
+def _outputs_and_grads(rule, mode):
+    q, k, v, gates = random_inputs(rule, b=1, t=20, h=2, dk=16, dv=16, dtype=torch.float32)
+    leaves = [q, k, v, *gates.values()]
+    for x in leaves:
+        x.requires_grad_(True)
+    o, _ = rule(q, k, v, gates, backend="triton", chunk_size=16, chunk_mode=mode)
+    grads = torch.autograd.grad((o * torch.linspace(-1, 1, o.shape[-1])).sum(), leaves)
+    return [o.detach(), *grads]
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_every_autotune_config_gives_the_same_result(case, monkeypatch):
+    mode, fields = CONFIG_CASES[case]
+    rule = miras.compile({"name": f"configs-{case}", **fields})
+    monkeypatch.delenv(triton_backend.CONFIG_ENV, raising=False)
+    want = _outputs_and_grads(rule, mode)
+    for i in range(len(tuning.SCAN if case == "scan" else tuning.CHUNK)):
+        monkeypatch.setenv(triton_backend.CONFIG_ENV, str(i))
+        got = _outputs_and_grads(rule, mode)
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w), f"config {i} differs"
+
+
+def test_a_config_index_out_of_range_is_refused(monkeypatch):
+    rule = miras.compile({"name": "configs-bad", "bias": "l2", "retention": "l2"})
+    monkeypatch.setenv(triton_backend.CONFIG_ENV, "9")
+    with pytest.raises(ValueError, match=r"MIRAS_TRITON_CONFIG: expected an index into .*got '9'"):
+        _outputs_and_grads(rule, "start")
