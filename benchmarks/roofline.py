@@ -26,7 +26,9 @@ forward+backward (median of `--layer-repeats`) and the peak RSS above the proces
 Each time is the median of `repeats` interleaved runs (every call of a row group once per
 round, after one warmup round); "fwd" runs under torch.no_grad(), "fwd+bwd" adds the backward of
 sum(o * w) with q, k, v and the gates requiring grad. A call whose warmup took longer than
-`--budget` seconds is timed by that run alone. The counts come from one run under torch.profiler
+`--budget` seconds is timed by that run alone. The backward of a per-token loop (the recurrences;
+the general chunk-start path past T = 2048) is timed but not profiled: its millions of profiler
+events outgrow the machine's memory; its counts print as nan. The counts come from one run under torch.profiler
 (record_shapes): FLOPs of every matmul (mm, bmm, addmm, baddbmm: 2 m k n per product) and
 triangular solve (m^2 k per system), bytes of every other leaf aten op that computes
 (inputs plus an output the size of its largest input, at their element size; views and
@@ -67,6 +69,7 @@ GENERAL_SPEC = {
     "bias": "l2",
     "retention": "elastic_net",
 }
+UNPROFILED = ("flops", "bytes", "wall", "matmul", "solve", "elementwise", "overhead")
 MATMULS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm"}
 SOLVES = {"aten::linalg_solve_triangular", "aten::triangular_solve"}
 # Ops that only describe memory (views, metadata, allocation): no bytes move.
@@ -116,6 +119,10 @@ class Call:
     gates: dict[str, torch.Tensor]
     peer: bool = False
     times: dict[str, list[float]] = field(default_factory=dict)
+    # A per-token loop's backward under torch.profiler records millions of events: fla's naive
+    # recurrence at T = 2048 grew the process past 23 GB. Such a call's backward is timed, and
+    # profiled only up to this length.
+    profile_backward_to: int = 1 << 30
 
 
 def miras_call(rule, mode: str, backend: str = "chunk"):
@@ -256,7 +263,8 @@ def groups(t: int, quick: bool):
     general = miras.compile(GENERAL_SPEC)
     out.append(
         ("elastic_net_matrix", [Call("miras general chunk-start", "general chunk-start",
-                                     miras_call(general, "start"), gate_values(general, t, gen))])
+                                     miras_call(general, "start"), gate_values(general, t, gen),
+                                     profile_backward_to=2048)])
     )  # fmt: skip
     if not quick:
         titans = compile_spec("titans")
@@ -264,8 +272,9 @@ def groups(t: int, quick: bool):
             ("titans", [Call("miras dual", "dual", miras_call(titans, "auto"), gate_values(titans, t, gen))])
         )  # fmt: skip
         rec = [
-            Call("miras recurrent", "recurrent", miras_call(gdn, "auto", "recurrent"), gdn_gates)
-        ]
+            Call("miras recurrent", "recurrent", miras_call(gdn, "auto", "recurrent"), gdn_gates,
+                 profile_backward_to=0)
+        ]  # fmt: skip
         if "gdn_recurrent" in fla:
             naive_rec = fla["gdn_recurrent"]
 
@@ -274,8 +283,9 @@ def groups(t: int, quick: bool):
                 return naive_rec(q, k, v, gates["lr"], g, scale=1.0)[0]
 
             rec.append(
-                Call("fla naive_recurrent_gated_delta_rule", "peer", fla_rec, gdn_gates, True)
-            )
+                Call("fla naive_recurrent_gated_delta_rule", "peer", fla_rec, gdn_gates, True,
+                     profile_backward_to=0)
+            )  # fmt: skip
         out.append(("gated_deltanet recurrent", rec))
     return out, (q, k, v)
 
@@ -412,7 +422,10 @@ def main() -> None:
                                 run_once(call, qkv, backward, weight)
                             )
                 for call, _ in live:
-                    figures = counts(call, qkv, backward, weight)
+                    if backward and t > call.profile_backward_to:
+                        figures = dict.fromkeys(UNPROFILED, math.nan)
+                    else:
+                        figures = counts(call, qkv, backward, weight)
                     median = statistics.median(call.times[what])
                     rows.append(dict(
                         spec=group, name=call.name, form=call.form, t=t, what=what, peer=call.peer,
