@@ -15,11 +15,11 @@ chunk recomputed at a time in the backward), "storing" the per-token path before
 (autograd keeps every token's weights: the layer's `recompute=False`).
 
 Each case runs alone in a fresh subprocess (so its peak is its own): `peak` is
-`resource.getrusage(RUSAGE_SELF).ru_maxrss` after the run, `base` the RSS just before it
+the process's high-water RSS (`VmHWM`) after the run, `base` the RSS just before it
 (imports, model, inputs), both in MiB. Each case runs with glibc's `MALLOC_MMAP_THRESHOLD_`
 fixed (`--mmap-threshold`, default 64 KiB), so large tensors are mmapped and returned to the
 system when freed: under glibc's default (a threshold that grows with the frees) the per-token
-tensors a chunk frees stay in the heap, fragmented, and ru_maxrss reports several times the
+tensors a chunk frees stay in the heap, fragmented, and the peak reports several times the
 memory alive (titans bounded, T = 2048: 2313 MiB peak against 700 MiB with the threshold).
 The threshold costs time (every large allocation is a fresh mmap: page faults, 2-3x slower
 here), so read tokens/s from a `--mmap-threshold 0` run and peaks from a default one. One timed
@@ -38,7 +38,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -48,10 +47,11 @@ ROOT = Path(__file__).resolve().parent.parent
 D_MODEL, HEADS, CHUNK, BATCH = 256, 4, 16, 2
 
 
-def rss_mib() -> float:
+def rss_mib(field: str = "VmRSS") -> float:
+    """This process's resident set (VmRSS) or its high-water mark (VmHWM), MiB."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -102,7 +102,9 @@ def one(case: str, path: str, length: int, threads: int, flush_denormal: bool) -
     (fn(x) * w).sum().backward()
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    # VmHWM, the high-water mark of this process's own memory map: ru_maxrss would report the
+    # parent's resident set at the fork where that was larger (Linux keeps it across exec).
+    peak = rss_mib("VmHWM")
     return {
         "case": case,
         "path": path,

@@ -166,7 +166,7 @@ def layer_case(case: str, length: int, threads: int, flush: bool, peak: bool) ->
     (benchmarks/deep_memory.py --one): miras's `MirasLayer(specs/titans.yaml)` on its dual form
     ("titans") or titans-pytorch's `NeuralMemory` ("titans-pytorch"), d_model 256, 4 heads of
     64, depth 2, x4, chunk 16, B 2. `peak`: glibc's mmap threshold fixed at 64 KiB, so freed
-    tensors go back to the system and ru_maxrss is the memory alive (slower: read no speed
+    tensors go back to the system and the peak is the memory alive (slower: read no speed
     from it); otherwise glibc's default allocator, the speed figure."""
     import subprocess
     import sys
