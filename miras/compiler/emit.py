@@ -16,6 +16,7 @@ from types import ModuleType
 import sympy as sp
 
 from miras.compiler.printer import torch_code
+from miras.symbols import soft_threshold
 
 
 def function_source(
@@ -30,7 +31,10 @@ def function_source(
 
     `prelude`: (variable, torch source) lines placed first, e.g. ("e", "y - v").
     """
-    replacements, (reduced,) = sp.cse([result], symbols=sp.numbered_symbols("t"))
+    # The printer writes soft_threshold(z, t) as sign(z) * clamp(|z| - t, 0): z twice. Offered
+    # to cse beside the result, a compound z is hoisted into a variable, computed once.
+    shared = [a.args[0] for a in result.atoms(soft_threshold) if not a.args[0].is_Atom]
+    replacements, (reduced, *_) = sp.cse([result, *shared], symbols=sp.numbered_symbols("t"))
     lines = [f"def {name}({', '.join(args)}):"]
     if doc:
         lines.append(f'    """{doc}"""')

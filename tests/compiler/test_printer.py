@@ -97,3 +97,22 @@ def test_an_irrational_constant_of_a_two_argument_function_is_a_float_tensor():
     compile; found by tests/spec/test_spec_fuzz.py)."""
     code = torch_code(sp.sqrt(e**2 + sp.Rational(1, 10)))
     assert code == "torch.hypot(e, torch.tensor(0.31622776601683794, dtype=torch.float64))"
+
+
+def test_a_soft_thresholds_compound_argument_is_computed_once():
+    """The printer writes soft_threshold(z, t) with z twice; function_source hoists a compound
+    z into one variable, so the elastic-net step evaluates a W - u once per token, not twice."""
+    import torch
+
+    from miras.compiler.emit import function_source
+
+    decay = gate_symbol("decay")
+    source = function_source("step", ["w0", "u", "decay"], soft_threshold(decay * w0 - u, 0.5))
+    assert source.count("w0*decay") == 1 and "t0 = " in source, source
+    namespace = {"torch": torch}
+    exec(source, namespace)  # the emitted text itself, as load_module would run it
+    w, x = torch.randn(50, dtype=torch.float64), torch.randn(50, dtype=torch.float64)
+    a = torch.rand(50, dtype=torch.float64)
+    z = a * w - x
+    expected = torch.sign(z) * torch.clamp(z.abs() - 0.5, min=0)
+    assert torch.equal(namespace["step"](w, x, a), expected)
