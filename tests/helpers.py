@@ -43,9 +43,10 @@ def random_inputs(
     return q, k, v, gates
 
 
-def chunk_grads(rule, q, k, v, gates, init, params, *, chunk_size, chunk_mode):
+def chunk_grads(rule, q, k, v, gates, init, params, *, chunk_size, chunk_mode, backend="chunk"):
     """o, the final state and the gradients of a random projection of both, w.r.t. q, k, v,
-    every gate, every initial state and every param (None where unused), named."""
+    every gate, every initial state and every param (None where unused), named; on `backend`
+    (the chunk backend by default)."""
     leaves = [q, k, v, *gates.values(), *init.values(), *params.values()]
     for x in leaves:
         x.requires_grad_(True)
@@ -54,20 +55,41 @@ def chunk_grads(rule, q, k, v, gates, init, params, *, chunk_size, chunk_mode):
         k,
         v,
         gates,
-        backend="chunk",
+        backend=backend,
         chunk_mode=chunk_mode,
         chunk_size=chunk_size,
         initial_state=init,
         output_final_state=True,
         params=params,
     )
+    names = ["q", "k", "v", *gates, *(f"state {n}" for n in init), *params]
+    return o, final, projection_grads(o, final, leaves, names)
+
+
+def projection_grads(o, final, leaves, names) -> dict:
+    """name -> the gradient w.r.t. each of `leaves` (None where unused) of a fixed random
+    projection of the output o and of every final state."""
     gen = torch.Generator().manual_seed(9)
     loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
     for s in final.values():
         loss = loss + (s * torch.randn(s.shape, generator=gen, dtype=s.dtype)).sum()
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-    names = ["q", "k", "v", *gates, *(f"state {n}" for n in init), *params]
-    return o, final, dict(zip(names, grads, strict=True))
+    return dict(zip(names, grads, strict=True))
+
+
+def assert_runs_close(got, want, tol: float) -> None:
+    """Two (o, final state, named gradients) runs agree to `tol`: the same state keys and
+    gradient names, None in the same places."""
+    (o, final, grads), (o_ref, final_ref, grads_ref) = got, want
+    torch.testing.assert_close(o, o_ref, rtol=tol, atol=tol)
+    assert list(final) == list(final_ref)
+    for key in final:
+        torch.testing.assert_close(final[key], final_ref[key], rtol=tol, atol=tol, msg=key)
+    assert list(grads) == list(grads_ref)
+    for key, g in grads.items():
+        assert (g is None) == (grads_ref[key] is None), key
+        if g is not None:
+            torch.testing.assert_close(g, grads_ref[key], rtol=tol, atol=tol, msg=key)
 
 
 def tiny_mqar_losses(spec_path) -> tuple[float, float, float]:

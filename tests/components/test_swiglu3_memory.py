@@ -16,7 +16,7 @@ from typing import Literal
 
 import pytest
 import torch
-from helpers import chunk_grads, random_inputs
+from helpers import assert_runs_close, chunk_grads, random_inputs
 from test_component_contracts import MemoryContract
 
 import miras
@@ -116,19 +116,6 @@ class TestSwiGLU3Memory(MemoryContract):
             rule, q, k, v, gates, init, params, chunk_size=chunk_size, chunk_mode=mode
         )
 
-    @staticmethod
-    def _assert_same(got, want):
-        (o, final, grads), (o_ref, final_ref, grads_ref) = got, want
-        torch.testing.assert_close(o, o_ref, rtol=TOL, atol=TOL)
-        assert list(final) == list(final_ref)
-        for key in final:
-            torch.testing.assert_close(final[key], final_ref[key], rtol=TOL, atol=TOL, msg=key)
-        assert list(grads) == list(grads_ref)
-        for key, g in grads.items():
-            assert (g is None) == (grads_ref[key] is None), key
-            if g is not None:
-                torch.testing.assert_close(g, grads_ref[key], rtol=TOL, atol=TOL, msg=key)
-
     def test_the_compiler_gives_it_the_dual_form(self, rule):
         assert rule.plan.chunk_form.form == "dual"
         assert "the swiglu3 memory's gradient is a product of per-token factors" in str(
@@ -146,7 +133,7 @@ class TestSwiGLU3Memory(MemoryContract):
         assert len(calls) == -(-T // chunk_size)  # the dual form ran, once per chunk
         want = self._run(rule, "start", chunk_size)
         assert len(calls) == -(-T // chunk_size)  # "start" kept the per-token path
-        self._assert_same(got, want)
+        assert_runs_close(got, want, TOL)
         weights = ["G1", "U1", "G2", "U2", "O"]
         assert rule.runtime.param_names == weights
         assert {*weights, *(f"S.{n}" for n in weights)} <= set(got[1])  # W and momentum
