@@ -12,43 +12,16 @@ neither (docs/spec.md): in every component module, sympy and its vocabulary (`mi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, WithJsonSchema
 
 from miras.errors import did_you_mean
+from miras.ranges import Range
 
 if TYPE_CHECKING:  # annotations only (see the module docstring)
     import sympy as sp
     import torch
-
-
-@dataclass(frozen=True)
-class Range:
-    """An interval of allowed values, printed the way the math writes it: (0, 1]."""
-
-    lo: float = -math.inf
-    hi: float = math.inf
-    lo_closed: bool = False
-    hi_closed: bool = False
-
-    def __contains__(self, value: float) -> bool:
-        above = value >= self.lo if self.lo_closed else value > self.lo
-        below = value <= self.hi if self.hi_closed else value < self.hi
-        return above and below
-
-    def __str__(self) -> str:
-        left = "[" if self.lo_closed else "("
-        right = "]" if self.hi_closed else ")"
-        lo = "-inf" if self.lo == -math.inf else _bound(self.lo)
-        hi = "inf" if self.hi == math.inf else _bound(self.hi)
-        return f"{left}{lo}, {hi}{right}"
-
-
-def _bound(value: float) -> str:
-    """A bound as written in docs/spec.md: 1048576, not 1.04858e+06."""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 POSITIVE = Range(0, math.inf)

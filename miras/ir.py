@@ -11,14 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 if TYPE_CHECKING:
     import sympy as sp
 
     from miras.check import CheckResult
-    from miras.components.base import Range
-    from miras.spec import Spec
+    from miras.ranges import Range
+
+# The spec a CompiledRule was compiled from (`miras.spec.Spec`, as the compiler's passes, the
+# facade and the runtime name it: `CompiledRule[Spec]`). The IR does not name it itself: the
+# spec's components call the analyses that build these records, so the spec imports (through
+# them) this module, and this module imports nothing of the spec layer, not even for annotations.
+SpecT = TypeVar("SpecT")
 
 # Plan ------------------------------------------------------------------------------------------
 
@@ -252,14 +257,15 @@ class RetentionRule:
 
 
 @dataclass
-class CompiledRule:
+class CompiledRule(Generic[SpecT]):
     """What the compiler's passes produce, in order (`miras.compiler.pipeline.PASSES`): each
-    pass fills its fields; `checks` stays empty when compiled with `checked=False`.
+    pass fills its fields; `checks` stays empty when compiled with `checked=False`. `spec` is the
+    validated spec it was compiled from (`CompiledRule[Spec]`).
 
     `functions` is the emitted torch module: bias_loss, bias_grad, retention_step,
     retention_read, and activation/activation_grad (MLP memory), feature_map (custom)."""
 
-    spec: Spec
+    spec: SpecT
     bias: BiasRule | None = None
     retention: RetentionRule | None = None
     plan: Plan | None = None  # with the execution form, `plan.chunk_form`

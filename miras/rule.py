@@ -45,8 +45,8 @@ class MemoryRule:
     without an update is `rule.program.read(q, state)`.
     """
 
-    def __init__(self, compiled: CompiledRule):
-        self.ir: CompiledRule = compiled
+    def __init__(self, compiled: CompiledRule[Spec]):
+        self.ir: CompiledRule[Spec] = compiled
         self.spec: Spec = compiled.spec
         self.bias: BiasRule = compiled.bias
         self.retention: RetentionRule = compiled.retention
@@ -101,7 +101,7 @@ class MemoryRule:
 # The whole spec (canonical JSON) -> (the compiled rule it wraps, its MemoryRule). Compiled
 # rules are shared by digest (miras.compiler.pipeline); each spec gets a rule carrying its own
 # spec, model section and description included.
-_RULES: dict[str, tuple[CompiledRule, MemoryRule]] = {}
+_RULES: dict[str, tuple[CompiledRule[Spec], MemoryRule]] = {}
 
 
 def compile(spec: Spec | str | dict, *, checked: bool = True) -> MemoryRule:

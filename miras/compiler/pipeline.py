@@ -33,7 +33,7 @@ from miras.symbols import e, gate_symbol, u, v, w0
 # Passes ------------------------------------------------------------------------------------
 
 
-def resolve(c: CompiledRule) -> str:
+def resolve(c: CompiledRule[Spec]) -> str:
     """Components are typed by the spec already; report what was picked."""
     s = c.spec
     return (
@@ -45,7 +45,7 @@ def resolve(c: CompiledRule) -> str:
     )
 
 
-def bias_gradient(c: CompiledRule) -> str:
+def bias_gradient(c: CompiledRule[Spec]) -> str:
     c.bias = derive_bias(c.spec.bias)
     sums = {s for s, _ in c.bias.sums}
     allowed = {e, v, *sums, *(gate_symbol(g) for g in c.spec.bias.scalars())}
@@ -54,7 +54,7 @@ def bias_gradient(c: CompiledRule) -> str:
     return c.bias.text()
 
 
-def retention_step(c: CompiledRule) -> str:
+def retention_step(c: CompiledRule[Spec]) -> str:
     c.retention = derive_retention(c.spec.retention)
     allowed = {w0, u, *(gate_symbol(g) for g in c.spec.retention.scalars())}
     stray = c.retention.step.free_symbols - allowed
@@ -62,12 +62,12 @@ def retention_step(c: CompiledRule) -> str:
     return c.retention.text()
 
 
-def plan(c: CompiledRule) -> str:
+def plan(c: CompiledRule[Spec]) -> str:
     c.plan = make_plan(c.spec)
     return c.plan.text()
 
 
-def linear_step(c: CompiledRule) -> str:
+def linear_step(c: CompiledRule[Spec]) -> str:
     """The whole step, where it is linear in the memory state and the gradient, as one
     `LinearStep` (`miras.compiler.linear_step`): what every fast form unrolls."""
     step, why = derive_linear_step(c.spec, c.retention)
@@ -75,7 +75,7 @@ def linear_step(c: CompiledRule) -> str:
     return step.text() if step is not None else f"no linear step: {why}"
 
 
-def chunk_form(c: CompiledRule) -> str:
+def chunk_form(c: CompiledRule[Spec]) -> str:
     """Exact chunks where the step is affine in the memory, chunk-start otherwise, in its dual
     form where `dual_reason` finds one."""
     step = c.plan.linear_step
@@ -115,7 +115,7 @@ def _extra_functions(spec: Spec) -> list[str]:
     ]
 
 
-def emit(c: CompiledRule) -> str:
+def emit(c: CompiledRule[Spec]) -> str:
     header = f"Emitted by miras for spec '{c.spec.name}' ({c.spec.digest()[:12]}). Do not edit."
     pieces = [c.bias.source, c.retention.source, *_extra_functions(c.spec)]
     c.source = module_source(header, pieces)
@@ -125,7 +125,7 @@ def emit(c: CompiledRule) -> str:
     return c.source
 
 
-def check(c: CompiledRule) -> str:
+def check(c: CompiledRule[Spec]) -> str:
     import torch
 
     # The checks differentiate (autograd against the derived pieces): also when the rule is
@@ -147,7 +147,7 @@ def check(c: CompiledRule) -> str:
     return "\n".join(f"{r.piece}: {r.error:.3g} <= {r.tolerance:.3g}" for r in c.checks)
 
 
-PASSES: list[tuple[str, Callable[[CompiledRule], str]]] = [
+PASSES: list[tuple[str, Callable[[CompiledRule[Spec]], str]]] = [
     ("resolve", resolve),
     ("bias_gradient", bias_gradient),
     ("retention_step", retention_step),
@@ -164,7 +164,7 @@ def _invariant(ok: bool, message: str) -> None:
         raise DerivationError(f"compiler invariant broken: {message}")
 
 
-def run_passes(spec: Spec, *, checked: bool = True) -> CompiledRule:
+def run_passes(spec: Spec, *, checked: bool = True) -> CompiledRule[Spec]:
     c = CompiledRule(spec)
     debug = os.environ.get("MIRAS_DEBUG", "") not in ("", "0")
     for name, run_pass in PASSES:
@@ -179,10 +179,10 @@ def run_passes(spec: Spec, *, checked: bool = True) -> CompiledRule:
 # The cache: rule digest -> what the passes produced. The digest leaves out `model` and
 # `description` (they do not change the rule), so specs that differ only there share one
 # derivation; `miras.rule.compile` gives each its own spec.
-_CACHE: dict[str, CompiledRule] = {}
+_CACHE: dict[str, CompiledRule[Spec]] = {}
 
 
-def compile_ir(spec: Spec, *, checked: bool = True) -> CompiledRule:
+def compile_ir(spec: Spec, *, checked: bool = True) -> CompiledRule[Spec]:
     """The passes' result for `spec`, cached by its digest (its `spec` field is the first spec
     compiled with that digest). `checked=False` leaves out the check pass; a later checked
     compile of the same rule runs the passes again, with it."""

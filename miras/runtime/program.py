@@ -51,7 +51,9 @@ class Program:
     kernels: KernelProvider | None = None
 
     @classmethod
-    def from_ir(cls, compiled: CompiledRule, kernels: KernelProvider | None = None) -> Program:
+    def from_ir(
+        cls, compiled: CompiledRule[Spec], kernels: KernelProvider | None = None
+    ) -> Program:
         """The Program of a compiled rule (its passes run: plan, bias and emitted functions)."""
         module = compiled.functions
         memory = MemoryModel(
