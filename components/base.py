@@ -305,16 +305,16 @@ class Optimizer(Component):
         raise NotImplementedError
 
     @property
-    def linear_form(self) -> Literal["step", "momentum"] | None:
-        """The shape of the update where the compiler proves it linear and it is one of the
-        two the emitted Triton kernels run: "step" (u_t = b_t g_t) or "momentum"
-        (u_t = s_t = theta_t s_{t-1} + b_t g_t); None otherwise (another linear update, such
-        as Nesterov's, which the torch fast forms run from the compiled `LinearStep`, or
-        one that is not linear). Derived from `update_expressions`, never declared."""
+    def linear_form(self) -> Literal["step", "momentum", "general"] | None:
+        """The shape of the update where the compiler proves it linear in the gradient and the
+        state (`miras.ir.LinearStep.shape`): "step" (u_t = b_t g_t), "momentum"
+        (u_t = s_t = theta_t s_{t-1} + b_t g_t) or "general" (any other, such as Nesterov's);
+        None where it is not linear (Muon, the exact minimizer). Every fast form, torch and
+        Triton, unrolls the compiled record. Derived from `update_expressions`, never declared."""
         from miras.compiler.linear_step import optimizer_update
 
         step, _ = optimizer_update(self)
-        return step.shape if step is not None and step.shape != "general" else None
+        return step.shape if step is not None else None
 
     def update_expressions(self) -> tuple[sp.Expr, sp.Expr | None] | None:
         """The step `update` takes, in sympy, for one entry of the parameter: (u_t, s_t), u_t

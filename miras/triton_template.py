@@ -7,8 +7,11 @@ from __future__ import annotations
 
 def linear_applies(compiled) -> bool:
     """The linear template: where the compiler recorded the linear chunk-start path
-    (`ChunkForm.start_path`: matrix memory, step a w0 - u), with the update u_t = lr_t g_t
-    (no momentum). `compiled`: anything with the IR's `plan` and `spec` (a `CompiledRule`, a
-    runtime `Program`)."""
-    linear = compiled.plan.chunk_form.start_path == "linear"
-    return linear and compiled.spec.optimizer.linear_form == "step"
+    (`ChunkForm.start_path`: matrix memory, step a w0 - u), with the update u_t = b_t g_t, b_t
+    one gate (fixed or per token) and no optimizer state (`plan.linear_step`). `compiled`:
+    anything with the IR's `plan` (a `CompiledRule`, a runtime `Program`)."""
+    step = compiled.plan.linear_step
+    if compiled.plan.chunk_form.start_path != "linear" or step is None or step.stateful:
+        return False
+    size = step.from_gradient
+    return size.constant == 1.0 and len(size.gates) == 1

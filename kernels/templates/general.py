@@ -1,23 +1,28 @@
-"""The general chunk template: any matrix-memory spec (every bias and retention, gd or momentum,
-per-head or per-channel gates, any window).
+"""The general chunk template: any matrix-memory spec (every bias and retention, any update
+linear in the gradient and one optimizer state, per-head or per-channel gates, any window).
 
 One program per (batch, head) walks the chunks in order with the state W [Dv, Dphi] (and the
-momentum S) in registers; padded entries of W hold PAD, a point of the retention's domain, so
-that no log or division in a printed step sees a value outside it. Per chunk of CS tokens starting at state W_S:
+optimizer state S) in registers; padded entries of W hold PAD, a point of the retention's
+domain, so that no log or division in a printed step sees a value outside it. Per chunk of CS
+tokens starting at state W_S:
 
     block phase   for each window offset j: Y_j = X_j W_e^T (one matmul; W_e = read(W_S), times
                   the retained decay prod_{s<=t} a_s for grad_at: retained), the printed
-                  bias gradient G_j = gamma valid bias_grad(Y_j - V_j, V_j), scaled by lr:
+                  bias gradient G_j = gamma valid bias_grad(Y_j - V_j, V_j), times `scale`
+                  (the step size the update's gradient terms share, lr for gd and momentum):
                   Ghat_j [BT, Dv], kept in a scratch buffer
-    token phase   for each token t: g_t = sum_j Ghat_j[t] x_{t,j}^T, momentum, then the printed
-                  step and map: W_t = retention_map(retention_step(W_{t-1}, u_t, gates_t)),
-                  o_t = read(W_t) phi(q_t)
+    token phase   for each token t: G_t = sum_j Ghat_j[t] x_{t,j}^T, the optimizer's lines
+                  printed from the compiled linear step (S_t = theta_t S_{t-1} + beta_t G_t,
+                  u_t = p_t S_t + q_t G_t: `miras.compiler.triton.OptimizerStep`), then the
+                  printed step and map: W_t = retention_map(retention_step(W_{t-1}, u_t,
+                  gates_t)), o_t = read(W_t) phi(q_t)
 
 The backward walks the chunks in reverse, recomputes each one from its stored start state
 (the token states go to a scratch buffer), runs the token phase backwards through the printed
-VJPs, then the block phase backwards (the printed bias VJP and two matmuls). Gradients of
-window rows (k, v, the bias gates, gamma) are accumulated into zero-filled buffers, because a
-window row feeds up to c tokens, possibly in the previous chunk.
+VJPs and the optimizer's printed backward lines, then the block phase backwards (the printed
+bias VJP and two matmuls). Gradients of window rows (k, v, the bias gates, gamma) are
+accumulated into zero-filled buffers, because a window row feeds up to c tokens, possibly in
+the previous chunk.
 """
 
 FORWARD = '''
@@ -56,7 +61,7 @@ def general_forward(
         tok = start + rows
         mt = (rows < CS) & (tok < T)
         # Block phase: every window term's error signal at the chunk-start state.
-        $load_lr_block
+        $load_scale_block
         if RETAINED:
             $load_decay_block
             kept = tl.cumprod(decay_blk, axis=0)  # prod_{s<=t} a_s within the chunk
@@ -71,7 +76,7 @@ def general_forward(
             g = bias_grad(y - vj, vj, cmask$bias_args) * g_gamma
             if PAST > 0:
                 g = g * tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)[:, None]
-            g = tl.where(mt[:, None] & cmask, g * g_lr, 0.0)
+            g = tl.where(mt[:, None] & cmask, g * scale, 0.0)
             tl.store(g_scratch + ((pid * WINDOW + j) * BT + rows[:, None]) * BV + cv[None, :], g)
         tl.debug_barrier()
         # Token phase: the optimizer and the retention step, in order.
@@ -84,9 +89,7 @@ def general_forward(
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
                 upd += gj[:, None] * xj[None, :]
             $load_step_token
-            if MOMENTUM:
-                s = g_momentum * s + upd
-                upd = s
+            $optimizer_step
             w = tl.where(m2, retention_map(retention_step(w, upd$retention_args), m2), PAD)
             qt = tl.load(q + (pid * T + t) * DK + ck, mask=mk, other=0.0).to(ACC)
             ot = tl.sum(tl.where(m2, retention_read(w, m2) * qt[None, :], 0.0), axis=1)
@@ -143,7 +146,7 @@ def general_backward(
         w_e = retention_read(w_s, m2)
         tok = start + rows
         mt = (rows < CS) & (tok < T)
-        $load_lr_block
+        $load_scale_block
         kept = tl.zeros([BT, BV], dtype=ACC) + 1.0
         if RETAINED:
             $load_decay_block
@@ -160,7 +163,7 @@ def general_backward(
             g = bias_grad(y - vj, vj, cmask$bias_args) * g_gamma
             if PAST > 0:
                 g = g * tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)[:, None]
-            g = tl.where(mt[:, None] & cmask, g * g_lr, 0.0)
+            g = tl.where(mt[:, None] & cmask, g * scale, 0.0)
             tl.store(g_scratch + ((pid * WINDOW + j) * BT + rows[:, None]) * BV + cv[None, :], g)
         tl.debug_barrier()
         # Recompute the token states W_t (and S_t) of the chunk into the scratch.
@@ -175,9 +178,8 @@ def general_backward(
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
                 upd += gj[:, None] * xj[None, :]
             $load_step_token
+            $optimizer_step
             if MOMENTUM:
-                s = g_momentum * s + upd
-                upd = s
                 tl.store(s_scratch + (pid * BT + tt) * BV * BK + sst, s)
             w = tl.where(m2, retention_map(retention_step(w, upd$retention_args), m2), PAD)
             tl.store(w_scratch + (pid * BT + tt) * BV * BK + sst, w)
@@ -204,16 +206,13 @@ def general_backward(
             if MOMENTUM:
                 s_p = tl.load(s_scratch + (pid * BT + tl.maximum(tt - 1, 0)) * BV * BK + sst)
                 s_p = tl.where(tt > 0, s_p, s_s)
-                upd = g_momentum * s_p + upd
+            $optimizer_restep
             dz = retention_map_vjp(w_t, m2, dw)
             dw_p, du$retention_grads = retention_vjp(w_p, upd$retention_args, dz)
             $store_step_token_grads
             dw = tl.where(m2, dw_p, 0.0)
             du = tl.where(m2, du, 0.0)
-            if MOMENTUM:
-                du = ds + du
-                $store_momentum_token_grad
-                ds = g_momentum * du
+            $optimizer_vjp
             for j in range(0, WINDOW):
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
                 gj = tl.load(g_scratch + ((pid * WINDOW + j) * BT + tt) * BV + cv)
@@ -224,7 +223,7 @@ def general_backward(
         tl.debug_barrier()
         # The block phase, backwards.
         dw_e = tl.zeros([BV, BK], dtype=ACC)
-        d_lr = tl.zeros([BT, BV], dtype=ACC)
+        d_scale = tl.zeros([BT, BV], dtype=ACC)
         d_kept = tl.zeros([BT, BV], dtype=ACC)
         for j in range(0, WINDOW):
             wi = tok + PAST - j
@@ -241,8 +240,8 @@ def general_backward(
             mb = mt[:, None] & cmask
             bg = tl.where(mb, bias_grad(y - vj, vj, cmask$bias_args) * live[:, None], 0.0)
             dgh = tl.load(dg_scratch + ((pid * WINDOW + j) * BT + rows[:, None]) * BV + cv[None, :], mask=mb, other=0.0)
-            d_lr += dgh * g_gamma * bg
-            dg = tl.where(mb, g_lr * dgh, 0.0)
+            d_scale += dgh * g_gamma * bg
+            dg = tl.where(mb, scale * dgh, 0.0)
             $add_gamma_grad
             dy, dvj$bias_grads = bias_vjp(y - vj, vj, cmask$bias_args, dg * g_gamma * live[:, None])
             dy = tl.where(mb, dy, 0.0)
@@ -254,7 +253,7 @@ def general_backward(
             dw_e += tl.dot(tl.trans(dy), x, input_precision=DOT_PRECISION, out_dtype=ACC)
             add_rows(dk + pid * NR * DK, wi, mt, ck, mk, DK, tl.dot(dy, w_e, input_precision=DOT_PRECISION, out_dtype=ACC))
             tl.debug_barrier()
-        $store_lr_grad
+        $store_scale_grad
         if RETAINED:
             # kept_t = prod_{s<=t} a_s: d a_s = sum_{t>=s} d kept_t kept_t / a_s.
             $add_retained_decay_grad

@@ -1,4 +1,5 @@
-"""The linear chunk template: matrix memory, retention none or l2 with a per-head decay, gd.
+"""The linear chunk template: matrix memory, retention none or l2 with a per-head decay, and an
+update u_t = lr_t g_t with one step-size gate and no optimizer state (gd; `linear_applies`).
 
 The step W_t = a_t W_{t-1} - lr_t g_t unrolls inside a chunk (docs/chunking.md, the fast path):
 with L[t, s] = prod_{s<j<=t} a_j = exp(sum_{s<j<=t} log a_j) (s <= t), D_t = prod_{j<=t} a_j
@@ -7,8 +8,9 @@ with L[t, s] = prod_{s<j<=t} a_j = exp(sum_{s<j<=t} log a_j) (s <= t), D_t = pro
     o   = D (Q W_S^T) - sum_j (L * Q X_j^T) Ghat_j
     W_e = D_last W_S  - sum_j (k_last Ghat_j)^T X_j,      k_last[s] = L[last, s]
 
-where X_j [BT, Dphi] are the keys of window offset j and Ghat_j [BT, Dv] = lr gamma valid
-bias_grad(Y_j - V_j, V_j), Y_j = X_j W_S^T (times D for grad_at: retained). Every product is a
+where X_j [BT, Dphi] are the keys of window offset j and Ghat_j [BT, Dv] = scale gamma valid
+bias_grad(Y_j - V_j, V_j) (scale: the step-size gate lr_t), Y_j = X_j W_S^T (times D for
+grad_at: retained). Every product is a
 matmul; the only spec-specific code is the printed bias gradient and its VJP.
 
 The backward runs the chunks in reverse from their stored start states and differentiates the
@@ -48,7 +50,7 @@ def linear_forward(
         tl.store(w_chunks + (pid * NC + ic) * DV * DK + st, w.to(w_chunks.dtype.element_ty), mask=m2)
         tok = start + rows
         mt = (rows < CS) & (tok < T)
-        $load_lr_block
+        $load_scale_block
         log_a = tl.zeros([BT], dtype=ACC)
         if DECAY:
             $load_decay_vector
@@ -72,7 +74,7 @@ def linear_forward(
             g = bias_grad(y - vj, vj, cmask$bias_args) * g_gamma
             if PAST > 0:
                 g = g * tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)[:, None]
-            gh = tl.where(mt[:, None] & cmask, g * g_lr, 0.0)
+            gh = tl.where(mt[:, None] & cmask, g * scale, 0.0)
             scores = mix * tl.dot(qb, tl.trans(x), input_precision=DOT_PRECISION, out_dtype=ACC)
             ob -= tl.dot(scores, gh, input_precision=DOT_PRECISION, out_dtype=ACC)
             w_new -= tl.dot(tl.trans(gh * k_last[:, None]), x, input_precision=DOT_PRECISION, out_dtype=ACC)
@@ -122,7 +124,7 @@ def linear_backward(
         w = tl.load(w_chunks + (pid * NC + ic) * DV * DK + st, mask=m2, other=0.0).to(ACC)
         tok = start + rows
         mt = (rows < CS) & (tok < T)
-        $load_lr_block
+        $load_scale_block
         a = tl.zeros([BT], dtype=ACC) + 1.0
         if DECAY:
             $load_decay_vector
@@ -143,7 +145,7 @@ def linear_backward(
         d_last = tl.exp(cs_last) * tl.sum(tl.sum(tl.where(m2, dw * w, 0.0), axis=1), axis=0)
         d_mix = tl.zeros([BT, BT], dtype=ACC)
         d_k_last = tl.zeros([BT], dtype=ACC)
-        d_lr = tl.zeros([BT, BV], dtype=ACC)
+        d_scale = tl.zeros([BT, BV], dtype=ACC)
         for j in range(0, WINDOW):
             wi = tok + PAST - j
             x = load_rows(k + pid * NR * DK, wi, mt, ck, mk, DK, 1, 0.0, ACC)
@@ -158,7 +160,7 @@ def linear_backward(
                 live = tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)
             mb = mt[:, None] & cmask
             bg = tl.where(mb, bias_grad(y - vj, vj, cmask$bias_args) * live[:, None], 0.0)
-            gh = bg * g_gamma * g_lr
+            gh = bg * g_gamma * scale
             qx = tl.dot(qb, tl.trans(x), input_precision=DOT_PRECISION, out_dtype=ACC)
             d_scores = -tl.dot(dob, tl.trans(gh), input_precision=DOT_PRECISION, out_dtype=ACC)
             xdw = tl.dot(x, tl.trans(dw), input_precision=DOT_PRECISION, out_dtype=ACC)
@@ -169,8 +171,8 @@ def linear_backward(
             dx -= k_last[:, None] * tl.dot(gh, dw, input_precision=DOT_PRECISION, out_dtype=ACC)
             d_mix += d_scores * qx
             d_k_last -= tl.sum(gh * xdw, axis=1)
-            d_lr += dgh * g_gamma * bg
-            dg = tl.where(mb, g_lr * dgh, 0.0)
+            d_scale += dgh * g_gamma * bg
+            dg = tl.where(mb, scale * dgh, 0.0)
             $add_gamma_grad
             dy, dvj$bias_grads = bias_vjp(y - vj, vj, cmask$bias_args, dg * g_gamma * live[:, None])
             dy = tl.where(mb, dy, 0.0)
@@ -184,7 +186,7 @@ def linear_backward(
             add_rows(dk + part * NR * DK, wi, mt, ck, mk, DK, dx)
             tl.debug_barrier()
         store_rows(dq + part * T * DK, tok, mt, ck, mk, DK, dqb)
-        $store_lr_grad
+        $store_scale_grad
         if DECAY:
             # mix[t, s] = prod_{s<j<=t} a_j, k_last[s] = prod_{j>s} a_j, D_t = prod_{j<=t} a_j
             # (d_cs: dD * D) and prod_j a_j (d_last); each sum over the factors holding a_j.

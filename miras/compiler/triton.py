@@ -22,7 +22,7 @@ feature map is covered.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from string import Template
 
 import sympy as sp
@@ -31,7 +31,7 @@ from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.retention_emit import NORM_FLOOR
 from miras.compiler.stabilize import stable_forms
 from miras.compiler.triton_printer import CHANNEL_MASK, triton_code
-from miras.ir import BiasRule, RetentionRule
+from miras.ir import BiasRule, Coefficient, LinearStep, RetentionRule
 from miras.kernels.templates import general, linear
 from miras.spec import Spec
 from miras.symbols import ChannelSum, e, gate_symbol, soft_threshold, u, v, w0, y
@@ -235,49 +235,191 @@ def _retention_pieces(rule: RetentionRule, spec: Spec) -> list[str]:
     return [step, vjp, *maps, *reads]
 
 
-# The step's roles ----------------------------------------------------------------------------
+# The optimizer's lines ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Roles:
-    """The gate in each part the templates' step gives it, by name: `step_size` scales the
-    gradient, `state_decay` decays the state S (None without one), `decay` is a_t of
-    W_t = a_t W_{t-1} - u_t (the retention's declared `decay_gate`; None without one). The
-    optimizer's come from its half of the compiled `LinearStep`: the templates run
-    u_t = b_t g_t (the shape "step") and S_t = theta_t S_{t-1} + b_t g_t, u_t = S_t (the shape
-    "momentum"), in the kernels' variables g_lr, g_momentum and a."""
+class OptimizerStep:
+    """The optimizer's half of the compiled `LinearStep` as the templates run it:
 
-    step_size: str
-    state_decay: str | None
-    decay: str | None
+        S_t = theta_t S_{t-1} + beta_t G_t,   u_t = p_t S_t + q_t G_t   (u_t = q_t G_t, no state)
+
+    on G_t = sum_j Ghat_j x_j^T, the gradient the block phase has already multiplied by
+    `scale`: the one gate (fixed or per token) that every gradient-entry coefficient (q, beta)
+    holds once and p, theta do not (lr for gd, momentum and Nesterov; None for a heavy-ball
+    step u_t = lr_t S_t). `step` holds the coefficients with `scale` divided out; every line
+    the token phase runs, forward and backward, is printed from it (`_optimizer_slots`)."""
+
+    scale: str | None
+    step: LinearStep
+
+    @property
+    def stateful(self) -> bool:
+        return self.step.stateful
 
 
-def step_roles(spec: Spec) -> Roles:
-    """The `Roles` of `spec`'s step, from the optimizer's half of its linear step
+def optimizer_step(spec: Spec) -> OptimizerStep:
+    """The `OptimizerStep` of `spec`, from the optimizer's half of its linear step
     (`miras.compiler.linear_step.linear_update`; any retention: the general template prints
-    the retention's derived step). Raises UnsupportedExpression when the update is not linear
-    or not of a shape the templates run."""
+    the retention's derived step). Raises UnsupportedExpression when the update is not linear."""
     from miras.compiler.linear_step import linear_update
 
     step, why = linear_update(spec)
     if step is None:
-        raise UnsupportedExpression(f"the kernels run a linear update: {why}")
-    if step.shape == "step":
-        pieces = {"step_size": step.from_gradient}
-    elif step.shape == "momentum":
-        pieces = {"step_size": step.state_input, "state_decay": step.state_decay}
-    else:
-        raise UnsupportedExpression(
-            f"the kernels run the gd and momentum updates only, not {spec.optimizer.kind}'s"
+        raise UnsupportedExpression(f"the kernels run an update linear in g_t and S_t: {why}")
+    entries = [c for c in (step.from_gradient, step.state_input) if c is not None and not c.is_zero]
+    held = [c for c in (step.from_state, step.state_decay) if c is not None]
+    scale = None
+    for field, name in entries[0].gates if entries else ():
+        once = all(c.gates.count((field, name)) == 1 for c in entries)
+        if field == "optimizer" and once and not any((field, name) in c.gates for c in held):
+            scale = name
+            break
+    if scale is not None:
+        step = replace(
+            step,
+            from_gradient=_without(step.from_gradient, scale),
+            state_input=step.state_input and _without(step.state_input, scale),
         )
-    names = {}
-    for role, coefficient in pieces.items():
-        if coefficient.constant != 1.0 or len(coefficient.gates) != 1:
-            raise UnsupportedExpression(
-                f"the kernels read the step's {role} as one gate, not {coefficient.text()}"
-            )
-        names[role] = coefficient.gates[0][1]
-    return Roles(names["step_size"], names.get("state_decay"), spec.retention.decay_gate)
+    return OptimizerStep(scale, step)
+
+
+def _without(c: Coefficient, name: str) -> Coefficient:
+    """`c` with one factor of the optimizer gate `name` divided out (a zero stays zero)."""
+    if c.is_zero:
+        return c
+    gates = list(c.gates)
+    gates.remove(("optimizer", name))
+    return Coefficient(c.constant, tuple(gates))
+
+
+class _Printer:
+    """Products of a coefficient's constant and gates as kernel text: a gate read per token is
+    its variable g_<name> ([BV, 1], loaded in the token phase), a fixed one its literal."""
+
+    def __init__(self, gates: Gates):
+        self.gates = gates
+
+    def value(self, name: str) -> str:
+        return f"g_{name}" if name in self.gates.step else repr(self.gates.fixed[name])
+
+    def factors(self, constant: float, gates) -> list[str]:
+        out = [] if constant == 1.0 else [repr(constant)]
+        return out + [self.value(name) for _, name in gates]
+
+    def term(self, c: Coefficient | None, var: str) -> str | None:
+        """c * var as text; None for a zero coefficient."""
+        if c is None or c.is_zero:
+            return None
+        return " * ".join([*self.factors(c.constant, c.gates), var])
+
+    def total(self, terms: list[str | None], like: str) -> str:
+        kept = [t for t in terms if t is not None]
+        return " + ".join(kept) if kept else f"tl.zeros_like({like})"
+
+    def derivative(self, c: Coefficient, name: str) -> list[str]:
+        """The factors of dc/d(gate name) (a monomial: power times the other factors)."""
+        key = ("optimizer", name)
+        power = c.gates.count(key)
+        rest = list(c.gates)
+        rest.remove(key)
+        return self.factors(c.constant * power, rest)
+
+
+def _optimizer_slots(opt: OptimizerStep, gates: Gates) -> Slots:
+    """The token phase's optimizer lines, forward and backward, printed from `opt.step`.
+
+    Forward (and the backward's recompute of a chunk's token states), on upd = G_t:
+        s = theta s + beta upd;  upd = p s + q upd        (stateless: upd = q upd)
+    Backward at token t, on du = dL/du_t and ds = dL/dS_t from the later tokens:
+        d_s = ds + p du                   dL/dS_t in all
+        d<gate> = sum_k of (du G_t, du S_t, d_s S_{t-1}, d_s G_t) times dq, dp, dtheta, dbeta
+        ds = theta d_s;  du = q du + beta d_s   (dL/dS_{t-1}, and dL/dG_t for the block phase)
+    A momentum step (p = 1, q = 0, beta = 1) keeps d_s in du, so its lines are the short
+    `du = ds + du; ds = theta du`."""
+    step, print_ = opt.step, _Printer(gates)
+    coefficients = {"q": step.from_gradient}
+    if step.stateful:
+        coefficients |= {"p": step.from_state, "theta": step.state_decay, "beta": step.state_input}
+    token_gates = [
+        n for n in gates.step if any(n == g for c in coefficients.values() for _, g in c.gates)
+    ]
+    clash = {"gamma"} & set(token_gates)
+    if clash:
+        raise UnsupportedExpression(
+            f"optimizer gate names {sorted(clash)} (the kernels' window gate)"
+        )
+    load = [
+        f"g_{n} = tl.load(g_{n}_ptr + (pid * T + t) * g_{n}_rs + cv * g_{n}_sc, mask=mv, "
+        "other=0.0).to(ACC)[:, None]"
+        for n in token_gates
+    ]
+    gated = {
+        role: bool(set(c.gates) & {("optimizer", n) for n in gates.step})
+        for role, c in coefficients.items()
+    }
+    momentum_like = (
+        step.stateful
+        and step.from_state.is_one
+        and step.from_gradient.is_zero
+        and step.state_input.is_one
+    )
+    q, term = step.from_gradient, print_.term
+    if step.stateful:
+        p, theta, beta = step.from_state, step.state_decay, step.state_input
+        state = f"s = {print_.total([term(theta, 's'), term(beta, 'upd')], 'upd')}"
+        if p.is_one and q.is_zero:
+            forward = [state, "upd = s"]
+        else:
+            forward = [state, f"upd = {print_.total([term(p, 's'), term(q, 'upd')], 'upd')}"]
+    else:
+        forward = [] if q.is_one else [f"upd = {print_.total([term(q, 'upd')], 'upd')}"]
+    # The backward's u_t from the state it loaded (s_p = S_{t-1}) and upd = G_t.
+    keep_grad = gated["q"] or gated.get("beta", False)
+    restep = ["grad = upd"] if keep_grad else []
+    if step.stateful and p.is_one and q.is_zero:
+        restep.append(f"upd = {print_.total([term(theta, 's_p'), term(beta, 'upd')], 'upd')}")
+    elif step.stateful:
+        restep.append(f"s = {print_.total([term(theta, 's_p'), term(beta, 'upd')], 'upd')}")
+        restep.append(f"upd = {print_.total([term(p, 's'), term(q, 'upd')], 'upd')}")
+    elif not q.is_one:
+        restep.append(f"upd = {print_.total([term(q, 'upd')], 'upd')}")
+    # d<gate>: the products each coefficient's gradient is the channel sum of.
+    d_state = "du" if momentum_like else "d_s"
+    products = {
+        "q": "du * grad",
+        "p": "du * s",
+        "theta": f"{d_state} * s_p",
+        "beta": f"{d_state} * grad",
+    }
+    stores = []
+    for n in token_gates:
+        parts = [
+            " * ".join([products[role], *print_.derivative(c, n)])
+            for role, c in coefficients.items()
+            if ("optimizer", n) in c.gates
+        ]
+        stores.append(
+            f"tl.store(g_{n}_grad + (pid * T + t) * DV + cv, tl.sum({' + '.join(parts)}, axis=1)"
+            f".to(g_{n}_grad.dtype.element_ty), mask=mv)"
+        )
+    if momentum_like:
+        backward = ["du = ds + du", *stores, f"ds = {print_.total([term(theta, 'du')], 'du')}"]
+    elif step.stateful:
+        backward = [
+            f"d_s = {print_.total(['ds', term(p, 'du')], 'du')}",
+            *stores,
+            f"ds = {print_.total([term(theta, 'd_s')], 'du')}",
+            f"du = {print_.total([term(q, 'du'), term(beta, 'd_s')], 'du')}",
+        ]
+    else:
+        backward = [*stores, *([] if q.is_one else [f"du = {print_.total([term(q, 'du')], 'du')}"])]
+    return {
+        "load_optimizer_token": load,
+        "optimizer_step": forward,
+        "optimizer_restep": restep,
+        "optimizer_vjp": backward,
+    }
 
 
 # Template slots ------------------------------------------------------------------------------
@@ -298,39 +440,32 @@ def _rows_load(name: str, rows: str, base_rows: str, other: str, into: str | Non
     )
 
 
-def _slots(spec: Spec, gates: Gates, roles: Roles) -> Slots:
+def _slots(spec: Spec, gates: Gates, opt: OptimizerStep) -> Slots:
     fixed = gates.fixed
     retained = spec.retention.retained_factor() is not None
-    lr_name, momentum_name, decay_name = roles.step_size, roles.state_decay, roles.decay
+    decay_name = spec.retention.decay_gate  # a_t of W_t = a_t W_{t-1} - u_t, if any
 
     def literal(name: str) -> str:
         return repr(fixed[name])
 
-    lr = (
-        [_rows_load(lr_name, "tok", "T", "0.0", "g_lr")]
-        if lr_name in gates.step
-        else [f"g_lr = {literal(lr_name)}"]
-    )
+    if opt.scale is None:
+        scale = ["scale = 1.0"]
+    elif opt.scale in gates.step:
+        scale = [_rows_load(opt.scale, "tok", "T", "0.0", "scale")]
+    else:
+        scale = [f"scale = {literal(opt.scale)}"]
     window = [_rows_load(n, "wi", "NR", "1.0") for n in gates.bias]
     window += (
         [_rows_load("gamma", "wi", "NR", "1.0")]
         if "gamma" in gates.window
         else [f"g_gamma = {literal('gamma')}"]
     )
+    optimizer = _optimizer_slots(opt, gates)
     token = [
         f"g_{n} = tl.load(g_{n}_ptr + (pid * T + t) * g_{n}_rs + cv * g_{n}_sc, mask=mv, "
         "other=1.0).to(ACC)[:, None]"
         for n in gates.retention
-    ]
-    if momentum_name is not None:
-        m = momentum_name
-        if m in gates.step:
-            token.append(
-                f"g_momentum = tl.load(g_{m}_ptr + (pid * T + t) * g_{m}_rs + cv * "
-                f"g_{m}_sc, mask=mv, other=0.0).to(ACC)[:, None]"
-            )
-        else:
-            token.append(f"g_momentum = {literal(m)}")
+    ] + optimizer.pop("load_optimizer_token")
     decay_gated = decay_name is not None and decay_name in gates.step
     if retained:
         decay_block = (
@@ -355,14 +490,6 @@ def _slots(spec: Spec, gates: Gates, roles: Roles) -> Slots:
         f"axis=1).to(g_{n}_grad.dtype.element_ty), mask=mv)"
         for n in gates.retention
     ]
-    momentum_grad = (
-        [
-            f"tl.store(g_{momentum_name}_grad + (pid * T + t) * DV + cv, tl.sum(du * s_p, axis=1)"
-            f".to(g_{momentum_name}_grad.dtype.element_ty), mask=mv)"
-        ]
-        if momentum_name is not None and momentum_name in gates.step
-        else []
-    )
     retained_decay = (
         [
             f"add_rows(g_{decay_name}_grad + pid * T * DV, tok, mt, cv, mv, DV, "
@@ -371,10 +498,10 @@ def _slots(spec: Spec, gates: Gates, roles: Roles) -> Slots:
         if retained and decay_gated
         else []
     )
-    return {
+    return optimizer | {
         "gate_params": [f"g_{n}_ptr, g_{n}_rs, g_{n}_sc," for n in gates.order],
         "gate_grad_params": [f"g_{n}_grad," for n in gates.order],
-        "load_lr_block": lr,
+        "load_scale_block": scale,
         "load_decay_block": decay_block or ["pass"],
         "load_decay_vector": decay_vector or ["pass"],
         "load_window_block": window,
@@ -384,7 +511,6 @@ def _slots(spec: Spec, gates: Gates, roles: Roles) -> Slots:
         "retention_args": "".join(f", g_{n}" for n in gates.retention),
         "retention_grads": "".join(f", d_{n}" for n in gates.retention),
         "store_step_token_grads": store_token,
-        "store_momentum_token_grad": momentum_grad,
         "zero_window_grads": [
             f"zero_block(g_{n}_grad + pid * NR * DV, NR, DV, cv, mv, BT)" for n in gates.window
         ],
@@ -396,9 +522,9 @@ def _slots(spec: Spec, gates: Gates, roles: Roles) -> Slots:
         "add_bias_grads": [
             f"add_rows(g_{n}_grad + pid * NR * DV, wi, mt, cv, mv, DV, d_{n})" for n in gates.bias
         ],
-        "store_lr_grad": (
-            [f"store_rows(g_{lr_name}_grad + pid * T * DV, tok, mt, cv, mv, DV, d_lr)"]
-            if lr_name in gates.step
+        "store_scale_grad": (
+            [f"store_rows(g_{opt.scale}_grad + pid * T * DV, tok, mt, cv, mv, DV, d_scale)"]
+            if opt.scale in gates.step
             else []
         ),
         "add_retained_decay_grad": retained_decay or ["pass"],
@@ -463,19 +589,19 @@ def emit_source(
     `gates` says; the linear kernels too when `linear_template`. Raises UnsupportedExpression
     for a piece the printer cannot emit."""
     retained = spec.retention.retained_factor() is not None
-    roles = step_roles(spec)
-    decay = roles.decay
+    opt = optimizer_step(spec)
+    decay = spec.retention.decay_gate
     has_decay = decay is not None and (decay in gates.step or decay in gates.fixed)
     constants = [
         f"WINDOW = tl.constexpr({spec.window.c})  # Omega window c",
         f"PAST = tl.constexpr({spec.window.c - 1})  # earlier tokens a window reaches back to",
-        f"MOMENTUM = tl.constexpr({roles.state_decay is not None})",
+        f"MOMENTUM = tl.constexpr({opt.stateful})  # an optimizer state S beside W",
         f"RETAINED = tl.constexpr({retained})  # grad_at: retained",
         f"DECAY = tl.constexpr({has_decay})  # an l2 decay (the linear template)",
         f"PAD = tl.constexpr({PAD[spec.retention.domain()]})  # padded state entries: in the domain",
     ]
     pieces = _bias_pieces(bias, spec) + _retention_pieces(retention, spec)
-    slots = _slots(spec, gates, roles)
+    slots = _slots(spec, gates, opt)
     kernels = [_fill(general.FORWARD, slots), _fill(general.BACKWARD, slots)]
     if linear_template:
         _linear_step_ok(retention, spec)

@@ -6,11 +6,12 @@ module of a covered spec, and the provider that hands it to the runtime on first
     module = load_kernels(compiled)     # written under the cache by content hash, imported
     kernels = TritonKernels(compiled)   # the runtime's KernelProvider (`Program.kernels`)
 
-Covered: matrix memory, every bias and retention the printer can emit, gd or momentum (and
-the proximal step, as gd with its step size computed in torch), any window and feature map
-(applied in torch before the kernels). Not covered, with the reason
-named: mlp and gated-mlp memories, Muon, a Bregman retention solved by Newton steps, gate
-names the kernels reserve, and any expression the printer cannot emit. The printing itself is
+Covered: matrix memory, every bias and retention the printer can emit, every optimizer whose
+update the compiler proves linear in the gradient and its state (gd, momentum, Nesterov; the
+proximal step, as gd with its step size computed in torch), any window and feature map
+(applied in torch before the kernels). Not covered, with the reason named: mlp and gated-mlp
+memories, Muon, the exact minimizer, a Bregman retention solved by Newton steps, gate names
+the kernels reserve, and any expression the printer cannot emit. The printing itself is
 `miras.compiler.triton.emit_source`; this module says what to print. The runtime never
 imports it: a `Program` carries a `TritonKernels`, which emits and loads the module only when
 the triton backend first runs.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from miras.compiler.emit import load_module
+from miras.compiler.linear_step import linear_update
 from miras.compiler.pipeline import compile_ir
 from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.triton import RESERVED, Gates, emit_source
@@ -32,25 +34,26 @@ from miras.triton_template import linear_applies
 
 def gate_plan(spec: Spec) -> Gates:
     """Where each gate of `spec` enters the kernels, and the literal values of the scalars
-    that are not gates."""
-    bias = tuple(spec.bias.gates())
-    retention = tuple(spec.retention.gates())
-    fixed: dict[str, float] = {}
-    # An implicit step's lr_t reaches the kernels as its step size eta_t, per token (computed
-    # in torch before any form runs: `miras.runtime.implicit`), so it is a gate even when fixed.
-    lr = "gate" if spec.optimizer.implicit else spec.optimizer.lr
-    scalars = {"gamma": spec.window.gamma, "lr": lr}
-    if spec.optimizer.linear_form == "momentum":
-        scalars["momentum"] = spec.optimizer.momentum
+    that are not gates. The optimizer's are the gates its proved linear update reads
+    (`linear_update`), in the order the optimizer declares them."""
+    opt = spec.optimizer
+    step, _ = linear_update(spec)
+    read = step.gate_names("optimizer") if step is not None else ()
+    scalars = {"gamma": spec.window.gamma}
+    scalars |= {name: getattr(opt, name) for name in opt.gateable if name in read}
+    if opt.implicit:
+        # An implicit step's step size reaches the kernels as eta_t, per token (computed in
+        # torch before any form runs: `miras.runtime.implicit`), so it is a gate even when fixed.
+        scalars[step.from_gradient.gates[0][1]] = "gate"
     decay = spec.retention.decay_gate  # the gate a_t of W_t = a_t W_{t-1} - u_t, if any
     if decay is not None:
         scalars[decay] = getattr(spec.retention, decay)
-    for name, value in scalars.items():
-        if value != "gate":
-            fixed[name] = float(value)
+    fixed = {name: float(value) for name, value in scalars.items() if value != "gate"}
+    bias = tuple(spec.bias.gates())
+    retention = tuple(spec.retention.gates())
     window = bias + (("gamma",) if spec.window.gamma == "gate" else ())
-    step = tuple(n for n in ("lr", "momentum") if n in scalars and n not in fixed) + retention
-    return Gates(window, step, bias, retention, fixed)
+    optimizer = tuple(n for n in opt.gateable if n in read and n not in fixed)
+    return Gates(window, optimizer + retention, bias, retention, fixed)
 
 
 def unsupported_reason(spec: Spec) -> str | None:
@@ -62,9 +65,10 @@ def unsupported_reason(spec: Spec) -> str | None:
         return f"the {kind} optimizer (the kernels take gradient steps; its solve is in torch)"
     if spec.window.is_global:
         return "window: global (the kernels take a fixed window c; the whole prefix grows per call)"
-    if spec.optimizer.linear_form is None:
+    step, why = linear_update(spec)
+    if step is None:
         kind = spec.optimizer.kind
-        return f"the {kind} optimizer (the kernels run the gd and momentum updates only)"
+        return f"the {kind} optimizer (the kernels run updates linear in g_t and S_t: {why})"
     if spec.retention.solved_by_newton():
         return "a Bregman retention solved by Newton steps (solver: newton)"
     clash = sorted(set(gate_plan(spec).order) & RESERVED)

@@ -159,15 +159,28 @@ def test_unrolled_weights_equal_the_recurrences_stepped_out():
         torch.testing.assert_close(s, want_s, rtol=1e-13, atol=1e-13)
 
 
-def test_the_triton_templates_take_the_optimizers_gates_from_the_record():
+def test_the_triton_templates_take_the_optimizers_lines_from_the_record():
+    """The templates' block phase multiplies every gradient by the one gate the gradient terms
+    share (`scale`); the token phase runs the rest of the record's coefficients."""
     from miras.compiler.printer import UnsupportedExpression
-    from miras.compiler.triton import Roles, step_roles
+    from miras.compiler.triton import optimizer_step
 
-    momentum = load_spec({"name": "p", "retention": "l2", "optimizer": "momentum"})
-    assert step_roles(momentum) == Roles("lr", "momentum", "decay")
-    assert step_roles(load_spec({"name": "p", "retention": "none"})) == Roles("lr", None, None)
-    with pytest.raises(UnsupportedExpression, match="gd and momentum updates only"):
-        step_roles(load_spec({"name": "p", "optimizer": "nesterov"}))
+    lr, theta = (
+        Coefficient(1.0, (("optimizer", "lr"),)),
+        Coefficient(1.0, (("optimizer", "momentum"),)),
+    )
+    momentum = optimizer_step(load_spec({"name": "p", "retention": "l2", "optimizer": "momentum"}))
+    assert momentum.scale == "lr" and momentum.stateful
+    assert momentum.step.state_decay == theta and momentum.step.state_input.is_one
+    assert momentum.step.from_state.is_one and momentum.step.from_gradient.is_zero
+    gd = optimizer_step(load_spec({"name": "p", "retention": "none"}))
+    assert gd.scale == "lr" and not gd.stateful and gd.step.from_gradient.is_one
+    nesterov = optimizer_step(load_spec({"name": "p", "optimizer": "nesterov"}))
+    assert nesterov.scale == "lr" and nesterov.step.from_state == theta
+    assert nesterov.step.from_gradient.is_one and nesterov.step.state_input.is_one
+    assert lr not in (nesterov.step.from_state, nesterov.step.state_decay)
+    with pytest.raises(UnsupportedExpression, match="linear"):
+        optimizer_step(load_spec({"name": "p", "optimizer": "muon"}))
 
 
 def test_the_retentions_declared_linear_step_is_what_the_compiler_proves():

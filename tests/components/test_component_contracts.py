@@ -132,19 +132,33 @@ class OptimizerContract:
             torch.testing.assert_close(a, b, rtol=RTOL, atol=0)
 
     def test_linear_form_is_what_update_computes(self):
-        """`linear_form` licenses the fast chunk forms to unroll the update as decay matrices:
-        it must say what `update` does."""
+        """The compiled linear update licenses every fast form (torch and Triton) to unroll the
+        update as decay matrices, and `linear_form` names its shape: its coefficients, at the
+        gates, must give what `update` computes."""
+        from miras.compiler.linear_step import optimizer_update
+
+        step, _ = optimizer_update(self.optimizer)
+        form = self.optimizer.linear_form
+        if step is None:
+            assert form is None
+            pytest.skip("the fast chunk forms do not apply")
+        assert form == step.shape
         g, s, gates = self._step(5)
         u, s_new = self.optimizer.update(g, s, **gates)
-        form = self.optimizer.linear_form
-        if form is None:
-            pytest.skip("the fast chunk forms do not apply")
-        if form == "step":
-            torch.testing.assert_close(u, gates["lr"] * g, rtol=RTOL, atol=0)
-        else:
-            momentum = gates["momentum"] * s + gates["lr"] * g
-            torch.testing.assert_close(u, momentum, rtol=RTOL, atol=0)
-            torch.testing.assert_close(s_new, momentum, rtol=RTOL, atol=0)
+
+        def value(c):
+            out = torch.full_like(g, c.constant)
+            for _, name in c.gates:
+                out = out * gates[name]
+            return out
+
+        if not step.stateful:
+            torch.testing.assert_close(u, value(step.from_gradient) * g, rtol=RTOL, atol=0)
+            return
+        state = value(step.state_decay) * s + value(step.state_input) * g
+        torch.testing.assert_close(s_new, state, rtol=RTOL, atol=0)
+        want = value(step.from_state) * state + value(step.from_gradient) * g
+        torch.testing.assert_close(u, want, rtol=RTOL, atol=0)
 
     def test_update_expressions_are_what_update_computes(self):
         """The compiler proves the fast forms from `update_expressions` (the compiled
@@ -176,8 +190,8 @@ class OptimizerContract:
         assert u.shape == g.shape and bool(torch.isfinite(u).all())
 
     def test_triton_runs_only_the_linear_forms(self):
-        """The kernels run u_t = lr g_t and momentum only: any other update is refused, never
-        run as one of those."""
+        """The kernels run an update the compiler proved linear (`linear_form` not None): any
+        other update is refused, never run as one of those."""
         spec = miras.load_spec({"name": "contract", "optimizer": self.optimizer.model_dump()})
         refused = unsupported_reason(spec)
         assert (refused is None) == (self.optimizer.linear_form is not None), refused
@@ -239,8 +253,8 @@ class TestNesterov(OptimizerContract):
         buf = gates["momentum"] * s + gates["lr"] * g
         return gates["lr"] * g + gates["momentum"] * buf, buf
 
-    def test_not_the_fast_forms(self):
-        assert self.optimizer.linear_form is None
+    def test_its_linear_form_is_neither_gd_nor_momentum(self):
+        assert self.optimizer.linear_form == "general"  # u_t = theta_t S_t + lr_t g_t
 
 
 class TestExact(OptimizerContract):

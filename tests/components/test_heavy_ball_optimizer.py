@@ -7,7 +7,8 @@ records it (`plan.linear_step`), and the exact form (its scan in torch and in th
 kernels, under TRITON_INTERPRET=1), the linear chunk-start path and the dual form of a deep
 memory run it, each equal to its reference: the recurrence, or the recurrence with every
 gradient of a chunk taken at the chunk's start state (a token loop written out below). The
-emitted Triton chunk kernels run the gd and momentum shapes only and refuse it, naming why."""
+emitted Triton chunk kernels print its lines from the same record (`backend="triton"`: the
+general template, the step size applied per token since the gradient term carries none)."""
 
 from __future__ import annotations
 
@@ -174,3 +175,19 @@ def test_the_exact_triton_scan_runs_its_prepared_step(monkeypatch):
     assert calls
     want = run(rule, 11, chunk_size=1, mode="auto", backend="recurrent")
     assert_runs_close(got, want, TOL)
+
+
+def test_the_emitted_triton_kernels_run_it():
+    """backend="triton" (TRITON_INTERPRET=1 on a CPU): the general template's optimizer lines,
+    printed from the record, equal the chunk-start form; its exact form (chunk mode "exact")
+    runs the Triton scan and equals the recurrence."""
+    pytest.importorskip("triton")
+    from miras.compiler.triton_kernels import kernel_source
+
+    rule = compiled(MATRIX)
+    source = kernel_source(rule.ir)
+    assert "upd = g_lr * s" in source and "s = 0.9 * s + upd" in source
+    got = run(rule, 11, chunk_size=4, mode="start", backend="triton")
+    assert_runs_close(got, run(rule, 11, chunk_size=4, mode="start"), TOL)
+    exact = run(rule, 11, chunk_size=4, mode="exact", backend="triton")
+    assert_runs_close(exact, run(rule, 11, chunk_size=1, mode="auto", backend="recurrent"), TOL)

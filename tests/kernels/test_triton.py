@@ -35,7 +35,8 @@ def _check_every_output_written(monkeypatch):
 
 
 # name: (spec fields, shapes). Which kernel runs: `linear` for retention none/l2 with a per-head
-# decay and gd, `general` for the rest (per-channel decay, momentum, nonlinear retentions).
+# decay and gd, `general` for the rest (per-channel decay, momentum, Nesterov, nonlinear
+# retentions).
 CASES = {
     # linear kernel
     "linear_attention": (
@@ -99,6 +100,14 @@ CASES = {
             bias="l2", retention="none", optimizer={"kind": "momentum", "lr": 0.5, "momentum": 0.9}
         ),
         dict(t=30, d=16, chunk=16),
+    ),
+    "nesterov_channel": (  # an update u_t = theta_t S_t + lr_t g_t, printed from the record
+        dict(bias="l2", retention="l2", optimizer="nesterov"),
+        dict(t=30, d=16, chunk=16, per_channel=True),
+    ),
+    "nesterov_fixed_lr": (  # the step size fixed: a literal in the block phase
+        dict(bias="l2", retention="none", optimizer={"kind": "nesterov", "lr": 0.5}),
+        dict(t=20, d=16, chunk=16),
     ),
     "cauchy_kl": (
         dict(bias={"kind": "custom", "loss": "log(1 + sum(e**2))"}, retention="kl"),
