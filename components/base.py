@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, PlainValidator, WithJsonSchema
 
 from miras.errors import did_you_mean
+from miras.gate_defaults import GateDefaults
 from miras.ranges import Range
 
 if TYPE_CHECKING:  # annotations only (see the module docstring)
@@ -28,6 +29,24 @@ POSITIVE = Range(0, math.inf)
 NONNEGATIVE = Range(0, math.inf, lo_closed=True)  # a step size b_t >= 0 (0: no write)
 UNIT = Range(0, 1, hi_closed=True)  # a decay factor a_t in (0, 1]
 HALF_OPEN_UNIT = Range(0, 1, lo_closed=True)  # a momentum factor theta_t in [0, 1)
+
+
+def retnet_decay(head: int) -> float:
+    """RetNet's multi-scale decay of head h, 1 - 2^(-5 - h): 0.969, 0.984, 0.992, ... Slow
+    enough that every head starts out remembering tens of tokens."""
+    return 1.0 - 2.0 ** (-5 - head)
+
+
+# The defaults the shipped components share. A step size b_t (an optimizer's `step_size_gate`)
+# starts at 0.5 (DeltaNet's beta; the layer lowers it by the feature norm and the chunk's
+# summed steps) and stays below 1: with ||k|| = 1 the delta rule W - b (W k - v) k^T contracts
+# only for b < 2 (DeltaNet, Yang et al. 2024), so b = sigmoid(.). The probes normalize it by
+# ||phi(k)||^2, so 1 is the Kaczmarz step.
+STEP_SIZE_GATE = GateDefaults(start=0.5, ceiling=1.0, probe_values=(0.03, 0.1, 0.3, 1.0))
+# A momentum factor theta_t; 0 is no momentum.
+MOMENTUM_GATE = GateDefaults(start=0.5, probe_values=(0.0, 0.6))
+# A retention's decay a_t (its `decay_gate`): RetNet's decays per head; 1 is no forgetting.
+DECAY_GATE = GateDefaults(start=retnet_decay, probe_values=(1.0, 0.97, 0.9))
 
 
 def _is_number(value: Any) -> bool:
@@ -97,6 +116,10 @@ class Component(BaseModel):
     family: ClassVar[str] = ""
     # Fields that may be data-dependent gates, with the range a fixed value must lie in.
     gateable: ClassVar[dict[str, Range]] = {}
+    # What the code outside needs to know about each gateable field (its start in a model
+    # layer, its ceiling there, its probe candidates), by name; one left out gets
+    # `GateDefaults()`: start 1, no ceiling, no probe values.
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {}
 
     @classmethod
     def summary(cls) -> str:
@@ -121,6 +144,11 @@ class Component(BaseModel):
     def gates(self) -> list[str]:
         """Names of the fields set to "gate": the rule takes them per token."""
         return [name for name in self.gateable if getattr(self, name) == "gate"]
+
+    @classmethod
+    def defaults_of(cls, name: str) -> GateDefaults:
+        """The declared `GateDefaults` of gate `name` (`GateDefaults()` when none is)."""
+        return cls.gate_defaults.get(name, GateDefaults())
 
     def scalars(self) -> dict[str, sp.Symbol]:
         """The sympy symbol of every gateable field (gate or fixed)."""
@@ -283,6 +311,10 @@ class Optimizer(Component):
     solves_exactly: ClassVar[bool] = False
     # Gates that may vary per key feature, [B, T, H, Dphi], rather than per value channel.
     key_channel_gates: ClassVar[tuple[str, ...]] = ()
+    # The gate b_t that scales the gradient (the learning rate), where the optimizer has one:
+    # a model layer bounds its start by the feature norm, the probes divide it by
+    # ||phi(k_t)||^2, and fla's ops take it as `beta`.
+    step_size_gate: ClassVar[str | None] = None
 
     def whole_step_lines(self, spec: Any) -> list | None:
         """The display lines of the whole step t where the optimizer replaces it

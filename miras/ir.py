@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
+from miras.gate_defaults import GateDefaults
+
 if TYPE_CHECKING:
     import sympy as sp
 
@@ -30,9 +32,17 @@ SpecT = TypeVar("SpecT")
 
 @dataclass(frozen=True)
 class GateInfo:
+    """A gate the rule takes per token: its name, the spec field it belongs to, its range, what
+    its component declares for the code outside (`defaults`: a layer's start and ceiling, the
+    probes' candidates), and its role where it has one: "step_size", the optimizer's
+    `step_size_gate` (b_t, which scales the gradient), or "decay", the retention's
+    `decay_gate` (a_t of W_t = a_t W_{t-1} - u_t)."""
+
     name: str
     component: str  # the spec field it belongs to
     allowed: Range
+    defaults: GateDefaults = field(default_factory=GateDefaults)
+    role: Literal["step_size", "decay"] | None = None
 
     def __str__(self) -> str:
         return f"{self.name} ({self.component}) in {self.allowed}: [B, T, H] or [B, T, H, Dv]"

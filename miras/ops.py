@@ -121,11 +121,17 @@ def _fla_gates(rule: MemoryRule, q: torch.Tensor, v, g: Gate, beta: Gate, gates)
     out = dict(gates or {})
     takes = rule.gates
     infos = {info.name: info for info in rule.plan.gates}
-    for name, value, fla_name, meaning in (
-        ("decay", g, "g", "the log of the decay gate"),
-        ("lr", beta, "beta", "the learning-rate gate"),
-    ):
-        if name in out:
+    # fla's g is the log of the retention's decay gate, beta the optimizer's step size; each
+    # row: the fla argument, the gate it becomes (None: the component has none), how a message
+    # names that gate when there is none, its meaning, what the range check names, and the map
+    # from fla's value to the gate's natural space.
+    for fla_name, value, name, missing, meaning, what, natural_of in (
+        ("g", g, rule.spec.retention.decay_gate, "decay gate", "the log of the decay gate",
+         "exp(g)", _decay_of),
+        ("beta", beta, rule.spec.optimizer.step_size_gate, "lr gate", "the learning-rate gate",
+         "values", _as_is),
+    ):  # fmt: skip
+        if name is not None and name in out:
             raise ValueError(
                 f"gates[{name!r}]: pass the {name} gate as `{fla_name}` ({meaning}), not in gates"
             )
@@ -138,20 +144,18 @@ def _fla_gates(rule: MemoryRule, q: torch.Tensor, v, g: Gate, beta: Gate, gates)
             continue
         if name not in takes:
             listed = ", ".join(takes) or "none"
+            gate = missing if name is None else f"{name} gate"
             raise ValueError(
-                f"{fla_name}: spec '{rule.spec.name}' has no {name} gate (its gates: {listed}); "
+                f"{fla_name}: spec '{rule.spec.name}' has no {gate} (its gates: {listed}); "
                 f"pass {fla_name}=None"
             )
         allowed = infos[name].allowed
         if isinstance(value, torch.Tensor):
             _check_fla_shape(rule, fla_name, name, value, q, v)
-            natural = value if name == "lr" else _decay_of(fla_name, value, allowed, q.dtype)
-            out[name] = natural.to(q.dtype)
+            out[name] = natural_of(fla_name, value, allowed, q.dtype).to(q.dtype)
         else:  # a constant: checked as a one-element tensor, passed on as a Python float
             one = torch.tensor(float(value), dtype=torch.float64)
-            natural = one if name == "lr" else _decay_of(fla_name, one, allowed, q.dtype)
-            out[name] = natural.item()
-        what = "values" if name == "lr" else "exp(g)"
+            out[name] = natural_of(fla_name, one, allowed, q.dtype).item()
         _check_fla_range(fla_name, what, out[name], allowed, f"the {name} gate", q.dtype)
     return {n: v.to(q.dtype) if isinstance(v, torch.Tensor) else v for n, v in out.items()}
 
@@ -196,6 +200,11 @@ def _check_fla_range(fla_name: str, what: str, natural, allowed, meaning: str, d
         raise ValueError(
             f"{fla_name}: {what} must lie in {allowed} ({meaning}), found {_first_bad(value, bad):g}"
         )
+
+
+def _as_is(fla_name: str, x: torch.Tensor, allowed, dtype: torch.dtype) -> torch.Tensor:
+    """fla's value is the gate itself (beta, the step size): checked by the range check only."""
+    return x
 
 
 def _decay_of(fla_name: str, g: torch.Tensor, allowed, dtype: torch.dtype) -> torch.Tensor:
@@ -855,8 +864,9 @@ def chunk_mesa_net(
             raise ValueError(
                 f"{fla_name}: expected [B, T, H] = {list(q.shape[:3])}, got {list(value.shape)}"
             )
-    decay = _decay_of("g", g, infos["decay"].allowed, q.dtype)
-    _check_fla_range("g", "exp(g)", decay, infos["decay"].allowed, "the decay gate", q.dtype)
+    decay_gate = rule.spec.retention.decay_gate
+    decay = _decay_of("g", g, infos[decay_gate].allowed, q.dtype)
+    _check_fla_range("g", "exp(g)", decay, infos[decay_gate].allowed, "the decay gate", q.dtype)
     _check_fla_range("beta", "values", beta, infos["gamma"].allowed, "each token's weight", q.dtype)
     heads, d_key = q.shape[2], q.shape[3]
     if not isinstance(lamb, torch.Tensor) or tuple(lamb.shape) != (heads, d_key):
@@ -865,7 +875,7 @@ def chunk_mesa_net(
     ridge = infos["ridge"].allowed
     _check_fla_range("lamb", "values", lamb, ridge, "the ridge on diag(h_kk)", q.dtype)
     gates = {
-        "decay": decay.to(q.dtype),
+        decay_gate: decay.to(q.dtype),
         "gamma": beta.to(q.dtype),
         "ridge": lamb.to(q.dtype).expand(*q.shape),  # [B, T, H, K]: per key channel
     }

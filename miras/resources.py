@@ -287,7 +287,7 @@ def probe_estimate(spec: Spec, options: dict[str, Any]) -> Estimate | None:
     and its update, and the stream of keys and values. `options` are the probe's (d_k, trials,
     pair_counts, length, n_pairs, passes); None when they are not integers (the probe refuses
     them itself)."""
-    from miras.probes.base import GATE_GRID
+    from miras.probes.base import declared_grid
 
     d_k, trials, passes = (
         options.get(k, v) for k, v in (("d_k", 16), ("trials", 16), ("passes", 1))
@@ -300,7 +300,8 @@ def probe_estimate(spec: Spec, options: dict[str, Any]) -> Estimate | None:
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in ints):
         return None
     tokens = passes * max([4 * d_k, *(c for c in counts if c is not None)])
-    heads = math.prod(len(GATE_GRID.get(g, (1,))) for g in spec.gates())
+    grid = declared_grid(spec)
+    heads = math.prod(len(grid.get(g, (1,))) for g in spec.gates())
     d_phi = spec.feature_map.output_dim(d_k) if spec.memory.parametric else d_k
     numel = max(_state_numel(spec, d_k), d_phi * d_k)
     reach = _reach(spec, tokens)

@@ -15,7 +15,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import (
@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from miras.components import CATALOGUE
-from miras.components.base import POSITIVE, Component, Range, gate_or, number
+from miras.components.base import POSITIVE, Component, GateDefaults, Range, gate_or, number
 from miras.components.bias.l2 import L2Bias
 from miras.components.feature_map.identity import IdentityMap
 from miras.components.memory.matrix import MatrixMemory
@@ -118,6 +118,9 @@ class Window(BaseModel):
 
     c: WindowSize = 1
     gamma: gate_or(POSITIVE) = 1.0
+    # As a component declares its gates' (`Component.gate_defaults`): gamma starts at 1 in a
+    # layer, and the probes hold it at 1.
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {"gamma": GateDefaults(probe_values=(1.0,))}
 
     @model_validator(mode="before")
     @classmethod

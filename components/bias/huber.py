@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import POSITIVE, Bias, Range, gate_or
+from miras.components.base import POSITIVE, Bias, GateDefaults, Range, gate_or
 
 if TYPE_CHECKING:  # annotations only: sympy and torch are imported where used (components/base.py)
     import sympy as sp
@@ -20,6 +20,9 @@ class HuberBias(Bias):
     kind: Literal["huber"] = "huber"
     delta: gate_or(POSITIVE) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"delta": POSITIVE}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {
+        "delta": GateDefaults(probe_values=(0.03, 0.3, 3.0))
+    }
 
     def expression(self) -> sp.Expr:
         import sympy as sp

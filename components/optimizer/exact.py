@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from miras.components.base import POSITIVE, Optimizer, Range, gate_or
+from miras.components.base import POSITIVE, GateDefaults, Optimizer, Range, gate_or
 
 if TYPE_CHECKING:
     from miras.spec import Spec
@@ -24,6 +24,9 @@ class Exact(Optimizer):
     # fixed positive number.
     ridge: gate_or(POSITIVE) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"ridge": POSITIVE}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {
+        "ridge": GateDefaults(probe_values=(0.001, 0.01, 0.1, 1.0))  # lambda on diag(H_kk)
+    }
     # The gates that may vary per key feature (the ridge is added to diag(H_kk)), not per value
     # channel: [B, T, H, Dphi].
     key_channel_gates: ClassVar[tuple[str, ...]] = ("ridge",)

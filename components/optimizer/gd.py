@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import NONNEGATIVE, Range, gate_or
+from miras.components.base import NONNEGATIVE, STEP_SIZE_GATE, GateDefaults, Range, gate_or
 from miras.components.optimizer.steps import SteppedOptimizer
 
 if TYPE_CHECKING:
@@ -22,6 +22,8 @@ class GD(SteppedOptimizer):
     kind: Literal["gd"] = "gd"
     lr: gate_or(NONNEGATIVE) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {"lr": STEP_SIZE_GATE}
+    step_size_gate: ClassVar[str | None] = "lr"
 
     def update(
         self, grad: torch.Tensor, state: torch.Tensor | None, lr: torch.Tensor

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import HALF_OPEN_UNIT, NONNEGATIVE, Optimizer, Range, gate_or
+from miras.components.base import (
+    HALF_OPEN_UNIT,
+    MOMENTUM_GATE,
+    NONNEGATIVE,
+    STEP_SIZE_GATE,
+    GateDefaults,
+    Optimizer,
+    Range,
+    gate_or,
+)
 from miras.components.optimizer.steps import SteppedOptimizer
 
 if TYPE_CHECKING:
@@ -21,6 +30,11 @@ class Momentum(SteppedOptimizer):
     lr: gate_or(NONNEGATIVE) = "gate"
     momentum: gate_or(HALF_OPEN_UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE, "momentum": HALF_OPEN_UNIT}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {
+        "lr": STEP_SIZE_GATE,
+        "momentum": MOMENTUM_GATE,
+    }
+    step_size_gate: ClassVar[str | None] = "lr"
     stateful: ClassVar[bool] = True
 
     def update(

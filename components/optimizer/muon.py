@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import HALF_OPEN_UNIT, NONNEGATIVE, Range, gate_or, number
+from miras.components.base import (
+    HALF_OPEN_UNIT,
+    MOMENTUM_GATE,
+    NONNEGATIVE,
+    STEP_SIZE_GATE,
+    GateDefaults,
+    Range,
+    gate_or,
+    number,
+)
 from miras.components.optimizer.steps import SteppedOptimizer
 
 if TYPE_CHECKING:
@@ -45,6 +54,11 @@ class Muon(SteppedOptimizer):
     momentum: gate_or(HALF_OPEN_UNIT) = "gate"
     ns_steps: number(Range(1, 10, lo_closed=True, hi_closed=True), integer=True) = 5
     gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE, "momentum": HALF_OPEN_UNIT}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {
+        "lr": STEP_SIZE_GATE,
+        "momentum": MOMENTUM_GATE,
+    }
+    step_size_gate: ClassVar[str | None] = "lr"
     stateful: ClassVar[bool] = True
 
     def update(

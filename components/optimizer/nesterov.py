@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from miras.components.base import HALF_OPEN_UNIT, NONNEGATIVE, Range, gate_or
+from miras.components.base import (
+    HALF_OPEN_UNIT,
+    MOMENTUM_GATE,
+    NONNEGATIVE,
+    STEP_SIZE_GATE,
+    GateDefaults,
+    Range,
+    gate_or,
+)
 from miras.components.optimizer.steps import SteppedOptimizer
 
 
@@ -19,6 +27,11 @@ class Nesterov(SteppedOptimizer):
     lr: gate_or(NONNEGATIVE) = "gate"
     momentum: gate_or(HALF_OPEN_UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE, "momentum": HALF_OPEN_UNIT}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {
+        "lr": STEP_SIZE_GATE,
+        "momentum": MOMENTUM_GATE,
+    }
+    step_size_gate: ClassVar[str | None] = "lr"
     stateful: ClassVar[bool] = True
 
     def update(self, grad: Any, state: Any, lr: Any, momentum: Any) -> tuple[Any, Any]:

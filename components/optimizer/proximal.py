@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from miras.components.base import NONNEGATIVE, Optimizer, Range, gate_or
+from miras.components.base import (
+    NONNEGATIVE,
+    STEP_SIZE_GATE,
+    GateDefaults,
+    Optimizer,
+    Range,
+    gate_or,
+)
 
 if TYPE_CHECKING:
     import torch  # annotations only; imported where used (loading a spec needs no torch)
@@ -32,6 +39,8 @@ class Proximal(Optimizer):
     kind: Literal["proximal"] = "proximal"
     lr: gate_or(NONNEGATIVE) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {"lr": STEP_SIZE_GATE}
+    step_size_gate: ClassVar[str | None] = "lr"
     # After the step size is transformed (`step_size`), the update is gd's u_t = lr_t g_t
     # (`update_expressions`), so the exact and linear chunk forms unroll it as they unroll gd.
     implicit: ClassVar[bool] = True

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import POSITIVE, UNIT, Range, Retention, gate_or
+from miras.components.base import (
+    DECAY_GATE,
+    POSITIVE,
+    UNIT,
+    GateDefaults,
+    Range,
+    Retention,
+    gate_or,
+)
 
 if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
     import sympy as sp
@@ -20,6 +28,10 @@ class ElasticNetRetention(Retention):
     decay: gate_or(UNIT) = "gate"
     threshold: gate_or(POSITIVE) = 0.001  # gamma, the l1 weight
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT, "threshold": POSITIVE}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {
+        "decay": DECAY_GATE,
+        "threshold": GateDefaults(start=1e-3, probe_values=(0.001, 0.01)),
+    }
     decay_gate: ClassVar[str | None] = "decay"
 
     def derive_step(self) -> tuple[list, sp.Expr]:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import field_validator, model_validator
 
-from miras.components.base import UNIT, Range, Retention, gate_or
+from miras.components.base import DECAY_GATE, UNIT, GateDefaults, Range, Retention, gate_or
 
 if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
     import sympy as sp
@@ -64,6 +64,7 @@ class FDivergenceRetention(Retention):
     f: str = GENERALIZED_KL  # the generator f(t), a formula in t
     decay: gate_or(UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {"decay": DECAY_GATE}
     decay_gate: ClassVar[str | None] = "decay"
 
     @field_validator("f")

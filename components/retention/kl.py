@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import POSITIVE, UNIT, Range, Retention, gate_or, number
+from miras.components.base import (
+    DECAY_GATE,
+    POSITIVE,
+    UNIT,
+    GateDefaults,
+    Range,
+    Retention,
+    gate_or,
+    number,
+)
 
 if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
     import sympy as sp
@@ -20,6 +29,7 @@ class KLRetention(Retention):
     decay: gate_or(UNIT) = "gate"  # a_t = 1 - lambda_t
     scale: number(POSITIVE) = 1.0  # c: the sum of each row
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {"decay": DECAY_GATE}
     decay_gate: ClassVar[str | None] = "decay"
     simplex_rows: ClassVar[bool] = True
 

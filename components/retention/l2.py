@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import UNIT, Range, Retention, gate_or
+from miras.components.base import DECAY_GATE, UNIT, GateDefaults, Range, Retention, gate_or
 
 if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
     import sympy as sp
@@ -22,6 +22,7 @@ class L2Retention(Retention):
     # a_t W_{t-1} (the Gated DeltaNet order).
     grad_at: Literal["state", "retained"] = "state"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {"decay": DECAY_GATE}
     linear_step: ClassVar[bool] = True
     decay_gate: ClassVar[str | None] = "decay"
 

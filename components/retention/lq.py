@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from miras.components.base import UNIT, Range, Retention, gate_or, number
+from miras.components.base import DECAY_GATE, UNIT, GateDefaults, Range, Retention, gate_or, number
 
 if TYPE_CHECKING:  # annotations only: sympy is imported where used (components/base.py)
     import sympy as sp
@@ -20,6 +20,7 @@ class LqRetention(Retention):
     q: number(Range(1, 64, hi_closed=True)) = 4.0  # ||A||_q^(q-2): as lp's p, at most 64
     decay: gate_or(UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
+    gate_defaults: ClassVar[dict[str, GateDefaults]] = {"decay": DECAY_GATE}
     decay_gate: ClassVar[str | None] = "decay"
 
     def spec_equation(self) -> str:

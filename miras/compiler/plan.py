@@ -41,13 +41,19 @@ def make_plan(spec: Spec) -> Plan:
     gates = []
     # Softmax attention has no inner step for a gate to scale (Spec.gates() is empty too).
     fields = ("bias", "retention", "optimizer") if spec.memory.parametric else ()
+    roles = {
+        ("optimizer", spec.optimizer.step_size_gate): "step_size",
+        ("retention", spec.retention.decay_gate): "decay",
+    }
     for field in fields:
         component = getattr(spec, field)
         for name in component.gates():
             allowed = component.gateable.get(name, POSITIVE)
-            gates.append(GateInfo(name, field, allowed))
-    if spec.window.gamma == "gate" and fields:
-        gates.append(GateInfo("gamma", "window", POSITIVE))
+            defaults = component.defaults_of(name)
+            gates.append(GateInfo(name, field, allowed, defaults, roles.get((field, name))))
+    window = spec.window
+    for name in window.gates() if fields else ():
+        gates.append(GateInfo(name, "window", POSITIVE, window.gate_defaults[name]))
     if not spec.memory.parametric:
         schedule = "closed form: causal softmax attention (no inner optimization)"
     else:

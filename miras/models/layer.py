@@ -13,7 +13,6 @@ memory state and the conv's last inputs (docs/models.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,24 +29,9 @@ from miras.runtime.forms import resolve_mode
 from miras.runtime.inputs import all_finite, first_bad
 from miras.spec import Spec, load_spec
 
-
-def retnet_decay(head: int) -> float:
-    """RetNet's multi-scale decay of head h, 1 - 2^(-5 - h): 0.969, 0.984, 0.992, ... Slow
-    enough that every head starts out remembering tens of tokens."""
-    return 1.0 - 2.0 ** (-5 - head)
-
-
-# What each gate starts at, in natural space (the gate projection starts at its bias): a number,
-# or a function of the head index. Names not listed start at 1.
-GATE_START: dict[str, float | Callable[[int], float]] = {
-    "decay": retnet_decay,
-    "lr": 0.5,
-    "momentum": 0.5,
-    "threshold": 1e-3,
-}
-# Positive gates kept below a ceiling: with ||k|| = 1 the delta rule W - b (W k - v) k^T
-# contracts only for b < 2 (DeltaNet, Yang et al. 2024), so the learning rate is b = sigmoid(.).
-GATE_CEILING: dict[str, float] = {"lr": 1.0}
+# What each gate starts at (in natural space: the gate projection starts at its bias) and the
+# ceiling it is kept below are its component's declaration (`GateInfo.defaults`, from
+# `Component.gate_defaults`; miras.components.base: STEP_SIZE_GATE, DECAY_GATE, ...).
 # Open ends of a range are kept open in floating point: sigmoid(30) is exactly 1.0 in fp32.
 OPEN_END_MARGIN = 1e-6
 LOG_FLOOR = -30.0  # a positive learned state is exp(raw), raw >= this: never 0 in fp32
@@ -139,7 +123,8 @@ def feature_norm_bound(rule: MemoryRule, d_key: int, random_keys: int = 64) -> f
 
 
 class GateMaps(nn.Module):
-    """Per-token, per-head gates from a low-rank projection of x, each in its valid range.
+    """Per-token, per-head gates from a low-rank projection of x, each in its valid range,
+    starting at its declared start (`GateInfo.defaults`) and kept below its declared ceiling.
 
     x [B, T, D] -> {name: [B, T, H]}, one entry per `rule.plan.gates`."""
 
@@ -154,16 +139,16 @@ class GateMaps(nn.Module):
         per_step: dict[str, int] | None = None,
     ):
         """`summed_steps`: how many tokens' gradients the chunk form takes at one state (the
-        chunk size in the chunk-start and dual forms, 1 in the exact form); the learning rate
-        starts at GATE_START / summed_steps, so a chunk's summed step starts as large as one
-        token's. At 0.5 per token, Titans' MLP memory with momentum diverged to NaN within 224
+        chunk size in the chunk-start and dual forms, 1 in the exact form); the step size (the
+        gate whose role is "step_size", the learning rate) starts at its declared start /
+        summed_steps, so a chunk's summed step starts as large as one token's. At 0.5 per token, Titans' MLP memory with momentum diverged to NaN within 224
         tokens at chunk 16 on random inputs (keys after SiLU share a direction, so the 16
         gradients add up).
 
         `feature_norm`: B, the largest ||phi(k)||^2 of a unit key (`feature_norm_bound`). The
         step a token takes at its own key is lr * ||phi(k)||^2: the delta rule's error there
         shrinks by 1 - lr ||phi(k)||^2, so it contracts below 2, overwrites at 1 and
-        overshoots between. The start is min(GATE_START, 1 / B) / summed_steps: 0.5 for
+        overshoots between. The start is min(start, 1 / B) / summed_steps: 0.5 for
         maps with B <= 2 (identity: B = 1), else the worst key's step is exactly 1. An elu + 1
         map on heads of 32 has B ~ 44; at 0.5 its step was ~16 and a text model's first layer
         overflowed to inf by token 33 at initialization."""
@@ -177,20 +162,19 @@ class GateMaps(nn.Module):
             return
         self.down = nn.Linear(d_model, rank, bias=False)
         self.up = nn.Linear(rank, sum(self.counts) * n_heads)
-        nn.init.zeros_(self.up.weight)  # start every gate at its bias: GATE_START
+        nn.init.zeros_(self.up.weight)  # start every gate at its bias: its declared start
         with torch.no_grad():
             self.up.bias.copy_(self.initial_bias())
 
     def initial_bias(self) -> torch.Tensor:
         biases = []
         for info, count in zip(self.infos, self.counts, strict=True):
-            start = GATE_START.get(info.name, 1.0)
-            ceiling = GATE_CEILING.get(info.name)
+            declared = info.defaults
             for h in [h for _ in range(count) for h in range(self.n_heads)]:
-                value = start(h) if callable(start) else start
-                if info.name == "lr":
+                value = declared.start_at(h)
+                if info.role == "step_size":
                     value = min(value, 1.0 / self.feature_norm) / self.summed_steps
-                biases.append(unsquash(value, info.allowed, ceiling))
+                biases.append(unsquash(value, info.allowed, declared.ceiling))
         return torch.tensor(biases)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -205,7 +189,7 @@ class GateMaps(nn.Module):
             for info, count in zip(self.infos, self.counts, strict=True):
                 part = raw[..., first : first + count, :]  # [B, T, n, H]
                 first += count
-                gate = squash(part, info.allowed, GATE_CEILING.get(info.name))
+                gate = squash(part, info.allowed, info.defaults.ceiling)
                 out[info.name] = gate.squeeze(-2) if count == 1 else gate.flatten(1, 2)
             return out
 
@@ -482,21 +466,22 @@ class MirasLayer(nn.Module):
 
     def _likely_cause(self, k, gates, token: int, row: int, head: int) -> str:
         """The per-token step lr * ||phi(k)||^2 of the tokens up to `token` in that row and
-        head, and what to change when it overshoots."""
-        if "lr" not in gates:
+        head, and what to change when it overshoots (lr: the gate whose role is "step_size")."""
+        name = next((i.name for i in self.rule.plan.gates if i.role == "step_size"), None)
+        if name is None or name not in gates:
             return ""
         n = self.keys_per_token  # k and lr packed [B, T*n, ...] with keys per step
         steps = (token + 1) * n
         keys = k[row : row + 1, :steps, head : head + 1].transpose(1, 2)  # [1, 1, t n, Dk]
         phi = self.rule.program.feature(keys.to(torch.float64), self.params())
         norm2 = phi.pow(2).sum(-1).flatten()  # [t n]
-        lr = gates["lr"][row, :steps, head].reshape(steps, -1).amax(-1).double()
+        lr = gates[name][row, :steps, head].reshape(steps, -1).amax(-1).double()
         step = lr * norm2
         at = int(step.argmax())
         where = f"token {at // n}" + (f", step {at % n}" if n > 1 else "")
         text = (
-            f"; the memory's step lr * ||phi(k)||^2 reaches {step[at].item():.3g} at {where} "
-            f"(lr {lr[at].item():.3g}, ||phi(k)||^2 {norm2[at].item():.3g})"
+            f"; the memory's step {name} * ||phi(k)||^2 reaches {step[at].item():.3g} at {where} "
+            f"({name} {lr[at].item():.3g}, ||phi(k)||^2 {norm2[at].item():.3g})"
         )
         if step[at] <= 1:
             return text

@@ -3,11 +3,11 @@
 docs/probes.md says how to run them; docs/claims.md what they measured."""
 
 from miras.probes.base import (
-    GATE_GRID,
     Episode,
     Point,
     ProbeResult,
     confidence_interval,
+    declared_grid,
     gate_grid,
     recall_errors,
     run_probe,
@@ -23,13 +23,13 @@ from miras.probes.suite import (
 )
 
 __all__ = [
-    "GATE_GRID",
     "PROBES",
     "Episode",
     "Point",
     "ProbeResult",
     "capacity",
     "confidence_interval",
+    "declared_grid",
     "gate_grid",
     "interference",
     "nonlinear",

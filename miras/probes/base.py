@@ -7,9 +7,10 @@ reads M(phi(k)) from the final state and scores the mean relative recall error
 
 Gates: every gate the rule takes is held constant over the stream. The learning rate is
 normalized by the feature norm, lr_t = lr / ||phi(k_t)||^2 (so lr = 1 on an l2 matrix memory is
-the exact delta rule / Kaczmarz step). Each probe picks the gate values per rule by a small grid
-search (`GATE_GRID`) on a tuning seed that no scoring seed shares; every configuration of the
-grid runs at once, one per head of the rule's [B, T, H, D] inputs.
+the exact delta rule / Kaczmarz step; lr is the optimizer's `step_size_gate`). Each probe picks
+the gate values per rule by a small grid search (`gate_grid`, over the candidates each gate's
+component declares: `GateDefaults.probe_values`) on a tuning seed that no scoring seed shares;
+every configuration of the grid runs at once, one per head of the rule's [B, T, H, D] inputs.
 """
 
 from __future__ import annotations
@@ -24,20 +25,24 @@ import torch
 
 from miras.rule import MemoryRule
 from miras.runtime import exact_minimizer
+from miras.spec import Spec
 from miras.stats import confidence_interval
 from miras.tasks.capacity import as_rule
 
-# Candidate values per gate name. lr multiplies 1 / ||phi(k)||^2; decay = 1 is no forgetting.
-GATE_GRID: dict[str, tuple[float, ...]] = {
-    "lr": (0.03, 0.1, 0.3, 1.0),
-    "decay": (1.0, 0.97, 0.9),
-    "momentum": (0.0, 0.6),
-    "delta": (0.03, 0.3, 3.0),
-    "radius": (0.03, 0.3),
-    "threshold": (0.001, 0.01),
-    "gamma": (1.0,),
-    "ridge": (0.001, 0.01, 0.1, 1.0),  # optimizer exact: lambda on diag(H_kk)
-}
+
+def declared_grid(spec: Spec) -> dict[str, tuple[float, ...]]:
+    """Candidate values per gate name, as the spec's components (and its window, for gamma)
+    declare them (`GateDefaults.probe_values`): the step size's multiply 1 / ||phi(k)||^2, a
+    decay of 1 is no forgetting. A gate that declares none is left out."""
+    owners = [*spec.components().values(), spec.window]
+    return {
+        name: defaults.probe_values
+        for owner in owners
+        for name, defaults in owner.gate_defaults.items()
+        if defaults.probe_values is not None
+    }
+
+
 # What the recall error means, for every table and figure of a probe.
 SCALE = "0 is exact recall; 1 is no better than reading zero"
 
@@ -119,9 +124,10 @@ class ProbeResult:
 def gate_grid(
     rule: MemoryRule, *, grid: dict[str, Sequence[float]] | None = None, max_configs: int = 48
 ) -> list[dict[str, float]]:
-    """Every combination of `GATE_GRID` values (or `grid`'s, per gate) for the rule's gates;
-    a seeded subset of `max_configs` when there are more. [{}] for a rule without gates."""
-    table = {**GATE_GRID, **(grid or {})}
+    """Every combination of the declared candidates (`declared_grid`; or `grid`'s, per gate)
+    for the rule's gates; a seeded subset of `max_configs` when there are more. [{}] for a rule
+    without gates."""
+    table = {**declared_grid(rule.spec), **(grid or {})}
     missing = [name for name in rule.gates if name not in table]
     if missing:
         raise ValueError(
@@ -182,9 +188,10 @@ def recall_errors(
     norm2 = rule.program.feature(k, params).pow(2).sum(-1, keepdim=True)  # [B, T, 1]
     norm2[:, :pad] = math.inf  # the empty steps: lr 0
     gates = {}
-    for name in rule.gates:
-        values = torch.tensor([c[name] for c in configs], dtype=k.dtype)  # [H]
-        gates[name] = values / norm2 if name == "lr" else values.expand(b, t // n, h)
+    for info in rule.plan.gates:
+        values = torch.tensor([c[info.name] for c in configs], dtype=k.dtype)  # [H]
+        step_size = info.role == "step_size"
+        gates[info.name] = values / norm2 if step_size else values.expand(b, t // n, h)
     seq_q = seq_k[:, n - 1 :: n]  # unread: the probe reads the final state
     _, state = rule(seq_q, seq_k, seq_v, gates, backend="recurrent", output_final_state=True)
     state = {"W": state} if isinstance(state, torch.Tensor) else state

@@ -5,7 +5,8 @@ compiled rule alone, then every key is read back (query = key) from the final st
 recall error is the mean of ||M(phi(k_i)) - v_i|| / ||v_i||.
 
 Writing (`store`): the pairs are fed to the rule as one sequence, `epochs` passes over them in a
-fresh random order each pass, with the learning-rate gate lr_i = omega_e / ||phi(k_i)||^2.
+fresh random order each pass, with the learning-rate gate (the optimizer's `step_size_gate`)
+lr_i = omega_e / ||phi(k_i)||^2 and the retention's decay gate at 1 (no forgetting).
 For an l2 bias on a matrix memory (the delta rule) that step is Kaczmarz's projection
 (omega = 1: after the write, W phi(k_i) = v_i exactly); repeated passes converge to an
 interpolating W while one exists, i.e. while N <= rank(Phi). Past that point no W fits every
@@ -34,8 +35,8 @@ from miras.spec import Spec
 
 Keys = Literal["unit", "orthogonal", "gaussian"]
 KEYS: tuple[str, ...] = ("unit", "orthogonal", "gaussian")
-# Gates other than the learning rate, held constant while storing: no forgetting.
-CONSTANT_GATES: dict[str, float] = {"decay": 1.0}
+# The gates held constant while storing, by role (`GateInfo.role`): no forgetting.
+CONSTANT_ROLES: dict[str, float] = {"decay": 1.0}
 
 
 def delta_rule_spec(feature_map: str = "identity") -> dict:
@@ -109,10 +110,12 @@ def store(
     norm2 = features(rule, k).pow(2).sum(-1)[:, order, None]  # [B, E*N, 1]
     # [1, E*N, 1] in k's dtype: the rule takes gates in the inputs' dtype
     omega = relaxation(epochs).repeat_interleave(n)[None, :, None].to(norm2.dtype)
-    constant = {**CONSTANT_GATES, **(gates or {})}
+    held = {i.name: CONSTANT_ROLES[i.role] for i in rule.plan.gates if i.role in CONSTANT_ROLES}
+    constant = {**held, **(gates or {})}
     step_gates = {}
-    for name in rule.gates:
-        if name == "lr":
+    for info in rule.plan.gates:
+        name = info.name
+        if info.role == "step_size":
             step_gates[name] = lr_scale * omega / norm2
         elif name in constant:
             step_gates[name] = torch.full_like(norm2, constant[name])

@@ -9,7 +9,8 @@ import torch
 
 import miras
 from miras.check_end_to_end import check_end_to_end
-from miras.models.layer import GATE_START, MirasLayer, feature_norm_bound
+from miras.components.base import STEP_SIZE_GATE
+from miras.models.layer import MirasLayer, feature_norm_bound
 from miras.models.model import build_model
 from miras.tasks import make_task
 
@@ -94,7 +95,7 @@ def test_the_lr_start_keeps_the_worst_keys_step_at_most_one(kind, chunk):
     layer = MirasLayer(_spec(MAPS[kind]), 32, 2, chunk_size=chunk)
     bound = feature_norm_bound(layer.rule, 16)
     start = _lr_start(layer)
-    assert start == pytest.approx(min(GATE_START["lr"], 1 / bound), rel=1e-5)
+    assert start == pytest.approx(min(STEP_SIZE_GATE.start, 1 / bound), rel=1e-5)
     assert start * bound <= 1 + 1e-5
 
 

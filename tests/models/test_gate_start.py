@@ -1,15 +1,19 @@
 """The learning-rate gate's starting value follows the chunk form (miras.models.layer.GateMaps).
 
 In the chunk-start and dual forms a chunk of b tokens takes all b gradients at one state, so
-the summed step is up to b times one token's; the gate starts at GATE_START / b there, and at
-GATE_START in the exact form (each token's gradient at its own state)."""
+the summed step is up to b times one token's; the gate starts at its declared start (the
+optimizer's `gate_defaults`, STEP_SIZE_GATE) / b there, and at that start in the exact form (each
+token's gradient at its own state)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from miras.models.layer import GATE_START, MirasLayer
+from miras.components.base import STEP_SIZE_GATE
+from miras.models.layer import MirasLayer
+
+START = STEP_SIZE_GATE.start  # the learning rate's declared start, 0.5
 
 
 def _lr_start(layer: MirasLayer) -> float:
@@ -24,12 +28,12 @@ def _lr_start(layer: MirasLayer) -> float:
 def test_lr_starts_at_one_tokens_step_per_chunk(spec, chunk, summed):
     layer = MirasLayer(f"specs/{spec}.yaml", 32, 2, chunk_size=chunk)
     value = _lr_start(layer)
-    assert value == pytest.approx(GATE_START["lr"] / summed, rel=1e-5)
+    assert value == pytest.approx(START / summed, rel=1e-5)
 
 
 def test_forced_chunk_start_scales_an_exact_spec():
     layer = MirasLayer("specs/deltanet.yaml", 32, 2, chunk_size=8, chunk_mode="start")
-    assert _lr_start(layer) == pytest.approx(GATE_START["lr"] / 8, rel=1e-5)
+    assert _lr_start(layer) == pytest.approx(START / 8, rel=1e-5)
 
 
 def test_titans_layer_stays_finite_at_init():

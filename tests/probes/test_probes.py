@@ -13,9 +13,9 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from miras.cli import app
+from miras.components.bias.huber import HuberBias
 from miras.probes import (
     Episode,
-    base,
     capacity,
     confidence_interval,
     gate_grid,
@@ -173,7 +173,7 @@ def test_gate_grid_covers_every_gate_and_names_a_missing_one(monkeypatch):
     yaad = compile_rule(str(ROOT / "specs/yaad.yaml"))
     with pytest.raises(ValueError, match="delta"):
         capacity(yaad, gates={"lr": 1.0}, **SMALL)  # fixed gates must name all three
-    monkeypatch.delitem(base.GATE_GRID, "delta")
+    monkeypatch.setattr(HuberBias, "gate_defaults", {})  # delta declares no probe values
     with pytest.raises(ValueError, match="no candidate values for delta"):
         gate_grid(yaad)
 
