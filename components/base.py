@@ -536,6 +536,55 @@ class Memory(Component):
         gradient = Call(GRAD_L, (Call(Name("M_{W_e}"), (features,)), sym(f"v_{index}")))
         return [Line(sym("g_t"), window_sum(gradient)), Line(None, None, MLP_BACKWARD)]
 
+    # What the code outside the components asks a memory: the plan, the chunk form, the
+    # forms registry, the end-to-end check, the models and the memory estimates. The defaults
+    # are a memory of weights stepped per token; a closed form (softmax attention) overrides
+    # them. `parametric` stays the validation's question: does the spec's bias, retention,
+    # optimizer, feature map and window apply at all.
+    def closed_form(self) -> str | None:
+        """What the memory computes in closed form from the keys and values, with no weights
+        and no step per token ("softmax attention"); None (the default): weights stepped per
+        token. A closed form also writes `run_closed_form` (the forms registry's closed form
+        runs it) and `reference_closed_form` (the end-to-end check's oracle)."""
+        return None
+
+    def run_closed_form(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The closed form's output o [B, H, T, Dv] from q, k [B, H, T, Dk], v [B, H, T, Dv],
+        in the inputs' dtype. Not written by default."""
+        raise NotImplementedError(f"memory {self.kind!r} has no closed form: it steps weights")
+
+    def reference_closed_form(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """The closed form written out plainly, an oracle for `run_closed_form`: q, k
+        [B, T, H, Dk], v [B, T, H, Dv] -> o [B, T, H, Dv]. Not written by default."""
+        raise NotImplementedError(f"memory {self.kind!r} has no closed form: it steps weights")
+
+    def schedule(self) -> str:
+        """The plan's schedule line: how the memory's tokens are run."""
+        return "chunked: chunks of b tokens (chunk_size); b = 1 is the exact recurrence"
+
+    def feature_width(self, spec: Any, d: int) -> int:
+        """Dphi, the width of the keys and queries the memory reads for heads of width d: the
+        output of the spec's feature map by default."""
+        return spec.feature_map.output_dim(d)
+
+    def lookback(self, spec: Any) -> int | None:
+        """How many tokens each token's step or read looks at, itself included (None: the
+        whole prefix): by default the spec's Omega window c."""
+        return None if spec.window.is_global else spec.window.c
+
+    def lookback_fields(self, spec: Any) -> dict[str, Any]:
+        """The spec's fields that set `lookback`, by path, for messages about memory use."""
+        return {"window.c": spec.window.c}
+
+    def oracle_cost(self, spec: Any, length: int) -> tuple[int, int]:
+        """(terms, scores) of the end-to-end check's oracle over `length` tokens: the window
+        terms its per-token autograd oracle sums (each token's lookback), and the floats of
+        attention scores it keeps per token (none by default)."""
+        reach = min(length, self.lookback(spec) or length)
+        return length * reach, 0
+
 
 def window_terms(window):
     """(wrap, i): `wrap(term)` sums a term over the Omega window with its gamma weight, in the

@@ -338,17 +338,6 @@ def oracle(rule: Rule, q, k, v, gates) -> Trace:
     return trace
 
 
-def attention_oracle(window: int | None, q, k, v) -> torch.Tensor:
-    """softmax(q k^T + mask) v in float64, unscaled; token t sees t - window + 1 .. t.
-    q, k [B, T, H, Dk]; v [B, T, H, Dv] -> o [B, T, H, Dv]."""
-    scores = torch.einsum("bthd,bshd->bhts", q, k)  # [B, H, T, T]
-    t = torch.arange(q.shape[1])
-    distance = t[:, None] - t[None, :]
-    allowed = (distance >= 0) & (distance < (window or q.shape[1]))
-    scores = scores.masked_fill(~allowed, -math.inf)
-    return torch.einsum("bhts,bshd->bthd", torch.softmax(scores, dim=-1), v)
-
-
 # The runtime, replayed piece by piece ----------------------------------------------------------
 
 
@@ -401,8 +390,8 @@ def triton_reason(rule: Rule) -> str | None:
     from miras.compiler.triton_kernels import unsupported_reason
     from miras.runtime.triton_launch import runs_on_cpu
 
-    if not rule.spec.memory.parametric:
-        return "softmax attention has no Triton kernel"
+    if (closed := rule.spec.memory.closed_form()) is not None:
+        return f"{closed} has no Triton kernel"
     reason = unsupported_reason(rule.spec)
     if reason is not None:
         return f"the Triton backend does not cover this spec ({reason})"
@@ -463,8 +452,9 @@ def check_end_to_end(
         + (", the proximal step by Newton's argmin" if rule.plan.implicit_step else "")
     )
     results = []
-    if not rule.spec.memory.parametric:
-        expected = attention_oracle(rule.spec.memory.window, q, k, v)
+    memory = rule.spec.memory
+    if memory.closed_form() is not None:  # no step to replay: the memory's own oracle
+        expected = memory.reference_closed_form(q, k, v)
         for backend, chunk_size in _backends(rule, triton):
             o, _ = rule(q, k, v, backend=backend, chunk_size=chunk_size)
             error = max_relative_error(o, expected)

@@ -61,9 +61,7 @@ class Sizes:
 def sizes_for(rule: Rule) -> Sizes:
     """Small sizes that still reach past the window (c, or an attention window) by 3 tokens."""
     spec = rule.spec
-    reach = 1 if spec.window.is_global else spec.window.c
-    if not spec.memory.parametric:  # softmax attention: its window of past tokens
-        reach = spec.memory.window or 1
+    reach = spec.memory.lookback(spec) or 1  # the Omega window, or softmax attention's
     return Sizes(length=max(9, reach + 3))
 
 

@@ -111,10 +111,9 @@ def require(estimate: Estimate, what: str, device: Any = None, available: int | 
 
 def _state_numel(spec: Spec, head_dim: int) -> int:
     """Entries of one head's memory state (with the optimizer's state): [Dv, Dphi] for a
-    matrix memory, the sum of the MLP's weights for a deep one, 0 for softmax attention."""
-    if not spec.memory.parametric:
-        return 0
-    d_phi = spec.feature_map.output_dim(head_dim)
+    matrix memory, the sum of the MLP's weights for a deep one, 0 for softmax attention (no
+    weights: its KV cache is counted as attention)."""
+    d_phi = spec.memory.feature_width(spec, head_dim)
     shapes = spec.memory.parameter_shapes(d_phi, head_dim)
     n = sum(math.prod(shape) for shape in shapes.values())
     return 2 * n if spec.optimizer.stateful else n
@@ -133,10 +132,8 @@ def _memory_fields(spec: Spec) -> dict[str, Any]:
 
 def _reach(spec: Spec, length: int) -> int:
     """How many past tokens each token's step or read looks at: the Omega window, an
-    attention window, or the whole prefix."""
-    if not spec.memory.parametric:
-        return min(length, spec.memory.window or length)
-    return length if spec.window.is_global else min(length, spec.window.c)
+    attention window, or the whole prefix (`Memory.lookback`)."""
+    return min(length, spec.memory.lookback(spec) or length)
 
 
 def training_estimate(spec: Spec, *, batch_size: int, seq_len: int, vocab_size: int) -> Estimate:
@@ -145,7 +142,7 @@ def training_estimate(spec: Spec, *, batch_size: int, seq_len: int, vocab_size: 
     m = spec.model
     d, h, n_layers, b, t = m.d_model, m.n_heads, m.n_layers, batch_size, seq_len
     head_dim = m.head_dim
-    d_phi = spec.feature_map.output_dim(head_dim) if spec.memory.parametric else head_dim
+    d_phi = spec.memory.feature_width(spec, head_dim)
     size = {"model.d_model": d, "model.n_layers": n_layers}
     tokens = {"batch_size": b, "seq_len": t}
 
@@ -154,8 +151,9 @@ def training_estimate(spec: Spec, *, batch_size: int, seq_len: int, vocab_size: 
     hidden = max(8, math.ceil(2 * m.mlp_expansion * d / 3))
     per_block = 4 * d * d + 2 * m.gate_rank * d + 3 * d * hidden
     # n optimizer steps per token: the rule runs T*n steps; with keys per step the layer
-    # projects n keys and values per token (2 (n - 1) more D x D maps).
-    steps = spec.optimizer.steps_per_token() if spec.memory.parametric else 1
+    # projects n keys and values per token (2 (n - 1) more D x D maps). Softmax attention
+    # takes one step only (validation refuses more).
+    steps = spec.optimizer.steps_per_token()
     if "k" in spec.optimizer.per_step_inputs():
         per_block += 2 * (steps - 1) * d * d
     rule_steps = t * steps
@@ -181,7 +179,8 @@ def training_estimate(spec: Spec, *, batch_size: int, seq_len: int, vocab_size: 
     )
 
     memory = m.variant not in ("attention", "swa")
-    if memory and spec.memory.parametric:
+    closed = spec.memory.closed_form() is not None  # softmax attention: no state to step
+    if memory and not closed:
         # One state per head at every chunk boundary (every token on the recurrent backend).
         chunk = m.chunk_size or 64
         saved = rule_steps + 1 if m.backend == "recurrent" else math.ceil(rule_steps / chunk) + 1
@@ -213,12 +212,11 @@ def training_estimate(spec: Spec, *, batch_size: int, seq_len: int, vocab_size: 
                 )
             )
     # Softmax attention scores and probabilities: [B, H, T, keys in reach].
-    if not memory or m.variant in ("mal", "mag") or not spec.memory.parametric:
+    if not memory or m.variant in ("mal", "mag") or closed:
         reach = t if m.variant == "attention" else min(t, m.swa_window)
         named = {"model.swa_window": m.swa_window}
-        if memory and not spec.memory.parametric:
-            reach = _reach(spec, t)
-            named = {"memory.window": spec.memory.window or "the sequence"}
+        if memory and closed:
+            reach, named = _reach(spec, t), spec.memory.lookback_fields(spec)
         parts.append(
             Part(
                 "attention",
@@ -241,15 +239,12 @@ def training_estimate(spec: Spec, *, batch_size: int, seq_len: int, vocab_size: 
 def check_estimate(spec: Spec, length: int, heads: int, d_key: int) -> Estimate:
     """Bytes the end-to-end check keeps (float64): a trace of every piece of every step of its
     `length` tokens, with the window's keys and values, for the oracle and the runtime."""
-    d_phi = spec.feature_map.output_dim(d_key) if spec.memory.parametric else d_key
+    d_phi = spec.memory.feature_width(spec, d_key)
     numel = max(_state_numel(spec, d_key), d_phi * d_key)
     reach = _reach(spec, length)
-    named = {"window.c": spec.window.c} if spec.memory.parametric else {}
-    if not spec.memory.parametric:
-        named = {"memory.window": spec.memory.window or "the sequence"}
-    per_token = 16 * numel + 4 * reach * (d_phi + d_key)
-    if not spec.memory.parametric:
-        per_token += 4 * length  # the oracle's masked scores, [T, T] per head
+    named = spec.memory.lookback_fields(spec)
+    _, scores = spec.memory.oracle_cost(spec, length)  # softmax attention's masked scores
+    per_token = 16 * numel + 4 * reach * (d_phi + d_key) + 4 * scores
     return Estimate(
         (Part("check traces", FLOAT64 * heads * length * per_token, {**named, "T": length}),)
     )
@@ -258,9 +253,7 @@ def check_estimate(spec: Spec, length: int, heads: int, d_key: int) -> Estimate:
 def check_work(spec: Spec, length: int) -> None:
     """Refuse an end-to-end check whose oracle would sum more than CHECK_TERMS window terms
     (T tokens times the c of each one's window): hours, not seconds."""
-    if not spec.memory.parametric:
-        return  # softmax attention's oracle is one masked matmul
-    terms = length * _reach(spec, length)
+    terms, _ = spec.memory.oracle_cost(spec, length)  # none for softmax attention's matmul
     if terms > CHECK_TERMS:
         raise ResourceError(
             f"the end-to-end check runs T = {length} tokens (c + 3, to reach past the window) "
@@ -302,7 +295,7 @@ def probe_estimate(spec: Spec, options: dict[str, Any]) -> Estimate | None:
     tokens = passes * max([4 * d_k, *(c for c in counts if c is not None)])
     grid = declared_grid(spec)
     heads = math.prod(len(grid.get(g, (1,))) for g in spec.gates())
-    d_phi = spec.feature_map.output_dim(d_k) if spec.memory.parametric else d_k
+    d_phi = spec.memory.feature_width(spec, d_k)
     numel = max(_state_numel(spec, d_k), d_phi * d_k)
     reach = _reach(spec, tokens)
     named = {"d_k": d_k, "trials": trials, "gates": heads}

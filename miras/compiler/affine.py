@@ -127,8 +127,8 @@ def analyze(spec: Spec, bias: BiasRule | None = None, step=_DERIVE) -> ChunkForm
 
 def _form(spec: Spec, bias: BiasRule | None, step: LinearStep | None) -> ChunkForm:
     memory = spec.memory
-    if not memory.parametric:
-        return ChunkForm("exact", "softmax attention is computed in closed form; nothing to chunk")
+    if (closed := memory.closed_form()) is not None:
+        return ChunkForm("exact", f"{closed} is computed in closed form; nothing to chunk")
     if not memory.linear:
         return _start(f"the {memory.kind} memory's prediction is not linear in its weights")
     retention = spec.retention

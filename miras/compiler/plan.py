@@ -39,8 +39,9 @@ def make_plan(spec: Spec) -> Plan:
     if spec.optimizer.stateful:
         state.append("S (momentum): same shapes as the memory")
     gates = []
-    # Softmax attention has no inner step for a gate to scale (Spec.gates() is empty too).
-    fields = ("bias", "retention", "optimizer") if spec.memory.parametric else ()
+    # Spec.gates() is empty where the memory has no inner step for a gate to scale (softmax
+    # attention); then neither are the components' gates taken.
+    fields = ("bias", "retention", "optimizer") if spec.gates() else ()
     roles = {
         ("optimizer", spec.optimizer.step_size_gate): "step_size",
         ("retention", spec.retention.decay_gate): "decay",
@@ -54,17 +55,14 @@ def make_plan(spec: Spec) -> Plan:
     window = spec.window
     for name in window.gates() if fields else ():
         gates.append(GateInfo(name, "window", POSITIVE, window.gate_defaults[name]))
-    if not spec.memory.parametric:
-        schedule = "closed form: causal softmax attention (no inner optimization)"
-    else:
-        schedule = "chunked: chunks of b tokens (chunk_size); b = 1 is the exact recurrence"
+    schedule = spec.memory.schedule()
     return Plan(tuple(state), tuple(gates), schedule, implicit_step=_implicit_step(spec))
 
 
 def _implicit_step(spec: Spec) -> ImplicitStep | None:
     """The implicit optimizer's step size map, with the bias's constant d2L/dy^2 (validation
     has refused a spec without one)."""
-    if not spec.memory.parametric or not spec.optimizer.implicit:
+    if not spec.optimizer.implicit:  # (softmax attention takes optimizer gd only)
         return None
     from miras.compiler.linear_step import linear_update
 

@@ -293,7 +293,7 @@ class MirasLayer(nn.Module):
     ):
         super().__init__()
         spec = load_spec(spec)
-        if not spec.memory.parametric:
+        if spec.memory.closed_form() is not None:
             raise ValueError(
                 f"spec '{spec.name}': nonparametric memory is softmax attention; build it with "
                 "miras.models.Attention (build_model does this for you)"

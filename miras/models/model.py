@@ -61,13 +61,13 @@ def build_mixer(spec: Spec, config: ModelConfig) -> nn.Module:
         return attention(None)
     if variant == "swa":
         return attention(config.swa_window)
-    if not spec.memory.parametric:  # attention / swa specs are the softmax mixers
+    if spec.memory.closed_form() is not None:  # attention / swa specs: the softmax mixers
         if variant != "lmm":
             raise ValueError(
                 f"model.variant: {variant!r} mixes a memory layer with attention; spec "
                 f"'{spec.name}' has nonparametric memory (attention itself): use variant lmm"
             )
-        return attention(spec.memory.window)
+        return attention(spec.memory.lookback(spec))
 
     def memory(persistent: int = 0) -> MirasLayer:
         return MirasLayer(

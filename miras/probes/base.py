@@ -226,7 +226,7 @@ def run_probe(
     if not xs:
         raise ValueError(f"{x_name}: expected at least one sweep value, got none")
     rule = as_rule(rule_or_spec)
-    if not rule.spec.memory.parametric:
+    if rule.spec.memory.closed_form() is not None:
         raise ValueError(
             f"spec {rule.spec.name!r}: memory {rule.spec.memory.kind!r} keeps every pair (no "
             "weights to read back); the probes take a parametric memory (matrix, mlp, gated_mlp)"

@@ -276,9 +276,10 @@ def _run_packed(
         per_key_ok=per_key_gates(program),
     )
     gates = dict(gates or {})
-    # The exact optimizer carries statistics of a fixed size, not the window's tokens.
+    # The exact optimizer carries statistics of a fixed size, not the window's tokens (and
+    # softmax attention, which carries nothing, takes no window: validation refuses it).
     grows = program.spec.window.is_global and not program.spec.optimizer.solves_exactly
-    if program.spec.memory.parametric and grows and output_final_state:
+    if grows and output_final_state:
         raise ValueError(
             "cu_seqlens: with `window: global` the carried window grows by each sequence's "
             "length, so the final states of sequences of different lengths cannot be stacked; "

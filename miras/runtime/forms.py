@@ -24,7 +24,6 @@ import torch
 
 from miras.ir import ChunkForm
 from miras.runtime import (
-    attention,
     chunk,
     dual,
     exact_chunk,
@@ -136,10 +135,17 @@ class Form:
 # The forms' forwards ---------------------------------------------------------------------------
 
 
-def _attention(call: Call):
-    return attention.run(
-        call.program.spec.memory.window, call.q, call.k, call.v, call.initial_state
-    )
+def _closed_form(call: Call):
+    """The memory's own closed form (`Memory.run_closed_form`): o [B, H, T, Dv] and no state,
+    since it carries none here (a layer keeps softmax attention's KV cache itself)."""
+    memory = call.program.spec.memory
+    if call.initial_state is not None:
+        raise ValueError(f"initial_state: {memory.closed_form()} carries no state here; pass None")
+    return memory.run_closed_form(call.q, call.k, call.v), None
+
+
+def _has_closed_form(chunk: ChunkForm, chunk_size: int, spec: Spec) -> bool:
+    return spec.memory.closed_form() is not None
 
 
 def _minimizer(call: Call):
@@ -190,11 +196,12 @@ FORMS: dict[str, Form] = {
     for form in (
         Form(
             "attention",
-            "softmax attention (a sliding window: swa) in closed form; nothing is chunked",
+            "the memory's own closed form (softmax attention; swa: over a window); nothing "
+            "is chunked",
             BACKENDS,
             None,
-            _attention,
-            applies=lambda chunk_form, chunk_size, spec: not spec.memory.parametric,
+            _closed_form,
+            applies=_has_closed_form,
             closed=True,
         ),
         Form(

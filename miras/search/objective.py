@@ -320,7 +320,7 @@ def probe_error(objective: Objective, spec: Spec, seed: int, trial: optuna.Trial
     + 1), so no two replicates share a stream."""
     from miras.probes import PROBES
 
-    if not spec.memory.parametric:
+    if spec.memory.closed_form() is not None:
         raise _invalid(
             trial,
             ValueError(
@@ -360,8 +360,8 @@ def state_size(spec: Spec, seq_len: int) -> int:
         per_layer = attention(None)
     elif variant == "swa":
         per_layer = attention(model.swa_window)
-    elif not spec.memory.parametric:  # softmax attention: its KV cache
-        per_layer = attention(spec.memory.window)
+    elif spec.memory.closed_form() is not None:  # softmax attention: its KV cache
+        per_layer = attention(spec.memory.lookback(spec))
     else:
         # The window's carried tokens: c - 1, or the whole prefix for `window: global`.
         # Each carries phi(k) at the feature width d_phi and v at d_head (per head).
