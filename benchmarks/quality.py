@@ -29,6 +29,7 @@ import json
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -36,6 +37,7 @@ import miras
 from miras.models import build_model
 from miras.stats import confidence_interval
 from miras.tasks import make_task
+from miras.tasks.base import Task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,21 +116,36 @@ def parse_run(text: str, default_chunk: int, parser: argparse.ArgumentParser) ->
     return name, int(chunk) if chunk else default_chunk
 
 
-class Curriculum:
+class Curriculum(Task):
     """Training batches cycle through MQAR tasks with fewer pairs (the same sequence length
     and vocabulary); validation batches and metrics are the target task's. Zoology trains MQAR
     on a mixture of pair counts the same way: the easy ones end the loss plateau sooner."""
 
-    def __init__(self, target, easier: list):
-        self.target, self.tasks = target, [*easier, target]
-        self.vocab_size, self.seq_len = target.vocab_size, target.seq_len
-        self.primary_metric, self.higher_is_better = target.primary_metric, True
-        self.name = f"{target.name}-curriculum"
+    higher_is_better: ClassVar[bool] = True
+    target: Task
+    easier: list[Task]
+
+    @property
+    def name(self) -> str:
+        return f"{self.target.name}-curriculum"
+
+    @property
+    def primary_metric(self) -> str:
+        return self.target.primary_metric
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.vocab_size
+
+    @property
+    def seq_len(self) -> int:
+        return self.target.seq_len
 
     def batch(self, split: str, index: int, batch_size: int):
         if split != "train":
             return self.target.batch(split, index, batch_size)
-        return self.tasks[index % len(self.tasks)].batch(split, index, batch_size)
+        tasks = [*self.easier, self.target]
+        return tasks[index % len(tasks)].batch(split, index, batch_size)
 
     def metrics(self, logits, labels):
         return self.target.metrics(logits, labels)
@@ -143,7 +160,9 @@ def make_mqar(args: argparse.Namespace, seed: int):
         )
 
     task = mqar(args.pairs)
-    return Curriculum(task, [mqar(n) for n in args.curriculum]) if args.curriculum else task
+    if not args.curriculum:
+        return task
+    return Curriculum(target=task, easier=[mqar(n) for n in args.curriculum])
 
 
 def spec_of(name: str, chunk: int, args: argparse.Namespace) -> miras.Spec:

@@ -34,17 +34,16 @@ def recorded_setting(checkpoint: dict[str, Any], name: str) -> Any:
 
 
 def task_info(task: Task) -> dict[str, Any]:
-    """What a checkpoint records of its task. `options` (the tasks of miras.tasks have them:
-    `make_task(name, **options)` rebuilds the task) is absent for other task objects."""
+    """What a checkpoint records of its task: its name, sizes and `options` (for a task of
+    miras.tasks, `make_task(name, **options)` rebuilds it), and its `io_options` where it has
+    an io of its own."""
     info = {
-        "name": str(getattr(task, "name", type(task).__name__)),
+        "name": str(task.name),
         "vocab_size": int(task.vocab_size),
         "seq_len": int(task.seq_len),
+        "options": dict(task.options()),
     }
-    options = getattr(task, "options", None)
-    if callable(options):
-        info["options"] = dict(options())
-    io = io_options(task)
+    io = task.io_options()
     if io is not None:
         info["io"] = dict(io)
     return info
@@ -52,22 +51,15 @@ def task_info(task: Task) -> dict[str, Any]:
 
 def task_io(task: Task, d_model: int) -> Any:
     """The task's (input layer, output layer) for a model of width `d_model` (`model_io`), or
-    None: token ids through the model's embedding and tied head (also for a task without the
-    hook). The layers are rebuilt from the task, never read from a checkpoint: their frozen
-    tables are not in its state dict."""
-    hook = getattr(task, "model_io", None)
-    return hook(d_model) if callable(hook) else None
-
-
-def io_options(task: Task) -> dict[str, Any] | None:
-    hook = getattr(task, "io_options", None)
-    return hook() if callable(hook) else None
+    None: token ids through the model's embedding and tied head. The layers are rebuilt from
+    the task, never read from a checkpoint: their frozen tables are not in its state dict."""
+    return task.model_io(d_model)
 
 
 def check_io(checkpoint: dict[str, Any], task: Task) -> None:
     """A model trained with a task's own io (frozen embeddings) scores only a task with the
     same io options; one trained on token ids only token-id tasks."""
-    trained, scored = checkpoint["task"].get("io"), io_options(task)
+    trained, scored = checkpoint["task"].get("io"), task.io_options()
     if trained == scored:
         return
 
@@ -76,10 +68,9 @@ def check_io(checkpoint: dict[str, Any], task: Task) -> None:
             return "token ids"
         return "the embeddings of " + ", ".join(f"{k}={v}" for k, v in io.items())
 
-    name = getattr(task, "name", type(task).__name__)
     raise ValueError(
         f"task: the checkpoint's model was trained on {said(trained)} (task "
-        f"'{checkpoint['task']['name']}'); task '{name}' gives {said(scored)}: score it on a "
+        f"'{checkpoint['task']['name']}'); task '{task.name}' gives {said(scored)}: score it on a "
         "task with the same inputs"
     )
 

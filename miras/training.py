@@ -146,12 +146,12 @@ def evaluate_model(
     split: str = "valid",
 ) -> dict[str, float]:
     """The mean of `task.metrics` over batches 0..batches-1 of `split` (logits in float32),
-    for each of the split's slices (`task.slices(split)`, {"": task} for a task without
-    them). Several slices: the mean over slices under each metric's name, and every slice's
+    for each of the split's slices (`task.slices(split)`: {"": task} unless the task has a
+    grid). Several slices: the mean over slices under each metric's name, and every slice's
     own as f"{metric}_{label}" ("accuracy_n64")."""
     was_training = model.training
     model.eval()
-    slices = task.slices(split) if hasattr(task, "slices") else {"": task}
+    slices = task.slices(split)
     scores: dict[str, dict[str, float]] = {}
     for label, part in slices.items():
         totals: dict[str, float] = {}
@@ -324,9 +324,7 @@ def train(
         if out is None or not ranks.main:
             return
         out.mkdir(parents=True, exist_ok=True)
-        save_files = getattr(task, "save_files", None)
-        if callable(save_files):
-            save_files(out)  # a task's own files: the text task's tokenizer
+        task.save_files(out)  # a task's own files: the text task's tokenizer
         if checkpoint is None:
             (out / METRICS).unlink(missing_ok=True)
         else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -48,10 +49,11 @@ class Task(BaseModel, ABC):
     """A data generator and its metric. Subclasses are pydantic models whose fields are the
     task's options, and provide `vocab_size` and `seq_len` (ints: a field or a property).
 
-    Training (miras.training, miras.checkpoint) reads `vocab_size`, `seq_len`,
-    `primary_metric`, `higher_is_better`, `batch` and `metrics`; any object with those
-    trains too (a benchmark's curriculum, a test's task). `name`, `slices`, `model_io`,
-    `io_options`, `options` and `save_files` are used where an object has them."""
+    Training (miras.training, miras.checkpoint) reads `name`, `vocab_size`, `seq_len`,
+    `primary_metric`, `higher_is_better`, `batch` and `metrics`, and calls the hooks below
+    (`slices`, `model_io`, `io_options`, `options`, `save_files`), whose defaults fit a task
+    of token ids scored whole; a task of its own (a benchmark's curriculum, a test's task)
+    subclasses Task."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -91,6 +93,10 @@ class Task(BaseModel, ABC):
         """The options, defaults filled in: `make_task(task.name, **task.options())` rebuilds
         an equal task (for checkpoints and study records)."""
         return self.model_dump(mode="json", exclude_none=True)
+
+    def save_files(self, directory: str | Path) -> None:
+        """Write the task's own files into a training run's `directory` (the text task's
+        tokenizer); none by default."""
 
     def generator(self, split: Split, index: int) -> np.random.Generator:
         """The generator of batch `index` of `split`, seeded from (seed, split, index) through

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from miras.tasks import IGNORE, TASKS, Batch, make_task
+from miras.tasks import IGNORE, TASKS, Batch, Task, make_task
 from miras.tasks.capacity import (
     capacity_curve,
     capacity_table,
@@ -56,6 +56,21 @@ def test_registry_lists_the_training_tasks():
         assert isinstance(task.vocab_size, int) and isinstance(task.seq_len, int)
         assert cls.primary_metric in ("accuracy", "exact_match", "perplexity")
         assert cls.higher_is_better == (cls.primary_metric != "perplexity")
+
+
+@pytest.mark.parametrize(
+    ("name", "options"), [*CONFIGS, ("continuous_mqar", {})], ids=[*IDS, "continuous_mqar"]
+)
+def test_every_task_answers_the_hooks_training_calls(name, options, tmp_path):
+    """miras.training and miras.checkpoint call these plainly: Task declares each one."""
+    task = make_task(name, **options)
+    slices = task.slices("test")
+    assert slices and all(isinstance(part, Task) for part in slices.values())
+    assert make_task(task.name, **task.options()) == task
+    io, layers = task.io_options(), task.model_io(8)
+    assert (io is None) == (layers is None) == (name != "continuous_mqar")
+    task.save_files(tmp_path)  # only the text task has files, and only with a tokenizer
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_pyproject_ships_the_package():

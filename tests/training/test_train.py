@@ -8,6 +8,7 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 import miras
 from miras.errors import TrainingDiverged
 from miras.models.model import build_model
+from miras.tasks.base import Task
 
 training = importlib.import_module("miras.training")
 
@@ -37,17 +39,21 @@ class Batch:
     labels: torch.Tensor
 
 
-class Recall:
-    """A tiny associative recall with the miras.tasks interface: pairs `k v`, then every key
-    again; the logits at a queried key are scored against its value (labels -100 elsewhere)."""
+class Recall(Task):
+    """A tiny associative recall, a task of its own (a Task, with its hooks' defaults): pairs
+    `k v`, then every key again; the logits at a queried key are scored against its value
+    (labels -100 elsewhere)."""
 
-    name = "recall"
-    primary_metric = "accuracy"
-    higher_is_better = True
+    name: ClassVar[str] = "recall"
+    primary_metric: ClassVar[str] = "accuracy"
+    higher_is_better: ClassVar[bool] = True
+    vocab_size: int = 24
+    pairs: int = 4
+    seed: int = 0
 
-    def __init__(self, vocab_size: int = 24, pairs: int = 4, seed: int = 0):
-        self.vocab_size, self.pairs, self.seed = vocab_size, pairs, seed
-        self.seq_len = 4 * pairs
+    @property
+    def seq_len(self) -> int:
+        return 4 * self.pairs
 
     def batch(self, split: str, index: int, batch_size: int) -> Batch:
         offset = {"train": 0, "valid": 1 << 20}[split]
@@ -78,9 +84,11 @@ class Crash(RuntimeError):
 class CrashingRecall(Recall):
     """Recall that dies when asked for training batch `at`."""
 
-    def __init__(self, at: int):
-        super().__init__()
-        self.at = at
+    at: int
+
+    def options(self) -> dict:
+        """Recall's: the crash is no option of the data (a resumed run uses Recall)."""
+        return {k: v for k, v in super().options().items() if k != "at"}
 
     def batch(self, split, index, batch_size):
         if split == "train" and index == self.at:
