@@ -5,8 +5,13 @@ miras/ as `miras`, components/ as `miras.components`, kernels/ as `miras.kernels
 package-dir). Every executed `import` counts, at module level and inside functions: data flows
 one way, spec -> IR -> runtime -> facade, so no module may reach back to one that reaches it,
 even lazily. Imports under `if TYPE_CHECKING:` run only in a type checker; the whole-package
-check counts them too, with one known exception (`TYPE_ONLY`). A cycle is named module by
-module.
+check counts them too, with no exception. The analyses a spec's components call while it is
+validated and compiled (`miras.compiler.affine`, `bias_derive`, `retention_derive`,
+`retention_emit`, `retention_solve`, `printer`, `linear_step`) import nothing of `miras.spec`:
+where they read a whole spec they name it by the Protocol `miras.spec_parts.SpecParts`
+(`linear_step`, which the component bases call, by Protocols of its own), and the IR names it
+by a type parameter (`CompiledRule[Spec]`). So annotations run one way too: spec ->
+components -> analyses -> IR. A cycle is named module by module.
 """
 
 from __future__ import annotations
@@ -201,28 +206,29 @@ def test_no_import_cycles_in_miras():
         pytest.fail(f"import cycles in miras:\n{cycle_report(graph)}")
 
 
-# The known exception among the TYPE_CHECKING imports: the spec layer's annotations. The spec
-# holds its components, a component's hooks call the compiler's analyses (a custom bias and
-# feature map: miras.compiler.affine; the Bregman and f-divergence retentions, the exact
-# optimizer), and those modules, the IR and the compiler's passes name `Spec` (or a component
-# base class) in their signatures. Names looked up in a type checker only, never at run time;
-# removing them needs the analyses the components call to take plain arguments instead.
-TYPE_ONLY = ("miras.spec", "miras.ir", "miras.components.base")
-
-
-def _type_only(importer: str, imported: str) -> bool:
-    spec_layer = ("miras.compiler", "miras.components", "miras.ir")
-    return imported in TYPE_ONLY and any(_inside(importer, p) for p in spec_layer)
-
-
 def test_no_import_cycles_in_miras_even_in_type_checking_imports():
-    executed = import_graph()
-    graph = {
-        module: {m for m in imported if m in executed[module] or not _type_only(module, m)}
-        for module, imported in import_graph(type_checking=True).items()
-    }
+    graph = import_graph(type_checking=True)
     if import_cycles(graph):
         pytest.fail(f"import cycles in miras, TYPE_CHECKING included:\n{cycle_report(graph)}")
+
+
+def test_what_the_components_call_reaches_neither_the_spec_nor_its_catalogue():
+    """spec -> components -> analyses -> IR, TYPE_CHECKING imports included: no compiler
+    module a component imports, nor the IR, reaches miras.spec or the catalogue
+    (miras.components, which imports every component), so a spec is read there through
+    `SpecParts`, never named."""
+    graph = import_graph(type_checking=True)
+    called = {
+        imported
+        for module in graph
+        if _inside(module, "miras.components")
+        for imported in graph[module]
+        if _inside(imported, "miras.compiler")
+    }
+    assert {"miras.compiler.affine", "miras.compiler.linear_step"} <= called, sorted(called)
+    for module in sorted(called | {"miras.ir"}):
+        banned = sorted(_reach(graph, module) & {"miras.spec", "miras.components"})
+        assert not banned, f"{module} reaches {banned}"
 
 
 def test_the_runtime_imports_neither_the_facade_nor_the_compiler():

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from miras.components.base import POSITIVE, GateDefaults, Optimizer, Range, gate_or
 
-if TYPE_CHECKING:
-    from miras.spec import Spec
+if TYPE_CHECKING:  # the spec by what it offers: miras.spec imports this component
+    from miras.spec_parts import SpecParts
 
 
 class Exact(Optimizer):
@@ -40,7 +40,7 @@ class Exact(Optimizer):
             "(miras.runtime.exact_minimizer)"
         )
 
-    def spec_problems(self, spec: Spec) -> list:
+    def spec_problems(self, spec: SpecParts) -> list:
         """Where the objective is not quadratic in W: a matrix memory, a bias with one
         curvature d2L/dy2 = s (l2: 1, dot: 0), retention none or l2 (the decay of the past
         terms). Any window: the whole prefix (statistics) or the last c tokens (carried)."""
@@ -88,7 +88,7 @@ class Exact(Optimizer):
 
         return [Line(None, None, "(no update: the objective is solved exactly)")]
 
-    def whole_step_lines(self, spec: Spec) -> list:
+    def whole_step_lines(self, spec: SpecParts) -> list:
         """The step t in the sufficient statistics, then W_t, the minimizer, and the read."""
         from miras.terms import (
             PHI,

@@ -32,16 +32,16 @@ from miras.ir import BiasRule, ChunkForm, LinearStep
 from miras.symbols import e, gate_symbol, v, y
 
 if TYPE_CHECKING:  # annotations only: a bias's own slope (`slope_of`) is asked for while
-    # its spec is validated, so this module must not import miras.spec
+    # its spec is validated, so this module names the spec by what it offers (`SpecParts`)
     from miras.components.base import Bias
-    from miras.spec import Spec
+    from miras.spec_parts import SpecParts
 
 
 def _start(reason: str) -> ChunkForm:
     return ChunkForm("start", reason)
 
 
-def bias_slope(spec: Spec, rule: BiasRule) -> tuple[sp.Expr | None, str]:
+def bias_slope(spec: SpecParts, rule: BiasRule) -> tuple[sp.Expr | None, str]:
     """(slope, "") with slope = d(dL/dy_j)/dy_j free of y, fixed parameters substituted; or
     (None, why not) when dL/dy is not affine in y or couples the value channels."""
     return slope_of(spec.bias, rule)
@@ -83,13 +83,13 @@ def slope_of(bias: Bias, rule: BiasRule) -> tuple[sp.Expr | None, str]:
 _PROBES = ((0.3, 0.4, 0.7), (1.7, 0.4, 0.7), (-1.1, 0.4, 0.7))
 
 
-def linear_record(spec: Spec) -> tuple[LinearStep | None, str]:
+def linear_record(spec: SpecParts) -> tuple[LinearStep | None, str]:
     """`derive_linear_step` of `spec`, its retention's step derived here (the linear_step pass
     has it already)."""
     return derive_linear_step(spec, _retention_rule(spec))
 
 
-def _retention_rule(spec: Spec):
+def _retention_rule(spec: SpecParts):
     from miras.compiler.retention_derive import derive_retention
 
     return derive_retention(spec.retention)
@@ -106,7 +106,7 @@ def _varies_in_y(slope: sp.Expr) -> bool:
     return any(abs(a - values[0]) > 1e-9 * (1 + abs(a)) for a in values)
 
 
-def start_path(spec: Spec, step: LinearStep | None) -> str:
+def start_path(spec: SpecParts, step: LinearStep | None) -> str:
     """How the chunk-start form runs `spec`: "linear" (masked matmuls, no per-token state)
     when the memory is linear in its weights and the whole step is linear (`step`, the
     compiler's record); "general" otherwise."""
@@ -116,7 +116,7 @@ def start_path(spec: Spec, step: LinearStep | None) -> str:
 _DERIVE = object()  # `analyze`'s default: derive the linear step here
 
 
-def analyze(spec: Spec, bias: BiasRule | None = None, step=_DERIVE) -> ChunkForm:
+def analyze(spec: SpecParts, bias: BiasRule | None = None, step=_DERIVE) -> ChunkForm:
     """Decide the chunk form of `spec` from its components, derived bias gradient and linear
     step (`LinearStep` or None, as the linear_step pass recorded it; derived when not given),
     with the path its chunk-start form takes (also run when `chunk_mode="start"` asks for it)."""
@@ -125,7 +125,7 @@ def analyze(spec: Spec, bias: BiasRule | None = None, step=_DERIVE) -> ChunkForm
     return replace(_form(spec, bias, step), start_path=start_path(spec, step))
 
 
-def _form(spec: Spec, bias: BiasRule | None, step: LinearStep | None) -> ChunkForm:
+def _form(spec: SpecParts, bias: BiasRule | None, step: LinearStep | None) -> ChunkForm:
     memory = spec.memory
     if (closed := memory.closed_form()) is not None:
         return ChunkForm("exact", f"{closed} is computed in closed form; nothing to chunk")

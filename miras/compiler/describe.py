@@ -35,9 +35,10 @@ from miras.terms import (
     sym,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the spec by what it offers (`SpecParts`): the analyses that components
+    # call render their derivations with this module's printers
     from miras.ir import BiasRule, Plan, RetentionRule
-    from miras.spec import Spec
+    from miras.spec_parts import SpecParts
 
 
 # Printers --------------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ class Derivation:
         return self.text
 
 
-def _step_expr(spec: Spec, rule: RetentionRule, previous: str = "W_{t-1}") -> sp.Expr:
+def _step_expr(spec: SpecParts, rule: RetentionRule, previous: str = "W_{t-1}") -> sp.Expr:
     """The retention step in the previous state and u_t, fixed values substituted."""
     fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in spec.retention.fixed().items()}
     per_token = {gate_symbol(n): sp.Symbol(f"{n}_t") for n in spec.retention.gates()}
@@ -255,7 +256,7 @@ def _step_expr(spec: Spec, rule: RetentionRule, previous: str = "W_{t-1}") -> sp
     return rule.step.subs(fixed).subs({**names, **per_token})
 
 
-def update_lines(spec: Spec, rule: RetentionRule) -> list[Line]:
+def update_lines(spec: SpecParts, rule: RetentionRule) -> list[Line]:
     """One step t of the exact recurrence, each component contributing its lines: the
     gradient point (retention), g_t (memory), u_t (optimizer), W_t (retention), the read."""
     memory = spec.memory
@@ -273,7 +274,7 @@ def update_lines(spec: Spec, rule: RetentionRule) -> list[Line]:
     ]
 
 
-def describe(spec: Spec, bias: BiasRule, retention: RetentionRule, plan: Plan) -> Derivation:
+def describe(spec: SpecParts, bias: BiasRule, retention: RetentionRule, plan: Plan) -> Derivation:
     components = []
     for name in ("memory", "feature_map", "bias", "retention", "optimizer"):
         component = getattr(spec, name)

@@ -18,8 +18,9 @@ The memory's own linearity (W phi(k)) is a separate question each form asks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import sympy as sp
 
@@ -28,10 +29,53 @@ from miras.symbols import g, gate_symbol, s_new, s_prev, u, w0
 
 if TYPE_CHECKING:  # annotations only
     from miras.ir import RetentionRule
-    from miras.spec import Spec
+    from miras.ranges import Range
 
 
-def retention_decay(spec: Spec, retention: RetentionRule) -> tuple[Coefficient | None, str]:
+# What the analysis reads of a spec, named by what it offers: `miras.components.base` asks this
+# module for an optimizer's proved update (`Optimizer.linear_form`), so this module imports
+# neither it nor `miras.spec` (which holds the components), not even for annotations. A `Spec`
+# is a `StepParts`, a `Retention` a `StepRetention`, an `Optimizer` a `StepOptimizer`.
+
+
+class StepRetention(Protocol):
+    """A retention component, as far as its step's linearity and its state's reading go."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def gateable(self) -> Mapping[str, Range]: ...
+    @property
+    def simplex_rows(self) -> bool: ...
+    def read_norm(self) -> float | None: ...
+    def domain(self) -> str: ...
+    def solved_by_newton(self) -> bool: ...
+
+
+class StepOptimizer(Protocol):
+    """An optimizer component, as far as its stated update goes (the JSON of its fields keys
+    the proof's cache)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def gateable(self) -> Mapping[str, Range]: ...
+    @property
+    def stateful(self) -> bool: ...
+    def update_expressions(self) -> tuple[sp.Expr, sp.Expr | None] | None: ...
+    def model_dump_json(self) -> str: ...
+
+
+class StepParts(Protocol):
+    """The two components whose composed step the analysis proves linear."""
+
+    @property
+    def retention(self) -> StepRetention: ...
+    @property
+    def optimizer(self) -> StepOptimizer: ...
+
+
+def retention_decay(spec: StepParts, retention: RetentionRule) -> tuple[Coefficient | None, str]:
     """(a_t, "") where the retention's step is W_t = a_t W_{t-1} - u_t, else (None, why not)."""
     kept = spec.retention
     not_read = _reads_state_as_is(kept)
@@ -50,7 +94,7 @@ def retention_decay(spec: Spec, retention: RetentionRule) -> tuple[Coefficient |
     return decay, ""
 
 
-def derive_linear_step(spec: Spec, retention: RetentionRule) -> tuple[LinearStep | None, str]:
+def derive_linear_step(spec: StepParts, retention: RetentionRule) -> tuple[LinearStep | None, str]:
     """(the record, "") where the composed step is linear, else (None, why not)."""
     decay, why = retention_decay(spec, retention)
     if decay is None:
@@ -58,7 +102,9 @@ def derive_linear_step(spec: Spec, retention: RetentionRule) -> tuple[LinearStep
     return linear_update(spec, decay)
 
 
-def linear_update(spec: Spec, decay: Coefficient | None = None) -> tuple[LinearStep | None, str]:
+def linear_update(
+    spec: StepParts, decay: Coefficient | None = None
+) -> tuple[LinearStep | None, str]:
     """The optimizer's half alone: (the record with `decay` as a_t, "") where the update is
     linear in the state and the gradient, whatever the retention (`decay` None: a_t = 1, for
     a reader of the update only, such as the Triton templates' optimizer lines)."""
@@ -67,10 +113,12 @@ def linear_update(spec: Spec, decay: Coefficient | None = None) -> tuple[LinearS
 
 # (optimizer class, its fields as JSON) -> its proved update with a_t = 1: components ask
 # for it (`Optimizer.linear_form`) on every compile.
-_UPDATES: dict[tuple[type, str], tuple[LinearStep | None, str]] = {}
+_UPDATES: dict[tuple[type[StepOptimizer], str], tuple[LinearStep | None, str]] = {}
 
 
-def optimizer_update(opt, decay: Coefficient | None = None) -> tuple[LinearStep | None, str]:
+def optimizer_update(
+    opt: StepOptimizer, decay: Coefficient | None = None
+) -> tuple[LinearStep | None, str]:
     """`linear_update` of one optimizer component."""
     key = (type(opt), opt.model_dump_json())
     if key not in _UPDATES:
@@ -81,7 +129,7 @@ def optimizer_update(opt, decay: Coefficient | None = None) -> tuple[LinearStep 
     return replace(step, decay=decay), why
 
 
-def _prove_update(opt) -> tuple[LinearStep | None, str]:
+def _prove_update(opt: StepOptimizer) -> tuple[LinearStep | None, str]:
     decay = Coefficient(1.0)
     names = {"optimizer": opt.gateable}
     expressions = opt.update_expressions()
@@ -108,7 +156,7 @@ def _prove_update(opt) -> tuple[LinearStep | None, str]:
     return LinearStep(decay, q, from_state=p, state_decay=theta, state_input=beta), ""
 
 
-def _reads_state_as_is(retention) -> str:
+def _reads_state_as_is(retention: StepRetention) -> str:
     """Why the forms cannot read the state a linear step keeps, or "" when they can."""
     if retention.read_norm() is not None:
         return f"the {retention.kind} retention's state is an accumulator read through a norm"
@@ -160,6 +208,9 @@ def _monomial(c: sp.Expr, names: dict[str, dict]) -> Coefficient | None:
 
 
 __all__ = [
+    "StepOptimizer",
+    "StepParts",
+    "StepRetention",
     "derive_linear_step",
     "linear_update",
     "optimizer_update",
