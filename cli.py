@@ -147,7 +147,7 @@ def kernel(
 ) -> None:
     """Print (or write) the Triton module the compiler emits for a matrix-memory spec; with
     --report, compile its kernels for a GPU and print what each uses."""
-    from miras.compiler.triton_kernels import kernel_source
+    from miras.compiler.pipeline import kernel_source
 
     if report:
         _kernel_report(spec, target, dim, chunk_size, shape, precision)

@@ -174,8 +174,8 @@ def jobs(
     import torch
     import triton.language as tl
 
-    from miras.compiler.pipeline import compile_ir
-    from miras.compiler.triton_kernels import gate_plan, kernel_source, load_kernels
+    from miras.compiler.pipeline import compile_ir, kernel_source
+    from miras.compiler.triton_kernels import gate_plan, load_kernels
     from miras.runtime import exact_triton, triton_backend
     from miras.spec import load_spec
 

@@ -282,6 +282,10 @@ class CompiledRule(Generic[SpecT]):
     source: str = ""
     functions: ModuleType | None = None
     checks: list[CheckResult] = field(default_factory=list)
+    # The triton pass: the emitted Triton kernel module's text, or why the kernels do not
+    # cover the spec (`miras.compiler.triton_kernels.emit_kernels`); exactly one is set.
+    triton_source: str | None = None
+    triton_refusal: str | None = None
 
 
 __all__ = [

@@ -56,7 +56,8 @@ def _torch(spec) -> str | None:
 
 
 def _triton(spec) -> str | None:
-    from miras.compiler.triton_kernels import kernel_source, unsupported_reason
+    from miras.compiler.pipeline import kernel_source
+    from miras.compiler.triton_kernels import unsupported_reason
 
     return None if unsupported_reason(spec) is not None else kernel_source(spec)
 

@@ -1,7 +1,8 @@
 """The compiler: a spec becomes a derived, checked `CompiledRule` (miras.ir), as a list of
 named passes.
 
-    resolve -> bias_gradient -> retention_step -> plan -> linear_step -> chunk_form -> emit -> check
+    resolve -> bias_gradient -> retention_step -> plan -> linear_step -> chunk_form -> emit
+    -> triton -> check
 
 Each pass reads and fills one `CompiledRule`; an invariant is checked after each, and
 `MIRAS_DEBUG=1` prints what every pass produced. Results are cached by the spec's digest.
@@ -25,9 +26,10 @@ from miras.compiler.minimizer import minimizer_form
 from miras.compiler.plan import make_plan
 from miras.compiler.retention_check import check_retention
 from miras.compiler.retention_derive import derive_retention
+from miras.compiler.triton_kernels import compiled_source, emit_kernels
 from miras.errors import DerivationError
 from miras.ir import CompiledRule
-from miras.spec import Spec
+from miras.spec import Spec, load_spec
 from miras.symbols import e, gate_symbol, u, v, w0
 
 # Passes ------------------------------------------------------------------------------------
@@ -125,6 +127,21 @@ def emit(c: CompiledRule[Spec]) -> str:
     return c.source
 
 
+def triton(c: CompiledRule[Spec]) -> str:
+    """The Triton kernel module, printed from the derived pieces, the linear step and the
+    gate plan (`miras.compiler.triton_kernels.emit_kernels`), or why the kernels do not cover
+    the rule; the runtime writes and imports it on the triton backend's first run."""
+    c.triton_source, c.triton_refusal = emit_kernels(c)
+    _invariant(
+        (c.triton_source is None) != (c.triton_refusal is None),
+        "the triton pass gives either kernels or a reason",
+    )
+    if c.triton_source is None:
+        return f"not covered: {c.triton_refusal}"
+    linear = "def linear_forward(" in c.triton_source
+    return "kernels: general" + (" and linear" if linear else "") + ", forward and backward"
+
+
 def check(c: CompiledRule[Spec]) -> str:
     import torch
 
@@ -155,6 +172,7 @@ PASSES: list[tuple[str, Callable[[CompiledRule[Spec]], str]]] = [
     ("linear_step", linear_step),
     ("chunk_form", chunk_form),
     ("emit", emit),
+    ("triton", triton),
     ("check", check),
 ]
 
@@ -192,4 +210,14 @@ def compile_ir(spec: Spec, *, checked: bool = True) -> CompiledRule[Spec]:
     return _CACHE[key]
 
 
-__all__ = ["PASSES", "compile_ir", "run_passes"]
+def kernel_source(spec) -> str:
+    """The emitted Triton module of `spec` (a Spec, a path, YAML text, a dict, or a compiled
+    rule's `CompiledRule`, `rule.ir`), as text: what `miras kernel SPEC` prints. Compiles
+    through the passes (cached, checked), so the printed pieces are the checked derivation's.
+
+    Raises ValueError naming the reason when the kernels do not cover the spec."""
+    compiled = spec if isinstance(spec, CompiledRule) else compile_ir(load_spec(spec))
+    return compiled_source(compiled)
+
+
+__all__ = ["PASSES", "compile_ir", "kernel_source", "run_passes"]

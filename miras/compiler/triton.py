@@ -3,15 +3,16 @@
     source = emit_source(spec, bias, retention, gates, linear)   # the module text
 
 The Triton backend decides what it covers and where each gate enters the kernels
-(`miras.compiler.triton_kernels`: `kernel_source`, `load_kernels`, `gate_plan`,
+(`miras.compiler.triton_kernels`: `emit_kernels`, `load_kernels`, `gate_plan`,
 `unsupported_reason`); this module prints what it is given.
 
 The module holds, in order: the spec's structure as compile-time constants (window, momentum,
 grad_at, decay), the spec's elementwise pieces printed by the strict `TritonPrinter` as
 `@triton.jit` functions (the bias gradient and its VJP, the retention step and its VJP, the map
 and read around the step; every derivative taken by sympy), then the chunk templates of
-`miras.kernels.templates` with the spec's gates filled in: `general_forward/backward` always,
-`linear_forward/backward` when the retention is none or l2 and the optimizer gd.
+`miras.kernels.templates` with the spec's gates and the optimizer's lines (printed from the
+compiled linear step: `OptimizerStep`) filled in: `general_forward/backward` always,
+`linear_forward/backward` when the retention is none or l2 and the update u_t = lr_t g_t.
 Every `tl.dot` of the templates states `input_precision=DOT_PRECISION`, a constexpr argument
 of each kernel that the launcher passes (the backend's precision choice, docs/kernels.md).
 

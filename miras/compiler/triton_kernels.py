@@ -1,10 +1,13 @@
 """The Triton emission pass: what the kernels cover, where each gate enters them, the kernel
-module of a covered spec, and the provider that hands it to the runtime on first use.
+module of a covered rule, and the provider that hands it to the runtime.
 
-    reason = unsupported_reason(spec)   # None when the kernels cover the spec
-    source = kernel_source(spec)        # the module text (what `miras kernel SPEC` prints)
-    module = load_kernels(compiled)     # written under the cache by content hash, imported
-    kernels = TritonKernels(compiled)   # the runtime's KernelProvider (`Program.kernels`)
+    reason = unsupported_reason(spec)           # None when the kernels cover the spec
+    source, reason = emit_kernels(compiled)     # the compiler's triton pass (pipeline.PASSES)
+    module = load_kernels(compiled)             # written under the cache by content hash, imported
+    kernels = TritonKernels(compiled)           # the runtime's KernelProvider (`Program.kernels`)
+
+`miras.compiler.pipeline.kernel_source(spec)` compiles any spec and returns the text (what
+`miras kernel SPEC` prints).
 
 Covered: matrix memory, every bias and retention the printer can emit, every optimizer whose
 update the compiler proves linear in the gradient and its state (gd, momentum, Nesterov; the
@@ -13,8 +16,8 @@ proximal step, as gd with its step size computed in torch), any window and featu
 memories, Muon, the exact minimizer, a Bregman retention solved by Newton steps, gate names
 the kernels reserve, and any expression the printer cannot emit. The printing itself is
 `miras.compiler.triton.emit_source`; this module says what to print. The runtime never
-imports it: a `Program` carries a `TritonKernels`, which emits and loads the module only when
-the triton backend first runs.
+imports it: a `Program` carries a `TritonKernels`, which writes and imports the module (and
+with it Triton) only when the triton backend first runs.
 """
 
 from __future__ import annotations
@@ -24,11 +27,10 @@ from types import ModuleType
 
 from miras.compiler.emit import load_module
 from miras.compiler.linear_step import linear_update
-from miras.compiler.pipeline import compile_ir
 from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.triton import RESERVED, Gates, emit_source
 from miras.ir import CompiledRule
-from miras.spec import Spec, load_spec
+from miras.spec import Spec
 from miras.triton_template import linear_applies
 
 
@@ -77,54 +79,55 @@ def unsupported_reason(spec: Spec) -> str | None:
     return None
 
 
-# The kernels of a spec -------------------------------------------------------------------------
-
-_SOURCES: dict[str, str] = {}
+# The kernels of a compiled rule -----------------------------------------------------------------
 
 
-def kernel_source(spec) -> str:
-    """The emitted Triton module of `spec` (a Spec, a path, YAML text, a dict, or a compiled
-    rule's `CompiledRule`, `rule.ir`), as text: what `miras kernel SPEC` prints. Derives
-    through the compiler (cached, checked), so the printed pieces are the checked derivation's.
-
-    Raises ValueError naming the reason when the kernels do not cover the spec."""
-    compiled = spec if isinstance(spec, CompiledRule) else None
-    spec = compiled.spec if compiled is not None else load_spec(spec)
-    key = spec.digest()
-    if key in _SOURCES:
-        return _SOURCES[key]
-    advice = "use backend='chunk' (parallel) or 'recurrent' (the exact reference)"
+def emit_kernels(compiled: CompiledRule[Spec]) -> tuple[str | None, str | None]:
+    """The compiler's triton pass: (the emitted module's text, None) where the kernels cover
+    the rule, else (None, why not), from its derived pieces and its gate plan."""
+    spec = compiled.spec
     reason = unsupported_reason(spec)
     if reason is not None:
-        raise ValueError(f"spec '{spec.name}': the Triton kernels do not cover {reason}; {advice}")
-    compiled = compiled or compile_ir(spec)
+        return None, reason
     try:
-        _SOURCES[key] = emit_source(
+        source = emit_source(
             spec, compiled.bias, compiled.retention, gate_plan(spec), linear_applies(compiled)
         )
     except UnsupportedExpression as err:
+        return None, f"an expression the printer cannot emit ({err})"
+    return source, None
+
+
+ADVICE = "use backend='chunk' (parallel) or 'recurrent' (the exact reference)"
+
+
+def compiled_source(compiled: CompiledRule[Spec]) -> str:
+    """The triton pass's module text of `compiled`. Raises ValueError naming the reason when
+    the kernels do not cover it."""
+    if compiled.triton_source is None:
         raise ValueError(
-            f"spec '{spec.name}': the Triton kernels do not cover it: {err}; {advice}"
-        ) from None
-    return _SOURCES[key]
+            f"spec '{compiled.spec.name}': the Triton kernels do not cover "
+            f"{compiled.triton_refusal}; {ADVICE}"
+        )
+    return compiled.triton_source
 
 
-def load_kernels(spec) -> ModuleType:
-    """The emitted module of `spec` (as for `kernel_source`), written under the cache
+def load_kernels(compiled: CompiledRule[Spec]) -> ModuleType:
+    """The emitted module of `compiled`, written under the cache
     ($MIRAS_CACHE_DIR/triton/<content hash>.py) and imported from there."""
-    return load_module(kernel_source(spec), kind="triton")
+    return load_module(compiled_source(compiled), kind="triton")
 
 
 @dataclass(frozen=True)
 class TritonKernels:
     """The Triton kernels of `compiled`, as a `miras.runtime.program.KernelProvider`: the
-    coverage answer and the gate plan from its spec, and its kernel module, emitted and
+    triton pass's answer and the gate plan from its spec, and its kernel module, written and
     loaded on the first `module()` call (cached by content hash)."""
 
-    compiled: CompiledRule
+    compiled: CompiledRule[Spec]
 
     def refusal(self) -> str | None:
-        return unsupported_reason(self.compiled.spec)
+        return self.compiled.triton_refusal
 
     def gate_plan(self) -> Gates:
         return gate_plan(self.compiled.spec)
@@ -135,8 +138,9 @@ class TritonKernels:
 
 __all__ = [
     "TritonKernels",
+    "compiled_source",
+    "emit_kernels",
     "gate_plan",
-    "kernel_source",
     "linear_applies",
     "load_kernels",
     "unsupported_reason",

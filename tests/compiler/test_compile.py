@@ -82,6 +82,20 @@ def test_emitted_module_is_what_derive_shows():
     assert "def activation_grad(x):" in rule.source  # the MLP's derived derivative
 
 
+def test_the_triton_pass_emits_the_kernels_or_names_why_not():
+    """The compiler's triton pass prints the kernel module of a covered rule (what the runtime
+    loads, and `miras kernel` prints), and records the reason for any other."""
+    covered = miras.compile(ROOT / "specs/gated_deltanet.yaml").ir
+    assert covered.triton_refusal is None
+    assert "def general_forward(" in covered.triton_source
+    assert "def linear_forward(" in covered.triton_source
+    assert pipeline.kernel_source(ROOT / "specs/gated_deltanet.yaml") == covered.triton_source
+    deep = miras.compile(ROOT / "specs/yaad.yaml").ir  # an MLP memory
+    assert deep.triton_source is None and "mlp memory" in deep.triton_refusal
+    with pytest.raises(ValueError, match="do not cover mlp memory"):
+        pipeline.kernel_source(deep)
+
+
 def test_failing_check_raises(monkeypatch):
     """A derived piece that disagrees with its reference stops the compile."""
     from miras.compiler import bias_derive as bias_pass

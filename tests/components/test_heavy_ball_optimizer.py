@@ -182,7 +182,7 @@ def test_the_emitted_triton_kernels_run_it():
     printed from the record, equal the chunk-start form; its exact form (chunk mode "exact")
     runs the Triton scan and equals the recurrence."""
     pytest.importorskip("triton")
-    from miras.compiler.triton_kernels import kernel_source
+    from miras.compiler.pipeline import kernel_source
 
     rule = compiled(MATRIX)
     source = kernel_source(rule.ir)

@@ -26,7 +26,8 @@ import torch
 
 import miras
 from miras.check_end_to_end import check_end_to_end, proximal_update
-from miras.compiler.triton_kernels import kernel_source, unsupported_reason
+from miras.compiler.pipeline import kernel_source
+from miras.compiler.triton_kernels import unsupported_reason
 from miras.errors import SpecError
 from miras.spec import load_spec
 

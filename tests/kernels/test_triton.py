@@ -19,7 +19,7 @@ import torch
 from helpers import random_inputs
 
 import miras
-from miras.compiler.triton_kernels import kernel_source
+from miras.compiler.pipeline import kernel_source
 from miras.runtime import triton_backend
 
 TOL = 1e-5  # relative RMS, float32

@@ -22,7 +22,8 @@ from helpers import random_inputs
 from test_triton import _initial_state, _mismatches, _run
 
 import miras
-from miras.compiler.triton_kernels import kernel_source, load_kernels
+from miras.compiler.pipeline import kernel_source
+from miras.compiler.triton_kernels import load_kernels
 from miras.runtime import triton_backend, triton_launch
 from miras.runtime.inputs import TRITON_PRECISION_ENV, check_triton_precision
 
