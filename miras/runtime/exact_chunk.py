@@ -97,10 +97,12 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
     pad = chunks * n - length
 
     # Step gates [B, H, T, X] -> [B, H, N, n, X]; padded tokens carry factor 1 (finite; they
-    # come after every token they could touch).
+    # come after every token they could touch). Contiguous (they arrive as [B, T, H]
+    # transposed, T*X numbers per head): every factor and [n, n] matrix built from them takes
+    # their layout, and a matmul then copies each such operand into the [B, H, N] order again.
     def steps(component, name: str) -> torch.Tensor:
         g = _gate(component, name, seq.step_gates, seq.phi_q)
-        return _pad_tokens(g, pad, 1.0).unflatten(2, (chunks, n))
+        return _pad_tokens(g, pad, 1.0).unflatten(2, (chunks, n)).contiguous()
 
     step = rt.linear_step  # the compiled LinearStep: its coefficients read these gates
     like = _pad_tokens(seq.phi_q[..., :1], pad).unflatten(2, (chunks, n))  # [B, H, N, n, 1]
@@ -159,8 +161,8 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
         base = _mix(inverse, offset)
         from_w = inverse * _rows(scale_w).unsqueeze(-2)
         from_s = inverse * _rows(scale_s).unsqueeze(-2) if scale_s is not None else None
-    else:
-        base, from_w, from_s = offset, None, None
+    else:  # contiguous: it is the scan's signals as they are, and `read` multiplies them
+        base, from_w, from_s = offset.contiguous(), None, None
 
     # Row e of the chunk's end: n - 1, or the last real token in the last chunk.
     ends = [n - 1] * (chunks - 1) + [length - 1 - (chunks - 1) * n]
@@ -248,48 +250,54 @@ class _ScanChunks(torch.autograd.Function):
         momentum = starts_s is not None
         per_channel = from_w is not None and from_w.dim() == 6
         chunks = r.shape[2]
-        # The reverse scan: g_w, g_s are dL/dW_{i+1}, dL/dS_{i+1} entering chunk i.
-        g_w = torch.zeros_like(starts_w[:, :, 0]) if g_w is None else g_w
+        # The reverse scan: next_w[:, :, i], next_s[:, :, i] hold dL/dW_{i+1}, dL/dS_{i+1}
+        # entering chunk i; each chunk writes the next one's (and its own signal gradient and
+        # K_i g_W^T) in place, as the forward does (`_scan`): no per-chunk tensors, no stacks.
+        next_w = torch.empty_like(starts_w, memory_format=torch.contiguous_format)
+        k_gw = torch.empty_like(r, memory_format=torch.contiguous_format)  # [B, H, N, nc, Dv]
+        g_sig = torch.empty_like(k_gw)
+        next_w[:, :, -1] = 0.0 if g_w is None else g_w
         if momentum:
-            g_s = torch.zeros_like(starts_s[:, :, 0]) if g_s is None else g_s
-        next_w, next_s, k_gw, k_gs, g_sig, g_pw, g_ps = ([None] * chunks for _ in range(7))
+            next_s, k_gs = torch.empty_like(next_w), torch.empty_like(k_gw)
+            next_s[:, :, -1] = 0.0 if g_s is None else g_s
+        g_pw, g_ps = [None] * chunks, [None] * chunks
         for i in reversed(range(chunks)):
-            k = keys[:, :, i]
-            next_w[i] = g_w
-            k_gw[i] = k @ g_w.mT  # [B, H, nc, Dv]
-            gr = g_r[:, :, i] - k_gw[i] * last_w[:, :, i]
-            g_prev_w = d_end[:, :, i, :, None] * g_w + g_starts_w[:, :, i]
+            k, g_w = keys[:, :, i], next_w[:, :, i]
+            g_prev_w = next_w[:, :, i - 1] if i else torch.empty_like(g_w)
+            gr = g_sig[:, :, i]
+            _mm_into(k, g_w.mT, k_gw[:, :, i])  # [B, H, nc, Dv]
+            torch.addcmul(g_r[:, :, i], k_gw[:, :, i], last_w[:, :, i], value=-1, out=gr)
+            torch.addcmul(g_starts_w[:, :, i], d_end[:, :, i, :, None], g_w, out=g_prev_w)
             if momentum:
-                next_s[i] = g_s
-                k_gs[i] = k @ g_s.mT
-                gr = gr + k_gs[i] * last_s[:, :, i]
-                g_prev_s = theta_end[:, :, i, :, None] * g_s - carry_end[:, :, i, :, None] * g_w
+                g_s = next_s[:, :, i]
+                g_prev_s = next_s[:, :, i - 1] if i else torch.empty_like(g_s)
+                _mm_into(k, g_s.mT, k_gs[:, :, i])
+                gr.addcmul_(k_gs[:, :, i], last_s[:, :, i])
+                torch.mul(theta_end[:, :, i, :, None], g_s, out=g_prev_s)
+                g_prev_s.addcmul_(carry_end[:, :, i, :, None], g_w, value=-1)
                 if g_starts_s is not None:
-                    g_prev_s = g_prev_s + g_starts_s[:, :, i]
-            g_sig[i] = gr
+                    g_prev_s.add_(g_starts_s[:, :, i])
             if per_channel:  # dL/d(K_i W_i^T) = mix^T(F_i, gr): [B, H, nc, Dv]
                 g_pw[i] = _mix_t(from_w[:, :, i], gr)
-                g_prev_w = g_prev_w + g_pw[i].mT @ k
+                g_prev_w.add_(g_pw[i].mT @ k)
                 if momentum:
                     g_ps[i] = _mix_t(from_s[:, :, i], gr)
-                    g_prev_s = g_prev_s - g_ps[i].mT @ k
+                    g_prev_s.sub_(g_ps[i].mT @ k)
             elif from_w is not None:
-                g_prev_w = g_prev_w + gr.mT @ from_w[:, :, i]
+                _plus_mm(g_prev_w, gr.mT, from_w[:, :, i], out=g_prev_w)
                 if momentum:
-                    g_prev_s = g_prev_s - gr.mT @ from_s[:, :, i]
-            g_w = g_prev_w
-            if momentum:
-                g_s = g_prev_s
+                    _plus_mm(g_prev_s, gr.mT, from_s[:, :, i], alpha=-1, out=g_prev_s)
+        g_w = g_prev_w  # dL/dW_0 (and dL/dS_0)
+        if momentum:
+            g_s = g_prev_s
 
         # Everything else, for all chunks at once.
-        next_w, k_gw, g_sig = (torch.stack(z, dim=2) for z in (next_w, k_gw, g_sig))
         u_w = r * last_w
         g_keys = -u_w @ next_w  # [B, H, N, nc, Dphi]
         g_last_w = (-k_gw * r).sum_to_size(last_w.shape)
         g_d = (next_w * starts_w).sum(-1).sum_to_size(d_end.shape)
         g_last_s = g_carry = g_theta = g_from_s = None
         if momentum:
-            next_s, k_gs = torch.stack(next_s, dim=2), torch.stack(k_gs, dim=2)
             g_keys = g_keys + (r * last_s) @ next_s
             g_last_s = (k_gs * r).sum_to_size(last_s.shape)
             g_carry = -(next_w * starts_s).sum(-1).sum_to_size(carry_end.shape)
@@ -318,48 +326,79 @@ def _scan(base, keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_en
     """The forward recurrence of `scan_chunks`, a loop over chunks of small products. Per head
     (X = 1) the end weights scale the keys once for all chunks, lw_i * K_i, so each chunk is
     two fused multiply-adds (baddbmm) on [B*H] batches: r_i = base_i + F_i W_i^T and
-    W_{i+1} = d_i W_i - r_i^T (lw_i * K_i)."""
+    W_{i+1} = d_i W_i - r_i^T (lw_i * K_i).
+
+    The results are written into their places in the returned tensors (`out=` and in-place
+    updates; `_ScanChunks` records no graph here): the signals of chunk i and W_{i+1} go
+    straight into r [B, H, N, nc, Dv] and starts_w [B, H, N, Dv, Dphi], where lists of
+    per-chunk tensors cost one allocation per chunk and a stack (a copy of all of them) at the
+    end. Without a state-reading term (from_w None) r is base itself, not a copy."""
     per_channel = from_w is not None and from_w.dim() == 6
     chunks = base.shape[2]
-    signals, starts_w, starts_s = [], [], []
     per_head = last_w.shape[-1] == 1 and d_end.shape[-1] == 1
+    signals = (
+        base if from_w is None else torch.empty_like(base, memory_format=torch.contiguous_format)
+    )
+    starts_w = w.new_empty(*w.shape[:2], chunks, *w.shape[2:])  # [B, H, N, Dv, Dphi]
+    starts_s = s.new_empty(starts_w.shape) if s is not None else None
+    starts_w[:, :, 0] = w
+    if s is not None:
+        starts_s[:, :, 0] = s
     if per_head:  # [B, H, N, nc, Dphi]
         lw_keys = last_w * keys
         ls_keys = last_s * keys if s is not None else None
     for i in range(chunks):
-        k = keys[:, :, i]
-        starts_w.append(w)
-        starts_s.append(s)
+        k, w = keys[:, :, i], starts_w[:, :, i]
+        s = starts_s[:, :, i] if s is not None else None
+        r = signals[:, :, i]  # [B, H, nc, Dv]
         if per_channel:
-            r = base[:, :, i] + _mix(from_w[:, :, i], k @ w.mT)
+            r.copy_(base[:, :, i] + _mix(from_w[:, :, i], k @ w.mT))
             if s is not None:
-                r = r - _mix(from_s[:, :, i], k @ s.mT)
+                r.sub_(_mix(from_s[:, :, i], k @ s.mT))
         elif from_w is not None:
-            r = _plus_mm(base[:, :, i], from_w[:, :, i], w.mT)
+            _plus_mm(base[:, :, i], from_w[:, :, i], w.mT, out=r)
             if s is not None:
-                r = _plus_mm(r, from_s[:, :, i], s.mT, alpha=-1)
-        else:
-            r = base[:, :, i]  # [B, H, nc, Dv]
-        signals.append(r)
+                _plus_mm(r, from_s[:, :, i], s.mT, alpha=-1, out=r)
+        # W_{i+1} (and S_{i+1}) into the next chunk's start, the last into fresh tensors.
+        last = i == chunks - 1
+        w_new = torch.empty_like(w) if last else starts_w[:, :, i + 1]
+        s_new = (torch.empty_like(s) if last else starts_s[:, :, i + 1]) if s is not None else None
         if per_head:
-            w_new = _plus_mm(d_end[:, :, i, :, None] * w, r.mT, lw_keys[:, :, i], alpha=-1)
+            torch.mul(w, d_end[:, :, i, :, None], out=w_new)
+            _plus_mm(w_new, r.mT, lw_keys[:, :, i], alpha=-1, out=w_new)
             if s is not None:
-                w_new = w_new.sub_(carry_end[:, :, i, :, None] * s)
-                s = _plus_mm(theta_end[:, :, i, :, None] * s, r.mT, ls_keys[:, :, i])
+                w_new.sub_(carry_end[:, :, i, :, None] * s)
+                torch.mul(s, theta_end[:, :, i, :, None], out=s_new)
+                _plus_mm(s_new, r.mT, ls_keys[:, :, i], out=s_new)
         else:
-            w_new = d_end[:, :, i, :, None] * w - (r * last_w[:, :, i]).mT @ k
+            torch.sub(d_end[:, :, i, :, None] * w, (r * last_w[:, :, i]).mT @ k, out=w_new)
             if s is not None:
-                w_new = w_new - carry_end[:, :, i, :, None] * s
-                s = theta_end[:, :, i, :, None] * s + (r * last_s[:, :, i]).mT @ k
-        w = w_new
-    starts_s = torch.stack(starts_s, dim=2) if s is not None else None
-    return torch.stack(signals, dim=2), torch.stack(starts_w, dim=2), starts_s, w, s
+                w_new.sub_(carry_end[:, :, i, :, None] * s)
+                torch.add(theta_end[:, :, i, :, None] * s, (r * last_s[:, :, i]).mT @ k, out=s_new)
+        w, s = w_new, s_new
+    return signals, starts_w, starts_s, w, s
 
 
-def _plus_mm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0):
-    """c + alpha a @ b for [B, H, ., .] operands, as one baddbmm over B*H matrices."""
-    out = torch.baddbmm(c.flatten(0, 1), a.flatten(0, 1), b.flatten(0, 1), alpha=alpha)
-    return out.unflatten(0, c.shape[:2])
+def _plus_mm(
+    c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, out=None
+) -> torch.Tensor:
+    """c + alpha a @ b for [B, H, ., .] operands, as one baddbmm over B*H matrices; into `out`
+    (a [B, H, ., .] view whose B and H axes merge, c itself allowed) where given."""
+    if out is None:
+        out = torch.baddbmm(c.flatten(0, 1), a.flatten(0, 1), b.flatten(0, 1), alpha=alpha)
+        return out.unflatten(0, c.shape[:2])
+    flat = out.view(-1, *out.shape[2:])  # a view, never a copy: the result lands in `out`
+    if c is out:
+        flat.baddbmm_(a.flatten(0, 1), b.flatten(0, 1), alpha=alpha)
+    else:
+        torch.baddbmm(c.flatten(0, 1), a.flatten(0, 1), b.flatten(0, 1), alpha=alpha, out=flat)
+    return out
+
+
+def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """a @ b for [B, H, ., .] operands into `out`, a [B, H, ., .] view whose B and H merge."""
+    torch.bmm(a.flatten(0, 1), b.flatten(0, 1), out=out.view(-1, *out.shape[2:]))
+    return out
 
 
 def read(prep: Prepared, r: torch.Tensor, starts_w: torch.Tensor, starts_s: torch.Tensor | None):
