@@ -64,8 +64,10 @@ class Exact(Optimizer):
         slope, not_quadratic = spec.bias.constant_slope()
         if slope is None:
             problems.append(Problem("bias.kind", f"{why}: {not_quadratic}"))
+        from miras.compiler.retention_derive import linear_decay
+
         retention = spec.retention
-        if not retention.linear_step:
+        if linear_decay(retention):
             problems.append(
                 Problem(
                     "retention.kind",

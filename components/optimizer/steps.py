@@ -73,8 +73,10 @@ class SteppedOptimizer(Optimizer):
                 )
             )
             return problems
+        from miras.compiler.retention_derive import linear_decay
+
         retention = spec.retention
-        if not retention.linear_step:
+        if linear_decay(retention):
             problems.append(
                 Problem(
                     "optimizer.steps",
