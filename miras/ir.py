@@ -157,8 +157,9 @@ class LinearStep:
 
     @property
     def shape(self) -> Literal["step", "momentum", "general"]:
-        """ "step": u_t = q_t g_t, no state; "momentum": u_t = S_t (p = 1, q = 0), the form the
-        emitted Triton kernels carry; "general": any other."""
+        """The update's shape, a name for people (`Optimizer.linear_form`): "step", u_t = q_t g_t
+        with no state; "momentum", u_t = S_t (p = 1, q = 0); "general", any other (Nesterov's).
+        Every fast form runs all three from the coefficients."""
         if not self.stateful:
             return "step"
         if self.from_state is not None and self.from_state.is_one and self.from_gradient.is_zero:
