@@ -143,10 +143,10 @@ def chunk_step(
 
     def read(name: str, h: torch.Tensor) -> torch.Tensor:
         """W_t h_t for the chunk's tokens: h [B, H, n, in] -> [B, H, n, out]."""
-        z = d * (h @ weights[name].transpose(-1, -2))
+        z = d * _linear(h, weights[name])
         if carry is not None:
-            z = z - carry * (h @ momentum[name].transpose(-1, -2))
-        scores = (h @ inputs[name].transpose(-1, -2)) * coeff  # [B, H, n, n c]
+            z = z - carry * _linear(h, momentum[name])
+        scores = _linear(h, inputs[name]) * coeff  # [B, H, n, n c]
         return z - scores @ errors[name]
 
     o, _ = memory.network(names, read, part.phi_q, model.activation)
@@ -155,22 +155,99 @@ def chunk_step(
     # plus one [out, n c] x [n c, in] matmul (fused, as are the carry's multiply-subtract).
     new = {}
     last = -coeff[:, :, -1].unsqueeze(-1)  # -K[n-1, s] lr_s: [B, H, n c, 1]
-    if carry is not None:
-        last_s = mixing.to_momentum.repeat(1, 1, len(pieces)).unsqueeze(-1)
+    if carry is None:
+        for name in weights:
+            e = errors[name]
+            new[name] = _ChunkEnd.apply(state[name], d[:, :, -1:], e * last, inputs[name])
+        return o, new
+    last_s = mixing.to_momentum.repeat(1, 1, len(pieces)).unsqueeze(-1)
+    a, c, theta = d[:, :, -1:], carry[:, :, -1:], mixing.theta_prod[:, :, -1:]
     for name in weights:
-        w = d[:, :, -1:] * state[name]
-        if carry is not None:
-            w = torch.addcmul(w, carry[:, :, -1:], momentum[name], value=-1.0)
-            s_new = mixing.theta_prod[:, :, -1:] * momentum[name]
-            new[f"S.{name}"] = _plus_outer(s_new, errors[name] * last_s, inputs[name])
-        new[name] = _plus_outer(w, errors[name] * last, inputs[name])
+        e = errors[name]
+        new[name], new[f"S.{name}"] = _MomentumChunkEnd.apply(
+            state[name], momentum[name], a, c, theta, e * last, e * last_s, inputs[name]
+        )
     return o, new
 
 
-def _plus_outer(base: torch.Tensor, e: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """base + e^T x: [B, H, out, in] + [B, H, m, out]^T [B, H, m, in], one batched matmul."""
-    flat = torch.baddbmm(base.flatten(0, 1), e.flatten(0, 1).transpose(-1, -2), x.flatten(0, 1))
-    return flat.unflatten(0, base.shape[:2])
+# The chunk's end state, as two autograd functions. Written with plain ops, autograd's backward
+# of `a * W` takes the gate's gradient as `(grad * W).sum()`: a product the size of the weights
+# written and read again, per scaled term (three with momentum), beside the passes that scale
+# the gradient itself; those weight-sized passes were a quarter of a titans layer's time. Here
+# each gate's gradient is one dot product per head (`_dot`: reads both, writes a scalar), the
+# forward scales and adds in place into one fresh tensor, and the backward is written in
+# differentiable ops, so a double backward through the form still works.
+
+
+class _ChunkEnd(torch.autograd.Function):
+    """W' = a W + e^T x (gd): W [B, H, out, in], a [B, H, 1, 1], e [B, H, m, out],
+    x [B, H, m, in] -> W' [B, H, out, in]."""
+
+    @staticmethod
+    def forward(ctx, w, a, e, x):
+        ctx.save_for_backward(w, a, e, x)
+        return _add_outer(w * a, e, x)
+
+    @staticmethod
+    def backward(ctx, g):
+        w, a, e, x = ctx.saved_tensors
+        return g * a, _dot(g, w), x @ g.transpose(-1, -2), e @ g
+
+
+class _MomentumChunkEnd(torch.autograd.Function):
+    """W' = a W - c S + e_w^T x and S' = theta S + e_s^T x (momentum): W, S [B, H, out, in];
+    a, c, theta [B, H, 1, 1]; e_w, e_s [B, H, m, out]; x [B, H, m, in] -> (W', S')."""
+
+    @staticmethod
+    def forward(ctx, w, s, a, c, theta, e_w, e_s, x):
+        ctx.save_for_backward(w, s, a, c, theta, e_w, e_s, x)
+        w_new = (w * a).addcmul_(c, s, value=-1.0)
+        return _add_outer(w_new, e_w, x), _add_outer(s * theta, e_s, x)
+
+    @staticmethod
+    def backward(ctx, g_w, g_s):
+        w, s, a, c, theta, e_w, e_s, x = ctx.saved_tensors
+        grad_s = torch.addcmul(g_s * theta, c, g_w, value=-1.0)
+        grad_x = e_w @ g_w + e_s @ g_s
+        return (
+            g_w * a, grad_s, _dot(g_w, w), -_dot(g_w, s), _dot(g_s, s),
+            x @ g_w.transpose(-1, -2), x @ g_s.transpose(-1, -2), grad_x,
+        )  # fmt: skip
+
+
+def _add_outer(base: torch.Tensor, e: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """base + e^T x in place: [B, H, out, in] += [B, H, m, out]^T [B, H, m, in], one batched
+    matmul (`base` is a fresh tensor of the caller's)."""
+    flat = base.view(-1, *base.shape[2:])
+    flat.baddbmm_(e.flatten(0, 1).transpose(-1, -2), x.flatten(0, 1))
+    return base
+
+
+class _Linear(torch.autograd.Function):
+    """h w^T: h [B, H, n, in], w [B, H, out, in] -> [B, H, n, out]. Autograd's own backward of
+    `h @ w.transpose(-1, -2)` gives w's gradient as the transpose of h^T g, a view with the
+    strides of [in, out]; every pass over it (the sum of a weight's gradients from its reads,
+    the scaling by the chunk's decay) then runs on strided memory, several times slower than
+    on contiguous. Here it is g^T h, contiguous in w's own layout."""
+
+    @staticmethod
+    def forward(ctx, h, w):
+        ctx.save_for_backward(h, w)
+        return h @ w.transpose(-1, -2)
+
+    @staticmethod
+    def backward(ctx, g):
+        h, w = ctx.saved_tensors
+        return g @ w, g.transpose(-1, -2) @ h
+
+
+def _linear(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return _Linear.apply(h, w)
+
+
+def _dot(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """sum(g * w) over each head's matrix: [B, H, out, in] x 2 -> [B, H, 1, 1]."""
+    return torch.linalg.vecdot(g.flatten(-2), w.flatten(-2))[..., None, None]
 
 
 def _at_start(weights, point) -> Linear:
@@ -178,7 +255,7 @@ def _at_start(weights, point) -> Linear:
     the whole weight, so it scales the product, not a per-token copy)."""
 
     def linear(name: str, h: torch.Tensor) -> torch.Tensor:
-        z = h @ weights[name].transpose(-1, -2)
+        z = _linear(h, weights[name])
         return z if point is None else point * z
 
     return linear
