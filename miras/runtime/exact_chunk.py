@@ -414,9 +414,10 @@ def read(prep: Prepared, r: torch.Tensor, starts_w: torch.Tensor, starts_s: torc
         o = (prep.d * queries) @ starts_w.mT
         if starts_s is not None:
             o = o - (prep.carry * queries) @ starts_s.mT
-        # o -= read_mix r in place of a new tensor
-        o = torch.baddbmm(o.flatten(0, 2), read_mix.flatten(0, 2), r.flatten(0, 2), alpha=-1)
-        return o.unflatten(0, r.shape[:3]).flatten(2, 3)[:, :, : prep.length]
+        # o -= read_mix r in place (o is a product's result: no backward reads it), where a
+        # new [B, H, N, n, Dv] tensor would be one more allocation the kernel must fault in
+        o.view(-1, *o.shape[3:]).baddbmm_(read_mix.flatten(0, 2), r.flatten(0, 2), alpha=-1)
+        return o.flatten(2, 3)[:, :, : prep.length]
     read_mix = mix * (queries @ keys.mT).unsqueeze(3) if read_mix is None else read_mix.unsqueeze(3)
     o = prep.d * (queries @ starts_w.mT) - _mix(read_mix, r)
     if starts_s is not None:
