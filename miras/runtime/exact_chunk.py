@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from miras.ir import ChunkForm
+from miras.runtime.chunk_common import chunk_views
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.unroll import mul_fresh, unroll
 
@@ -40,7 +41,48 @@ def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: Chunk
     """Returns o [B, H, T, Dv] and the final memory state, like `chunk.forward`. `form`: the
     compiled rule's `plan.chunk_form`; it must be "exact". Three steps: `prepare` (everything
     that does not read the state, for all chunks at once), `scan_chunks` (the one sequential
-    pass), `read` (the outputs, for all chunks at once)."""
+    pass), `read` (the outputs, for all chunks at once).
+
+    On the CPU a long sequence runs as segments of whole chunks (`segment_chunks`), one after
+    the other, each from the state the previous one ended in: the same chunks and the same
+    per-chunk products, so the same numbers, but every [B, H, N, nc, .] intermediate is a
+    segment's, a few MiB that stay in cache and that the allocator hands back for the next
+    segment, where whole-sequence ones are fetched from memory and page-faulted in again on
+    every call (docs/benchmarks.md, "The exact form in segments")."""
+    n = min(chunk_size, seq.length)
+    if form.form != "exact":  # refused by `prepare`, with the reason
+        return _forward(rt, seq, state, chunk_size, form)
+    tokens = segment_chunks(seq, n, rt.spec.window.c) * n
+    if seq.length <= tokens:
+        return _forward(rt, seq, state, chunk_size, form)
+    outputs = []
+    for part in chunk_views(seq, tokens):
+        o, state = _forward(rt, part, state, chunk_size, form)
+        outputs.append(o)
+    return torch.cat(outputs, dim=2), state
+
+
+# A segment's [B, H, N, X, nc, nc] matrices hold about this many numbers (2 MiB of fp32), and
+# at least this many chunks. Measured on the development VM (B 2, H 4, d 64, chunk 64, one
+# thread, interleaved medians): 16 chunks per segment ran the T = 8192 forward in 219 ms
+# against 271 unsegmented, 4 chunks in 253 (the ops' fixed costs), 32 in 215.
+SEGMENT_NUMBERS, MIN_SEGMENT_CHUNKS = 1 << 19, 4
+
+
+def segment_chunks(seq: Tokens, n: int, c: int) -> int:
+    """Chunks of n tokens per segment of `forward`: SEGMENT_NUMBERS over one chunk's
+    matrices [B, H, X, nc, nc] (X = Dv for per-channel gates), at least MIN_SEGMENT_CHUNKS.
+    The whole sequence off the CPU, where batches are wide and memory is not faulted in."""
+    if seq.phi_q.device.type != "cpu":
+        return -(-seq.length // n)
+    b, h = seq.phi_q.shape[:2]
+    gates = [*seq.step_gates.values(), *seq.window_gates.values()]
+    x = max((g.shape[-1] for g in gates), default=1)
+    return max(MIN_SEGMENT_CHUNKS, SEGMENT_NUMBERS // (b * h * x * (n * c) ** 2))
+
+
+def _forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm):
+    """`forward` over one segment: prepare, scan, read."""
     prep = prepare(rt, seq, chunk_size, form)
     r, starts_w, starts_s, w, s = scan_chunks(*prep.scan_args(state["W"], state.get("S.W")))
     o = read(prep, r, starts_w, starts_s)
