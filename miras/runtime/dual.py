@@ -136,18 +136,22 @@ def chunk_step(
         )
         for cache, (_, grad_y) in zip(caches, signals, strict=True)
     ]
-    errors = {name: torch.cat([p[name][0] for p in pieces], dim=2) for name in weights}
-    inputs = {name: torch.cat([p[name][1] for p in pieces], dim=2) for name in weights}
-    coeff = mixing.coeff.repeat(1, 1, 1, len(pieces))  # [B, H, n, n c]
+    errors = {name: _rows([p[name][0] for p in pieces]) for name in weights}
+    inputs = {name: _rows([p[name][1] for p in pieces]) for name in weights}
+    coeff = _tiled(mixing.coeff, len(pieces))  # [B, H, n, n c]
     carry = mixing.carry
 
     def read(name: str, h: torch.Tensor) -> torch.Tensor:
         """W_t h_t for the chunk's tokens: h [B, H, n, in] -> [B, H, n, out]."""
+        # Fused where one op does two passes' work: the carry's multiply-subtract, and the
+        # masked product subtracted by the matmul itself (beta 1, alpha -1).
         z = d * _linear(h, weights[name])
         if carry is not None:
-            z = z - carry * _linear(h, momentum[name])
+            z = torch.addcmul(z, carry, _linear(h, momentum[name]), value=-1.0)
         scores = _linear(h, inputs[name]) * coeff  # [B, H, n, n c]
-        return z - scores @ errors[name]
+        e = errors[name]
+        out = torch.baddbmm(z.flatten(0, 1), scores.flatten(0, 1), e.flatten(0, 1), alpha=-1.0)
+        return out.unflatten(0, z.shape[:2])
 
     o, _ = memory.network(names, read, part.phi_q, model.activation)
 
@@ -160,7 +164,7 @@ def chunk_step(
             e = errors[name]
             new[name] = _ChunkEnd.apply(state[name], d[:, :, -1:], e * last, inputs[name])
         return o, new
-    last_s = mixing.to_momentum.repeat(1, 1, len(pieces)).unsqueeze(-1)
+    last_s = _tiled(mixing.to_momentum, len(pieces)).unsqueeze(-1)
     a, c, theta = d[:, :, -1:], carry[:, :, -1:], mixing.theta_prod[:, :, -1:]
     for name in weights:
         e = errors[name]
@@ -248,6 +252,18 @@ def _linear(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def _dot(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """sum(g * w) over each head's matrix: [B, H, out, in] x 2 -> [B, H, 1, 1]."""
     return torch.linalg.vecdot(g.flatten(-2), w.flatten(-2))[..., None, None]
+
+
+def _rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The window's offsets' factors as one [B, H, n c, .]; a window of one (c = 1, most
+    specs) is its only part, not a copy of it."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
+def _tiled(z: torch.Tensor, c: int) -> torch.Tensor:
+    """z [.., n] repeated c times along its last axis, for the window's c row blocks; itself
+    where c = 1."""
+    return z if c == 1 else z.repeat(*[1] * (z.dim() - 1), c)
 
 
 def _at_start(weights, point) -> Linear:
