@@ -62,11 +62,12 @@ def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: Chunk
     return torch.cat(outputs, dim=2), state
 
 
-# A segment's [B, H, N, X, nc, nc] matrices hold about this many numbers (2 MiB of fp32), and
+# A segment's [B, H, N, X, nc, nc] matrices hold about this many numbers (1 MiB of fp32), and
 # at least this many chunks. Measured on the development VM (B 2, H 4, d 64, chunk 64, one
-# thread, interleaved medians): 16 chunks per segment ran the T = 8192 forward in 219 ms
-# against 271 unsegmented, 4 chunks in 253 (the ops' fixed costs), 32 in 215.
-SEGMENT_NUMBERS, MIN_SEGMENT_CHUNKS = 1 << 19, 4
+# thread, CPU time, interleaved medians; docs/benchmarks.md): 8 chunks per segment ran the
+# T = 8192 forward in 148 ms, 16 chunks in 159, the whole sequence in 202; 2 chunks were
+# slower again (the ops' fixed costs), and 8 beat 16 in forward+backward too.
+SEGMENT_NUMBERS, MIN_SEGMENT_CHUNKS = 1 << 18, 4
 
 
 def segment_chunks(seq: Tokens, n: int, c: int) -> int:

@@ -86,10 +86,11 @@ def _tokens(b: int, h: int, x: int, device: str = "cpu"):
 
 
 def test_segment_size_follows_the_chunk_matrices():
-    # B 2, H 4, chunk 64, per head: 2^19 / (8 * 64^2) = 16 chunks (measured the fastest).
-    assert exact_chunk.segment_chunks(_tokens(2, 4, 1), 64, 1) == 16
-    # A window of 2 doubles the rows: a quarter as many chunks.
-    assert exact_chunk.segment_chunks(_tokens(2, 4, 1), 32, 2) == 16
+    # B 2, H 4, chunk 64, per head: 2^18 / (8 * 64^2) = 8 chunks (measured the fastest).
+    assert exact_chunk.segment_chunks(_tokens(2, 4, 1), 64, 1) == 8
+    # Rows, not tokens: chunks of 32 tokens with a window of 2 are as large.
+    assert exact_chunk.segment_chunks(_tokens(2, 4, 1), 32, 2) == 8
+    assert exact_chunk.segment_chunks(_tokens(1, 2, 1), 64, 1) == 32
     # Per-channel systems are Dv times larger: the minimum, not one chunk at a time.
     assert exact_chunk.segment_chunks(_tokens(2, 4, 64), 64, 1) == exact_chunk.MIN_SEGMENT_CHUNKS
     # Off the CPU the whole sequence is one segment.
