@@ -24,7 +24,8 @@ h_t is
 two matmuls against the chunk-start weights and one masked [b, b c] product, layer by layer
 (h_t is the previous layer's output under W_t). The state at the chunk's end is row b - 1 of
 the same sums, as one [out, b c] x [b c, in] matmul. Nothing of size [b, out, in] is built, and
-plain autograd through these ops keeps T / b states plus per-token vectors for the backward.
+autograd through these ops (the reads and the chunk's end state with backwards of their own,
+below) keeps T / b states plus per-token vectors for the backward.
 
 The error and input factors of each weight are the memory component's own
 (`Memory.network`, `Memory.gradient_factors`): its `backward` takes the outer products of the
