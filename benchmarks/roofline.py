@@ -70,7 +70,11 @@ GENERAL_SPEC = {
     "retention": "elastic_net",
 }
 UNPROFILED = ("flops", "bytes", "wall", "matmul", "solve", "elementwise", "overhead")
-MATMULS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm"}
+# In place too (the exact form accumulates into preallocated results with baddbmm_).
+MATMULS = {
+    "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm",
+    "aten::addmm_", "aten::baddbmm_", "aten::addbmm_",
+}  # fmt: skip
 SOLVES = {"aten::linalg_solve_triangular", "aten::triangular_solve"}
 # Ops that only describe memory (views, metadata, allocation): no bytes move.
 MOVES_NOTHING = {

@@ -34,3 +34,21 @@ def test_counts_matmul_solve_and_elementwise_bytes():
     shares = sum(got[k] for k in ("matmul", "solve", "elementwise", "overhead"))
     assert abs(shares - 1.0) < 1e-9  # the overhead is the rest of the profiled wall time
     assert got["matmul"] > 0 and got["solve"] > 0
+
+
+def test_counts_in_place_matmuls():
+    """The exact form accumulates into preallocated results (baddbmm_, addmm_): their FLOPs
+    are counted as matmuls, not as elementwise bytes."""
+    out, b, c = torch.zeros(6, 8, 3), torch.randn(6, 8, 5), torch.randn(6, 5, 3)
+    flat, x, y = torch.zeros(8, 3), torch.randn(8, 5), torch.randn(5, 3)
+
+    def fn(q, k, v, gates):
+        out.baddbmm_(b, c)  # 2 * 6 * 8 * 5 * 3
+        flat.addmm_(x, y)  # 2 * 8 * 5 * 3
+        return out
+
+    call = roofline.Call("toy", "toy", fn, {})
+    qkv = tuple(torch.zeros(1, 1, 1, 1) for _ in range(3))
+    got = roofline.counts(call, qkv, False, torch.ones(1))
+    assert got["flops"] == 2 * 6 * 8 * 5 * 3 + 2 * 8 * 5 * 3
+    assert got["matmul"] > 0
