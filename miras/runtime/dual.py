@@ -175,13 +175,16 @@ def chunk_step(
     return o, new
 
 
-# The chunk's end state, as two autograd functions. Written with plain ops, autograd's backward
-# of `a * W` takes the gate's gradient as `(grad * W).sum()`: a product the size of the weights
-# written and read again, per scaled term (three with momentum), beside the passes that scale
-# the gradient itself; those weight-sized passes were a quarter of a titans layer's time. Here
-# each gate's gradient is one dot product per head (`_dot`: reads both, writes a scalar), the
-# forward scales and adds in place into one fresh tensor, and the backward is written in
-# differentiable ops, so a double backward through the form still works.
+# The chunk's end state, as two autograd functions. Written with plain ops (`a * W`, then
+# `addcmul(.., c, S, value=-1)`, then `baddbmm`), autograd's backward scales the incoming
+# gradient once per op and term (the -1 of the carry's term a pass of its own), takes each
+# gate's gradient as a product and sum over whatever strides the gradient came with, and
+# allocates an output per op; those weight-sized passes were a quarter of a titans layer's
+# time. Here the forward scales and adds in place into one fresh tensor per state, and the
+# backward makes the fewest weight-sized passes the formulas need: one scaling per state's
+# gradient (an addcmul for S's two terms), one `_dot` per gate, the outer products' factors by
+# batched matmuls. It is written in differentiable ops, so a double backward through the form
+# still works.
 
 
 class _ChunkEnd(torch.autograd.Function):
@@ -251,7 +254,9 @@ def _linear(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _dot(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """sum(g * w) over each head's matrix: [B, H, out, in] x 2 -> [B, H, 1, 1]."""
+    """sum(g * w) over each head's matrix: [B, H, out, in] x 2 -> [B, H, 1, 1]. (A batched
+    [1, out in] x [out in, 1] matmul, an 8 x 8 `mm` of all heads' pairs and a loop of
+    `torch.dot` were each as fast or slower here.)"""
     return torch.linalg.vecdot(g.flatten(-2), w.flatten(-2))[..., None, None]
 
 
