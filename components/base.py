@@ -240,6 +240,11 @@ class Retention(Component):
         """True when the step comes from the default, separable strategy (`derive_step`)."""
         return cls.derive_step is Retention.derive_step
 
+    # True when the derived step is exactly W_t = a_t W_{t-1} - u_t, with a_t the gate
+    # `decay_gate` (or 1 without one): what spec validation reads without deriving (n steps
+    # per token, the exact optimizer). The fast forms read the compiler's proof instead
+    # (`miras.compiler.linear_step`), which tests hold this declaration to.
+    linear_step: ClassVar[bool] = False
     # The gate a_t that multiplies W_{t-1}, where the retention has one.
     decay_gate: ClassVar[str | None] = None
 

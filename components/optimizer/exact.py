@@ -64,10 +64,8 @@ class Exact(Optimizer):
         slope, not_quadratic = spec.bias.constant_slope()
         if slope is None:
             problems.append(Problem("bias.kind", f"{why}: {not_quadratic}"))
-        from miras.compiler.retention_derive import linear_decay
-
         retention = spec.retention
-        if linear_decay(retention):
+        if not retention.linear_step:
             problems.append(
                 Problem(
                     "retention.kind",

@@ -73,10 +73,8 @@ class SteppedOptimizer(Optimizer):
                 )
             )
             return problems
-        from miras.compiler.retention_derive import linear_decay
-
         retention = spec.retention
-        if linear_decay(retention):
+        if not retention.linear_step:
             problems.append(
                 Problem(
                     "optimizer.steps",

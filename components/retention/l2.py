@@ -23,6 +23,7 @@ class L2Retention(Retention):
     grad_at: Literal["state", "retained"] = "state"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
     gate_defaults: ClassVar[dict[str, GateDefaults]] = {"decay": DECAY_GATE}
+    linear_step: ClassVar[bool] = True
     decay_gate: ClassVar[str | None] = "decay"
 
     def objective(self) -> sp.Expr:

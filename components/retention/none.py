@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from miras.components.base import Retention
 
@@ -17,6 +17,7 @@ class NoRetention(Retention):
     """
 
     kind: Literal["none"] = "none"
+    linear_step: ClassVar[bool] = True
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + (1/eta) D(W, W_{t-1}) with D = 1/2 ||W - W_{t-1}||^2, no G."""

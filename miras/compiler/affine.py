@@ -133,7 +133,7 @@ def _form(spec: SpecParts, bias: BiasRule | None, step: LinearStep | None) -> Ch
         return _start(f"the {memory.kind} memory's prediction is not linear in its weights")
     retention = spec.retention
     optimizer = spec.optimizer
-    if step is None and retention_decay(retention, _retention_rule(spec))[0] is None:
+    if step is None and retention_decay(spec, _retention_rule(spec))[0] is None:
         return _start(
             f"the {retention.kind} retention's step is not one the exact form solves (none or "
             "l2: W_t = a_t W_(t-1) - u_t)"

@@ -75,11 +75,9 @@ class StepParts(Protocol):
     def optimizer(self) -> StepOptimizer: ...
 
 
-def retention_decay(
-    kept: StepRetention, retention: RetentionRule
-) -> tuple[Coefficient | None, str]:
-    """(a_t, "") where the retention component `kept`, with its derived step `retention`, has
-    the step W_t = a_t W_{t-1} - u_t; else (None, why not)."""
+def retention_decay(spec: StepParts, retention: RetentionRule) -> tuple[Coefficient | None, str]:
+    """(a_t, "") where the retention's step is W_t = a_t W_{t-1} - u_t, else (None, why not)."""
+    kept = spec.retention
     not_read = _reads_state_as_is(kept)
     if not_read:
         return None, not_read
@@ -98,7 +96,7 @@ def retention_decay(
 
 def derive_linear_step(spec: StepParts, retention: RetentionRule) -> tuple[LinearStep | None, str]:
     """(the record, "") where the composed step is linear, else (None, why not)."""
-    decay, why = retention_decay(spec.retention, retention)
+    decay, why = retention_decay(spec, retention)
     if decay is None:
         return None, why
     return linear_update(spec, decay)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import sympy as sp
 
 from miras.compiler.describe import latex_block, latex_math, latex_text
-from miras.compiler.linear_step import retention_decay
 from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.retention_emit import fixed_values, retention_source
 from miras.compiler.retention_solve import equations
@@ -137,25 +136,6 @@ def check_derivable(retention: Retention) -> None:
             _DERIVABLE[key] = str(err)
     if _DERIVABLE[key] is not None:
         raise ValueError(_DERIVABLE[key])
-
-
-# (retention class, its fields as JSON) -> linear_decay's answer.
-_LINEAR: dict[tuple[type, str], str] = {}
-
-
-def linear_decay(retention: Retention) -> str:
-    """ "" where `retention`'s derived step is W_t = a_t W_{t-1} - u_t (the compiler's proof,
-    `miras.compiler.linear_step.retention_decay`), else why not: what validation asks of a
-    retention under n steps per token and the exact minimizer, proved here (cached) instead of
-    declared by the retention."""
-    key = (type(retention), retention.model_dump_json())
-    if key not in _LINEAR:
-        try:
-            decay, why = retention_decay(retention, derive_retention(retention))
-        except DerivationError as err:
-            decay, why = None, str(err)
-        _LINEAR[key] = "" if decay is not None else why
-    return _LINEAR[key]
 
 
 def _screen(retention: Retention) -> None:

@@ -28,6 +28,7 @@ class HandSolvedRetention(Retention):
     decay: gate_or(UNIT) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
     decay_gate: ClassVar[str | None] = "decay"
+    linear_step: ClassVar[bool] = True
 
     def objective(self):
         from miras.symbols import alpha, eta, u, w, w0
