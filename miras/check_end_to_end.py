@@ -295,7 +295,8 @@ def oracle(rule: Rule, q, k, v, gates) -> Trace:
                 y = rt.memory.forward(point, phi_k[:, :, i])  # [B, H, Dv]
                 bias_args = [gates_[n][:, :, i] for n in spec.bias.gates()]
                 term = rule.functions.bias_loss(y, v_[:, :, i], *bias_args)  # [B, H, 1]
-                loss = loss + (_gate_at(spec.window, "gamma", gates_, i) * term).sum()
+                weight = _gate_at(spec.window, spec.window.weight_gate, gates_, i)
+                loss = loss + (weight * term).sum()
             grads = torch.autograd.grad(loss, [point[n] for n in names], allow_unused=True)
         grads = {
             n: torch.zeros_like(point[n]) if g is None else g
@@ -309,7 +310,7 @@ def oracle(rule: Rule, q, k, v, gates) -> Trace:
         if rule.plan.implicit_step is not None:
             bias_args = [gates_[n][:, :, t] for n in spec.bias.gates()]
             lr = values[rule.plan.implicit_step.gate]
-            gamma = _gate_at(spec.window, "gamma", gates_, t)  # c = 1: the token's own weight
+            gamma = _gate_at(spec.window, spec.window.weight_gate, gates_, t)  # c = 1: its weight
             x, target = phi_k[:, :, t], v_[:, :, t]
             updates = proximal_update(rule, weights, x, target, bias_args, lr, gamma)
         for n, g in grads.items() if not updates else ():

@@ -43,10 +43,10 @@ def oracle(rule: Rule, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor]:
             y = (w @ phi_k[:, :, i].unsqueeze(-1)).squeeze(-1)  # [B, H, Dv]
             bias_args = [gates_[n][:, :, i] for n in spec.bias.gates()]
             term = rule.functions.bias_loss(y, v_[:, :, i], *bias_args)  # [B, H, 1]
-            gamma = _fixed_or_gate(spec.window, "gamma", gates_, i, phi_k[:, :, i])
+            gamma = _fixed_or_gate(spec.window, spec.window.weight_gate, gates_, i, phi_k[:, :, i])
             total = total + (weight * gamma * term).sum()
             weight = weight * _fixed_or_gate(spec.retention, decay_name, gates_, i, phi_k[:, :, i])
-        ridge = _fixed_or_gate(spec.optimizer, "ridge", gates_, t, phi_k[:, :, t])
+        ridge = _fixed_or_gate(spec.optimizer, spec.optimizer.ridge_gate, gates_, t, phi_k[:, :, t])
         ridge = ridge.expand(b, h, d_phi).unsqueeze(-2)  # [B, H, 1, Dphi]: one per column
         return total + 0.5 * (ridge * w**2).sum()
 
@@ -77,7 +77,8 @@ def check_minimizer_end_to_end(rule: Rule, *, seed: int = 0) -> list[CheckResult
     q, k, v, gates = random_inputs(rule, sizes, seed)
     expected_o, expected_w = oracle(rule, q, k, v, gates)
     _, phi_k, _, gates_ = heads_first(rule, q, k, v, gates)
-    last = _fixed_or_gate(rule.spec.optimizer, "ridge", gates_, sizes.length - 1, phi_k[:, :, -1])
+    opt = rule.spec.optimizer
+    last = _fixed_or_gate(opt, opt.ridge_gate, gates_, sizes.length - 1, phi_k[:, :, -1])
     ridge = last.expand(*phi_k.shape[:2], phi_k.shape[-1])
     what = (
         f"end-to-end {{}} (chunk size {{}}) vs the autograd argmin: T={sizes.length}, "

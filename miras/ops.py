@@ -867,17 +867,20 @@ def chunk_mesa_net(
     decay_gate = rule.spec.retention.decay_gate
     decay = _decay_of("g", g, infos[decay_gate].allowed, q.dtype)
     _check_fla_range("g", "exp(g)", decay, infos[decay_gate].allowed, "the decay gate", q.dtype)
-    _check_fla_range("beta", "values", beta, infos["gamma"].allowed, "each token's weight", q.dtype)
+    weight_gate, ridge_gate = rule.spec.window.weight_gate, rule.spec.optimizer.ridge_gate
+    _check_fla_range(
+        "beta", "values", beta, infos[weight_gate].allowed, "each token's weight", q.dtype
+    )
     heads, d_key = q.shape[2], q.shape[3]
     if not isinstance(lamb, torch.Tensor) or tuple(lamb.shape) != (heads, d_key):
         shape = list(lamb.shape) if isinstance(lamb, torch.Tensor) else type(lamb).__name__
         raise ValueError(f"lamb: expected a tensor [H, K] = [{heads}, {d_key}], got {shape}")
-    ridge = infos["ridge"].allowed
+    ridge = infos[ridge_gate].allowed
     _check_fla_range("lamb", "values", lamb, ridge, "the ridge on diag(h_kk)", q.dtype)
     gates = {
         decay_gate: decay.to(q.dtype),
-        "gamma": beta.to(q.dtype),
-        "ridge": lamb.to(q.dtype).expand(*q.shape),  # [B, T, H, K]: per key channel
+        weight_gate: beta.to(q.dtype),
+        ridge_gate: lamb.to(q.dtype).expand(*q.shape),  # [B, T, H, K]: per key channel
     }
     initial = None
     if h_kk_init is not None or h_kv_init is not None:

@@ -121,6 +121,9 @@ class Window(BaseModel):
     # As a component declares its gates' (`Component.gate_defaults`): gamma starts at 1 in a
     # layer, and the probes hold it at 1.
     gate_defaults: ClassVar[dict[str, GateDefaults]] = {"gamma": GateDefaults(probe_values=(1.0,))}
+    # The name of the window's one gate, gamma_i (each term's weight): what the forms, the
+    # checks and the kernels read it by.
+    weight_gate: ClassVar[str] = "gamma"
 
     @model_validator(mode="before")
     @classmethod
@@ -139,7 +142,7 @@ class Window(BaseModel):
         return self.c == "global"
 
     def gates(self) -> list[str]:
-        return ["gamma"] if self.gamma == "gate" else []
+        return [self.weight_gate] if self.gamma == "gate" else []
 
 
 class ModelConfig(BaseModel):
@@ -293,7 +296,8 @@ def parameter_names_are_unique(spec: Spec) -> list[Problem]:
         for name in dict.fromkeys([*comp.gateable, *params]):
             path = f"{field}.params.{name}" if name in params else f"{field}.{name}"
             owners.setdefault(name, []).append(path)
-    owners.setdefault("gamma", []).append("window.gamma")
+    weight = spec.window.weight_gate
+    owners.setdefault(weight, []).append(f"window.{weight}")
     problems = []
     for name, paths in owners.items():
         custom = [p for p in paths if ".params." in p]

@@ -19,6 +19,8 @@ class Exact(Optimizer):
     """
 
     kind: Literal["exact"] = "exact"
+    # The name of the ridge gate, lambda_t: what the minimizer form and its check read it by.
+    ridge_gate: ClassVar[str] = "ridge"
     # lambda_t, the ridge on each key feature j: MesaNet's lamb, one per head and key channel,
     # here a gate [B, T, H] or [B, T, H, Dphi] (per token, as the solve is per token) or a
     # fixed positive number.

@@ -44,6 +44,9 @@ RESERVED = frozenset(
     | {"sign", "tanh", "cosh", "sinh", "asinh", "softplus", "soft_threshold"}
 )
 
+# The templates' variable for the window's weight gamma_i (its gate `Window.weight_gate`).
+WEIGHT_VARIABLE = "g_gamma"
+
 # The value of padded state entries, inside each retention domain.
 PAD = {"real": 0.0, "positive": 1.0, "unit_interval": 0.5}
 
@@ -345,10 +348,11 @@ def _optimizer_slots(opt: OptimizerStep, gates: Gates) -> Slots:
     token_gates = [
         n for n in gates.step if any(n == g for c in coefficients.values() for _, g in c.gates)
     ]
-    clash = {"gamma"} & set(token_gates)
+    clash = [n for n in token_gates if f"g_{n}" == WEIGHT_VARIABLE]
     if clash:
         raise UnsupportedExpression(
-            f"optimizer gate names {sorted(clash)} (the kernels' window gate)"
+            f"optimizer gate names {clash} (the kernels' variable {WEIGHT_VARIABLE}, the window's "
+            "weight)"
         )
     load = [
         f"g_{n} = tl.load(g_{n}_ptr + (pid * T + t) * g_{n}_rs + cv * g_{n}_sc, mask=mv, "
@@ -456,10 +460,11 @@ def _slots(spec: Spec, gates: Gates, opt: OptimizerStep) -> Slots:
     else:
         scale = [f"scale = {literal(opt.scale)}"]
     window = [_rows_load(n, "wi", "NR", "1.0") for n in gates.bias]
+    weight = spec.window.weight_gate  # gamma_i, the templates' g_gamma
     window += (
-        [_rows_load("gamma", "wi", "NR", "1.0")]
-        if "gamma" in gates.window
-        else [f"g_gamma = {literal('gamma')}"]
+        [_rows_load(weight, "wi", "NR", "1.0", WEIGHT_VARIABLE)]
+        if weight in gates.window
+        else [f"{WEIGHT_VARIABLE} = {literal(weight)}"]
     )
     optimizer = _optimizer_slots(opt, gates)
     token = [
@@ -516,8 +521,8 @@ def _slots(spec: Spec, gates: Gates, opt: OptimizerStep) -> Slots:
             f"zero_block(g_{n}_grad + pid * NR * DV, NR, DV, cv, mv, BT)" for n in gates.window
         ],
         "add_gamma_grad": (
-            ["add_rows(g_gamma_grad + pid * NR * DV, wi, mt, cv, mv, DV, dg * bg)"]
-            if "gamma" in gates.window
+            [f"add_rows(g_{weight}_grad + pid * NR * DV, wi, mt, cv, mv, DV, dg * bg)"]
+            if weight in gates.window
             else []
         ),
         "add_bias_grads": [

@@ -41,7 +41,8 @@ def gate_plan(spec: Spec) -> Gates:
     opt = spec.optimizer
     step, _ = linear_update(spec)
     read = step.gate_names("optimizer") if step is not None else ()
-    scalars = {"gamma": spec.window.gamma}
+    weight = spec.window.weight_gate  # gamma_i, read at the window's rows
+    scalars = {weight: spec.window.gamma}
     scalars |= {name: getattr(opt, name) for name in opt.gateable if name in read}
     if opt.implicit:
         # An implicit step's step size reaches the kernels as eta_t, per token (computed in
@@ -53,7 +54,7 @@ def gate_plan(spec: Spec) -> Gates:
     fixed = {name: float(value) for name, value in scalars.items() if value != "gate"}
     bias = tuple(spec.bias.gates())
     retention = tuple(spec.retention.gates())
-    window = bias + (("gamma",) if spec.window.gamma == "gate" else ())
+    window = bias + tuple(spec.window.gates())
     optimizer = tuple(n for n in opt.gateable if n in read and n not in fixed)
     return Gates(window, optimizer + retention, bias, retention, fixed)
 

@@ -196,7 +196,8 @@ def recall_errors(
     _, state = rule(seq_q, seq_k, seq_v, gates, backend="recurrent", output_final_state=True)
     state = {"W": state} if isinstance(state, torch.Tensor) else state
     if rule.plan.chunk_form.form == "minimizer":  # statistics: W solves the normal equations
-        ridge = gates["ridge"][:, -1, :, None] if "ridge" in gates else rule.spec.optimizer.ridge
+        name = rule.spec.optimizer.ridge_gate
+        ridge = gates[name][:, -1, :, None] if name in gates else rule.spec.optimizer.ridge
         ridge = torch.as_tensor(ridge, dtype=k.dtype)
         state = {"W": exact_minimizer.weights(rule.plan.chunk_form, state, ridge)}
     read_k = episode.read_k[:, None].expand(b, h, *episode.read_k.shape[1:])  # [B, H, M, d_k]

@@ -94,7 +94,7 @@ def per_channel_gates(program: Program) -> set[str]:
     bias_gates = set(program.spec.bias.gates())
     gates = set(bias_gates) if program.bias.elementwise else set()
     if program.spec.memory.linear:
-        gates |= set(program.gates) - {"gamma"} - bias_gates
+        gates |= set(program.gates) - {program.spec.window.weight_gate} - bias_gates
     return gates
 
 

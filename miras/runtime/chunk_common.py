@@ -21,7 +21,9 @@ def window_gradients(rt: Runtime, predict, seq: Tokens, start: int, end: int):
         y = predict(x)
         bias_args = [seq.window_gates[n][:, :, idx] for n in rt.bias_gates]
         grad_y = rt.functions.bias_grad(y, seq.v[:, :, idx], *bias_args)
-        grad_y = grad_y * rt.scalar(rt.spec.window, "gamma", seq.window_gates, idx)
+        grad_y = grad_y * rt.scalar(
+            rt.spec.window, rt.spec.window.weight_gate, seq.window_gates, idx
+        )
         if seq.past:  # only the window reaches tokens that may not exist: selected away
             grad_y = torch.where(seq.valid[:, :, idx] > 0, grad_y, 0.0)
         out.append((x, grad_y))

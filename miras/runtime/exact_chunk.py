@@ -595,7 +595,7 @@ def _signals(rt: Runtime, form: ChunkForm, seq: Tokens):
         zero = v.new_zeros(*v.shape[:-1], width)
         slope = grad(zero + 1, zero, *args) - grad(zero, zero, *args)
     if rt.spec.window.gamma == "gate":
-        gamma = seq.window_gates["gamma"]
+        gamma = seq.window_gates[rt.spec.window.weight_gate]
         slope, offset = slope * gamma, offset * gamma
     elif float(rt.spec.window.gamma) != 1.0:
         gamma = float(rt.spec.window.gamma)

@@ -101,7 +101,7 @@ def inputs(rt: Runtime, phi_k, v, gates) -> tuple[torch.Tensor, torch.Tensor, to
     """(log a [B, H, T], gamma [B, H, T], r = -dL/dy(0, v) [B, H, T, Dv])."""
     spec = rt.spec
     decay = _per_token(spec.retention, spec.retention.decay_gate, gates, phi_k)[..., 0]
-    gamma = _per_token(spec.window, "gamma", gates, phi_k)[..., 0]
+    gamma = _per_token(spec.window, spec.window.weight_gate, gates, phi_k)[..., 0]
     bias_args = [gates[n] for n in rt.bias_gates]
     r = -rt.functions.bias_grad(torch.zeros_like(v), v, *bias_args)
     return decay.log(), gamma, r
@@ -109,11 +109,12 @@ def inputs(rt: Runtime, phi_k, v, gates) -> tuple[torch.Tensor, torch.Tensor, to
 
 def ridge_of(rt: Runtime, gates, phi_q: torch.Tensor) -> torch.Tensor:
     """The ridge lambda_t [B, H, T, Dphi] (a per-head gate or a fixed value broadcast)."""
-    ridge = _per_token(rt.spec.optimizer, "ridge", gates, phi_q)
+    name = rt.spec.optimizer.ridge_gate
+    ridge = _per_token(rt.spec.optimizer, name, gates, phi_q)
     d_phi = phi_q.shape[-1]
     if ridge.shape[-1] not in (1, d_phi):
         raise ValueError(
-            f"gates['ridge']: per key channel it must have Dphi = {d_phi} entries, the feature "
+            f"gates[{name!r}]: per key channel it must have Dphi = {d_phi} entries, the feature "
             f"map's width, got {ridge.shape[-1]}; pass it per head [B, T, H] instead"
         )
     return ridge.expand(*phi_q.shape)

@@ -30,7 +30,8 @@ def prepare(rt: Runtime, seq: Tokens, step: ImplicitStep) -> tuple[Runtime, Toke
     keys = seq.phi_k[:, :, tokens]  # [B, H, T, Dphi]
     lr = gate_values(opt, step.gate, seq.step_gates, slice(None), keys)  # [B, H, T, X]
     # The token's loss enters the objective weighted by the window's gamma_t (c = 1).
-    gamma = gate_values(rt.spec.window, "gamma", seq.window_gates, tokens, keys)  # [B, H, T, 1]
+    window = rt.spec.window
+    gamma = gate_values(window, window.weight_gate, seq.window_gates, tokens, keys)  # [B, H, T, 1]
     curvature = step.slope * gamma * (keys * keys).sum(-1, keepdim=True)  # [B, H, T, 1]
     eta = opt.step_size(lr, curvature)
     gates = {**seq.step_gates, step.gate: eta}

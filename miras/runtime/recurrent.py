@@ -29,7 +29,7 @@ def gradient(rt: Runtime, weights, seq: Tokens, t: int) -> dict[str, torch.Tenso
         y = rt.memory.forward(weights, x)
         bias_args = [seq.window_gates[n][:, :, i] for n in rt.bias_gates]
         grad_y = rt.functions.bias_grad(y, seq.v[:, :, i], *bias_args)
-        grad_y = grad_y * rt.scalar(rt.spec.window, "gamma", seq.window_gates, i)
+        grad_y = grad_y * rt.scalar(rt.spec.window, rt.spec.window.weight_gate, seq.window_gates, i)
         # Select, not multiply: a slot before the first token (valid = 0) must not pass a NaN.
         grad_y = torch.where(seq.valid[:, :, i] > 0, grad_y, 0.0)
         grads = rt.memory.backward(weights, x, grad_y)
