@@ -1,6 +1,6 @@
 """Compile-only checks of the Triton kernels for a GPU, on a machine without one.
 
-    rows = compile_report(spec, "sm_90", d=128, chunk_size=64, shape=(B, T, H))
+    rows = compile_report(spec, "sm_90", d=128, shape=(B, T, H))   # the spec's default chunk
     problems = over_limits(rows)          # [] when every kernel fits the target
 
 Triton's front end and the `ptxas` its wheel ships run without a device: every kernel a spec
@@ -161,16 +161,30 @@ def _text(meta: dict) -> tuple[tuple[str, object], ...]:
     return tuple(out)
 
 
+def default_chunk(spec) -> int:
+    """The chunk size a layer of `spec` runs its kernels at when none is given
+    (`exact_chunk.default_chunk_size`): 64 // window.c where the rule has the exact form (a
+    chunk then solves 64 rows, and the scan's tiles are [64, .] whatever c is), 16 otherwise."""
+    from miras.compiler.pipeline import compile_ir
+    from miras.runtime.exact_chunk import default_chunk_size
+    from miras.spec import load_spec
+
+    spec = load_spec(spec)
+    form = compile_ir(spec).plan.chunk_form.form
+    return default_chunk_size("exact" if form == "exact" else "start", spec.window.c)
+
+
 def jobs(
     spec,
     d: int,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     shape: tuple[int, int, int] = (1, 2048, 8),
     precision: str = "ieee",
 ):
-    """Every kernel `spec` runs on at head width d (Dk = Dv = d) and this chunk size, in every
-    form it covers, with every autotune config, under tl.dot's input `precision` (ieee, tf32,
-    tf32x3): [Job]. Raises ValueError when the Triton kernels do not cover the spec."""
+    """Every kernel `spec` runs on at head width d (Dk = Dv = d) and this chunk size (None: the
+    spec's default, `default_chunk`), in every form it covers, with every autotune config, under
+    tl.dot's input `precision` (ieee, tf32, tf32x3): [Job]. Raises ValueError when the Triton
+    kernels do not cover the spec."""
     import torch
     import triton.language as tl
 
@@ -182,6 +196,8 @@ def jobs(
     spec = load_spec(spec)
     source = kernel_source(spec)  # raises when not covered
     compiled = compile_ir(spec)
+    if chunk_size is None:
+        chunk_size = default_chunk(spec)
     module = load_kernels(compiled)
     batch, length, heads = shape
     plan = gate_plan(spec)
@@ -445,13 +461,14 @@ def compile_report(
     spec,
     target: str,
     d: int = 128,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     shape=(1, 2048, 8),
     cache_dir=None,
     precision: str = "ieee",
 ) -> list[Row]:
-    """Every kernel of `spec` compiled for `target` at head width d under tl.dot's input
-    `precision`: one Row per kernel and autotune config."""
+    """Every kernel of `spec` compiled for `target` at head width d and chunk size (None: the
+    spec's default, `default_chunk`) under tl.dot's input `precision`: one Row per kernel and
+    autotune config."""
     found = check_target(target)
     check_width(d)
     return compile_jobs(jobs(spec, d, chunk_size, shape, precision), found, cache_dir)

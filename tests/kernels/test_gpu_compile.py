@@ -111,6 +111,22 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
     assert len(found) == 8 * len(tuning.CHUNK)
 
 
+def test_the_default_chunk_is_the_layers():
+    """Without a chunk size the jobs take the one a layer of the spec runs at: 64 // c with
+    the exact form, so omeganet's window of 4 gives chunk 16 and a scan of 64 rows (at chunk 64
+    it would compile [256, .] tiles no launch uses), and swla's window of 8 chunk 8 (a 16-row
+    tile, tl.dot's least)."""
+    omega = load_spec(ROOT / "specs" / "omeganet.yaml")
+    assert gpu_compile.default_chunk(omega) == 16
+    meta = {(j.kernel, j.variant): dict(j.constexprs) for j in gpu_compile.jobs(omega, d=64)}
+    assert meta[("exact_scan_forward", "per head")]["BR"] == 64
+    assert meta[("general_forward", "")]["BT"] == 16
+    wide = {j.kernel: dict(j.constexprs) for j in gpu_compile.jobs(omega, d=64, chunk_size=64)}
+    assert wide["exact_scan_forward"]["BR"] == 256
+    assert gpu_compile.default_chunk(ROOT / "specs" / "swla.yaml") == 8
+    assert gpu_compile.default_chunk(ROOT / "specs" / "gated_deltanet.yaml") == 64
+
+
 def test_a_bias_with_channel_sums_above_64_channels_has_no_linear_jobs():
     """The launcher runs such a spec on the general kernels there; nothing else is compiled."""
     spec = load_spec({"name": "cauchy", "bias": {"kind": "custom", "loss": "log(1 + sum(e**2))"}})
