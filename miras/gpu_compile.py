@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -312,57 +313,115 @@ def _row(job: Job, target: Target, found: dict) -> Row:
 
 def compile_jobs(jobs: list[Job], target: Target, cache_dir: Path | None = None) -> list[Row]:
     """Compile every job for `target` (cached in this process and under `cache_dir`)."""
-    todo: dict[str, Job] = {}
-    for job in jobs:
+    return start_compiles([(job, target) for job in jobs], cache_dir).rows()
+
+
+def start_compiles(
+    pairs: list[tuple[Job, Target]], cache_dir: Path | None = None, nice: int = 0
+) -> Compiles:
+    """Start compiling each (job, target) pair not cached yet, in one child process (`nice`
+    added to its niceness), and return at once: `rows()` of the result waits for the child. A
+    caller may do other work meanwhile (the test suite starts its compile checks at collection,
+    so ptxas runs on a core the other tests leave idle)."""
+    todo: list[tuple[str, Job, Target]] = []
+    for job, target in pairs:
         key = job.key(target)
-        if key in _DONE or key in todo:
+        if key in _DONE or any(key == k for k, _, _ in todo):
             continue
-        cached = cache_dir / f"{key}.json" if cache_dir else None
-        if cached is not None and cached.exists():
-            _DONE[key] = _row(job, target, json.loads(cached.read_text()))
+        found = _cached(cache_dir / f"{key}.json") if cache_dir else None
+        if found is not None:
+            _DONE[key] = _row(job, target, found)
             continue
-        todo[key] = job
-    if todo:
-        if cache_dir is not None:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-        # The worker writes each result to the cache as it finishes (a batch of d = 256 kernels
-        # takes many minutes; an interrupted run keeps what it compiled).
-        payload = [
-            dict(
-                asdict(job),
-                capability=target.capability,
-                cache_file=str(cache_dir / f"{key}.json") if cache_dir is not None else None,
-            )
-            for key, job in todo.items()
-        ]
-        found = _run_worker(payload)
-        for (key, job), result in zip(todo.items(), found, strict=True):
-            _DONE[key] = _row(job, target, result)
-    rows = []
-    for job in jobs:
-        done = _DONE[job.key(target)]
-        # The same compiled kernel, with this job's own grid and config index.
-        rows.append(_row(job, target, {f: getattr(done, f) for f in _FOUND}))
-    return rows
+        todo.append((key, job, target))
+    compiles = Compiles(pairs, todo)
+    if not todo:
+        return compiles
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    # The worker writes each result to the cache as it finishes (a batch of d = 256 kernels
+    # takes many minutes; an interrupted run keeps what it compiled).
+    payload = [
+        dict(
+            asdict(job),
+            capability=target.capability,
+            cache_file=str(cache_dir / f"{key}.json") if cache_dir is not None else None,
+        )
+        for key, job, target in todo
+    ]
+    # Jobs in a file and the child's output to files, not pipes: a pipe nobody reads while
+    # the child runs for minutes would fill and stall it.
+    compiles.files = Path(tempfile.mkdtemp(prefix="miras-gpu-compile-jobs-"))
+    (compiles.files / "jobs.json").write_text(json.dumps(payload, default=str))
+    # Always a child process: one that does not interpret, with a fresh Triton cache.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    with (
+        open(compiles.files / "stdout", "w") as out,
+        open(compiles.files / "stderr", "w") as err,
+    ):
+        compiles.process = subprocess.Popen(
+            [sys.executable, "-m", "miras.gpu_compile", str(compiles.files / "jobs.json")],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=env,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        )
+    return compiles
+
+
+def _cached(path: Path) -> dict | None:
+    """A compile's result from the disk cache, or None. An entry without ptxas's counts (-1:
+    written before the worker forced every compile, from a Triton cache hit) is compiled
+    again."""
+    if not path.exists():
+        return None
+    found = json.loads(path.read_text())
+    return found if min(found["registers"], found["spills"], found["stack"]) >= 0 else None
+
+
+@dataclass
+class Compiles:
+    """Compiles under way in a child process (`start_compiles`)."""
+
+    pairs: list[tuple[Job, Target]]
+    todo: list[tuple[str, Job, Target]]  # (cache key, job, target) the child compiles
+    process: subprocess.Popen | None = None
+    files: Path | None = None  # the child's jobs and output
+
+    def rows(self) -> list[Row]:
+        """One Row per pair, in order, once the child is done (raises if it failed)."""
+        if self.process is not None:
+            code = self.process.wait()
+            out = (self.files / "stdout").read_text()
+            err = (self.files / "stderr").read_text()
+            self._clean()
+            if code != 0:
+                raise RuntimeError(f"gpu_compile worker failed:\n{err[-4000:]}")
+            found = json.loads(out.splitlines()[-1])
+            for (key, job, target), result in zip(self.todo, found, strict=True):
+                _DONE[key] = _row(job, target, result)
+        rows = []
+        for job, target in self.pairs:
+            done = _DONE[job.key(target)]
+            # The same compiled kernel, with this job's own grid and config index.
+            rows.append(_row(job, target, {f: getattr(done, f) for f in _FOUND}))
+        return rows
+
+    def cancel(self) -> None:
+        """Stop the child if it still runs (what it compiled stays in the disk cache)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._clean()
+
+    def _clean(self) -> None:
+        self.process = None
+        if self.files is not None:
+            shutil.rmtree(self.files, ignore_errors=True)
+            self.files = None
 
 
 _FOUND = ("registers", "spills", "stack", "shared", "error")
-
-
-def _run_worker(payload: list[dict]) -> list[dict]:
-    # Always a child process: one that does not interpret, with a fresh Triton cache.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-m", "miras.gpu_compile"],
-        input=json.dumps(payload, default=str),
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"gpu_compile worker failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
 
 
 def _load(module: str):
@@ -430,21 +489,28 @@ def _compile_one(job: dict) -> dict:
         found = re.search(pattern, text)
         return int(found.group(1)) if found else -1
 
-    return dict(
+    found = dict(
         registers=number(r"Used (\d+) registers"),
         spills=number(r"(\d+) bytes spill stores"),
         stack=number(r"(\d+) bytes stack frame"),
         shared=int(compiled.metadata.shared),
         error="",
     )
+    if min(found["registers"], found["spills"], found["stack"]) < 0:  # never a silent pass
+        found["error"] = f"ptxas printed no register, spill or stack count: {text[-500:]!r}"
+    return found
 
 
-def _worker() -> None:
-    """Read jobs (JSON) on stdin, compile each, print the results (JSON) as the last line."""
-    payload = json.loads(sys.stdin.read())
+def _worker(jobs_file: str) -> None:
+    """Read jobs (JSON) from the file, compile each, print the results (JSON) as the last
+    line."""
+    payload = json.loads(Path(jobs_file).read_text())
     with tempfile.TemporaryDirectory(prefix="miras-gpu-compile-") as tmp:
-        # A fresh Triton cache: a cache hit skips ptxas, whose log holds registers and spills.
+        # A fresh Triton cache, and every kernel compiled even so: a cache hit skips ptxas,
+        # whose log holds registers and spills, and two specs' modules may hold the same
+        # kernel function (one bias, two retentions), which Triton keys by its own source.
         os.environ["TRITON_CACHE_DIR"] = tmp
+        os.environ["TRITON_ALWAYS_COMPILE"] = "1"
         os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
         results = []
         for job in payload:
@@ -541,4 +607,4 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 
 if __name__ == "__main__":
-    _worker()
+    _worker(sys.argv[1])

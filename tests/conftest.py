@@ -41,6 +41,25 @@ for _folder in sorted(_TESTS.iterdir()):
         sys.path.append(str(_folder))
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The compile-only check of every covered spec runs last, so its ptxas work, started when
+    collection ends (below), has the whole run to finish on the core the tests leave idle."""
+    support = sys.modules.get("gpu_compile_support")
+    if support is not None:
+        items.sort(key=lambda item: getattr(item, "originalname", None) == support.EARLY_TEST)
+
+
+def pytest_collection_finish(session):
+    """When the run includes the compile-only check of every covered spec, start its ptxas
+    work now, in a child process (tests/kernels/gpu_compile_support.py, which the check's
+    module imports: a run that did not collect it pays nothing here)."""
+    support = sys.modules.get("gpu_compile_support")
+    if support is not None and any(
+        getattr(item, "originalname", None) == support.EARLY_TEST for item in session.items
+    ):
+        support.start_early(session.config)
+
+
 def pytest_unconfigure(config):
     if _USER_CACHE is None:
         os.environ.pop("MIRAS_CACHE_DIR", None)

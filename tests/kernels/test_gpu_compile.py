@@ -3,45 +3,41 @@ compiled for sm_80 and sm_90 by Triton and the ptxas its wheel ships (no GPU), w
 launcher's block sizes and each autotune config; and, under the interpreter, every autotune
 config giving the same results.
 
-ptxas takes from seconds (a small scan) to minutes (a d = 128 backward) per kernel, so the
-default run compiles one small kernel on both targets and checks that the jobs are the
-launcher's; the whole matrix (every covered spec x form x config x d in {64, 128, 256} x
-{sm_80, sm_90}) is one `slow` test that runs only with MIRAS_COMPILE_MATRIX=1 (hours from a cold
-cache, beyond make test's budget), cached on disk under pytest's cache directory by kernel
-source, constexprs, config and target, so a rerun compiles only what changed.
+ptxas takes seconds a kernel at d = 64 and chunk 16 and minutes at d = 128 and chunk 64, so the
+default run compiles every kernel of every covered spec at the small size, first config, on
+both targets (started at collection, gpu_compile_support.py), one d = 128 kernel under TF32,
+and checks that the jobs are the launcher's; the whole matrix (every covered spec x form x
+config x d in {64, 128, 256} x {sm_80, sm_90}) is one `slow` test that runs only with
+MIRAS_COMPILE_MATRIX=1 (hours from a cold cache, beyond make test's budget), cached on disk
+under pytest's cache directory by kernel source, constexprs, config and target, so a rerun
+compiles only what changed.
 """
 
-import glob
+import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import triton
+from gpu_compile_support import COVERED, EARLY, EARLY_TEST, HAS_PTXAS, PTXAS, cache_dir, small_pairs
 from helpers import random_inputs
 
 import miras
 from miras import gpu_compile
 from miras.compiler.pipeline import compile_ir
-from miras.compiler.triton_kernels import unsupported_reason
 from miras.kernels.common import tuning
 from miras.runtime import triton_backend
 from miras.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 needs_ptxas = pytest.mark.skipif(
-    not (sys.platform == "linux" and PTXAS.exists()),
+    not HAS_PTXAS,
     reason=f"the triton wheel's ptxas is absent ({PTXAS}): Triton ships it for Linux x86-64",
 )
-COVERED = [
-    p for p in sorted(glob.glob(str(ROOT / "specs" / "*.yaml"))) if not unsupported_reason(load_spec(p))
-]  # fmt: skip
 
 
 def _cache(pytestconfig) -> Path:
-    return pytestconfig.cache.mkdir("gpu_compile")
+    return cache_dir(pytestconfig)
 
 
 # Arguments ------------------------------------------------------------------------------------
@@ -164,26 +160,57 @@ def test_limits_flag_errors_shared_memory_and_spills():
     assert "does not compile: CompilationError: boom" in error
 
 
+def test_cached_results_are_read_and_countless_ones_compiled_again(tmp_path):
+    """A cached result is read without a child process; one without ptxas's counts (-1, which
+    a Triton cache hit gave before every compile was forced) is compiled again, in a child
+    that `cancel` stops, removing its files."""
+    spec = load_spec(ROOT / "specs" / "deltanet.yaml")
+    job = gpu_compile.jobs(spec, d=64, chunk_size=16)[0]
+    target = gpu_compile.TARGETS["sm_90"]
+    good = dict(registers=200, spills=8, stack=16, shared=4096, error="")
+    (tmp_path / f"{job.key(target)}.json").write_text(json.dumps(good))
+    gpu_compile._DONE.pop(job.key(target), None)
+    compiles = gpu_compile.start_compiles([(job, target)], tmp_path)
+    assert compiles.process is None and compiles.todo == []
+    (row,) = compiles.rows()
+    assert (row.registers, row.spills, row.shared, row.target) == (200, 8, 4096, "sm_90")
+
+    other = gpu_compile.TARGETS["sm_80"]
+    countless = dict(good, registers=-1, spills=-1, stack=-1)
+    (tmp_path / f"{job.key(other)}.json").write_text(json.dumps(countless))
+    compiles = gpu_compile.start_compiles([(job, other)], tmp_path)
+    assert [key for key, _, _ in compiles.todo] == [job.key(other)]
+    files = compiles.files
+    assert compiles.process.poll() is None and (files / "jobs.json").exists()
+    compiles.cancel()
+    assert compiles.process is None and not files.exists()
+
+
 # Real compiles -------------------------------------------------------------------------------
 
 
 @needs_ptxas
-def test_a_small_kernel_compiles_for_both_targets(pytestconfig):
-    """The exact scan's forward at d = 64 and chunk 16, a fast kernel to compile (12 s of CPU
-    for both targets), through the whole path (child process, ptxas log, disk cache)."""
-    spec = load_spec(ROOT / "specs" / "deltanet.yaml")
-    small = [
-        j
-        for j in gpu_compile.jobs(spec, d=64, chunk_size=16)
-        if j.kernel == "exact_scan_forward" and j.variant == "per head" and j.config == 0
+def test_every_kernel_of_every_covered_spec_compiles_small(request):
+    """Every kernel each covered shipped spec runs on (general, linear, the exact scan per head
+    and per channel; forward and backward) at d = 64 and chunk 16, first autotune config,
+    compiled for sm_80 and sm_90 through the whole path (child process, ptxas log, disk
+    cache): no compile error, within the limits, and the configs' register cap taken (32
+    registers without it, ptxas's choice for a full SM). The compiles started when collection
+    ended (tests/conftest.py); about 5 minutes of one core from a cold cache."""
+    assert request.node.originalname == EARLY_TEST
+    pairs = small_pairs()
+    compiles = request.config.stash.get(EARLY, None)
+    if compiles is None:  # not started early (a run that collected this test another way)
+        compiles = gpu_compile.start_compiles(pairs, _cache(request.config))
+    rows = compiles.rows()
+    assert [(r.kernel, r.variant, r.target) for r in rows] == [
+        (job.kernel, job.variant, target.name) for job, target in pairs
     ]
-    assert len(small) == 1
-    for name, target in gpu_compile.TARGETS.items():
-        (row,) = gpu_compile.compile_jobs(small, target, _cache(pytestconfig))
-        assert row.error == "" and row.target == name
-        # 32 without the configs' maxnreg: ptxas's choice for a full SM, spilling 6.4 KB
-        assert row.registers > 32 and row.shared > 0
-        assert gpu_compile.over_limits([row]) == []
+    assert {r.target for r in rows} == {"sm_80", "sm_90"}
+    assert {r.form for r in rows} == {"general", "linear", "scan"}
+    for row in rows:
+        assert row.error == "" and row.registers > 32 and row.shared > 0, row
+    assert gpu_compile.over_limits(rows) == []
 
 
 def test_tf32_splits_the_linear_kernels_value_channels_to_32_at_d_128():
