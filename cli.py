@@ -136,7 +136,13 @@ def kernel(
     ] = False,
     target: Annotated[str, typer.Option(help="With --report: sm_80 or sm_90.")] = "sm_90",
     dim: Annotated[int, typer.Option(help="With --report: head width, 64, 128 or 256.")] = 128,
-    chunk_size: Annotated[int, typer.Option(help="With --report: the chunk size.")] = 64,
+    chunk_size: Annotated[
+        int | None,
+        typer.Option(
+            help="With --report: the chunk size (default: the spec's, 64 // window.c with the "
+            "exact form, else 16)."
+        ),
+    ] = None,
     shape: Annotated[
         str, typer.Option(help="With --report: B,T,H of the launch grid.")
     ] = "1,2048,8",
@@ -165,7 +171,7 @@ def kernel(
 
 
 def _kernel_report(
-    spec: Path, target: str, dim: int, chunk_size: int, shape: str, precision: str
+    spec: Path, target: str, dim: int, chunk_size: int | None, shape: str, precision: str
 ) -> None:
     from miras import gpu_compile
     from miras.compiler.emit import cache_dir
@@ -175,6 +181,8 @@ def _kernel_report(
         found = gpu_compile.check_target(target)
         gpu_compile.check_width(dim)
         grid_shape = gpu_compile.parse_shape(shape)
+        if chunk_size is None:
+            chunk_size = gpu_compile.default_chunk(load_spec(spec))
         if chunk_size < 1:
             raise ValueError(f"chunk-size: expected a positive integer, got {chunk_size}")
         if precision not in TRITON_PRECISIONS:
