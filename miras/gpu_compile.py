@@ -359,12 +359,17 @@ def start_compiles(
         open(compiles.files / "stderr", "w") as err,
     ):
         compiles.process = subprocess.Popen(
-            [sys.executable, "-m", "miras.gpu_compile", str(compiles.files / "jobs.json")],
+            [
+                sys.executable,
+                "-m",
+                "miras.gpu_compile",
+                str(compiles.files / "jobs.json"),
+                str(nice),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
             env=env,
-            preexec_fn=(lambda: os.nice(nice)) if nice else None,
         )
     return compiles
 
@@ -501,9 +506,11 @@ def _compile_one(job: dict) -> dict:
     return found
 
 
-def _worker(jobs_file: str) -> None:
+def _worker(jobs_file: str, nice: int = 0) -> None:
     """Read jobs (JSON) from the file, compile each, print the results (JSON) as the last
-    line."""
+    line; `nice` is added to this process's niceness first."""
+    if nice:
+        os.nice(nice)
     payload = json.loads(Path(jobs_file).read_text())
     with tempfile.TemporaryDirectory(prefix="miras-gpu-compile-") as tmp:
         # A fresh Triton cache, and every kernel compiled even so: a cache hit skips ptxas,
@@ -606,5 +613,5 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return shape
 
 
-if __name__ == "__main__":
-    _worker(sys.argv[1])
+if __name__ == "__main__":  # python -m miras.gpu_compile JOBS_FILE [NICE]
+    _worker(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0)

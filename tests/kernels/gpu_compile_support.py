@@ -1,7 +1,7 @@
 """The compile-only checks that `make test` runs on every covered spec
 (tests/kernels/test_gpu_compile.py): every kernel at d = 64 and chunk 16, the first autotune
-config, on sm_80 and sm_90. ptxas takes a few seconds a kernel there (about 5 minutes of one
-core for all of them from a cold cache), so tests/conftest.py starts them in a child process
+config, on sm_80 and sm_90. ptxas takes a few seconds a kernel there (5 to 6 minutes of one
+core for all 80 from a cold cache), so tests/conftest.py starts them in a child process
 when collection ends (`start_early`), at a lower priority, and the test only waits for what is
 left: the rest of the suite runs meanwhile on the other core."""
 
