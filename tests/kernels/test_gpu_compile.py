@@ -13,6 +13,7 @@ under pytest's cache directory by kernel source, constexprs, config and target, 
 compiles only what changed.
 """
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -160,7 +161,7 @@ def test_limits_flag_errors_shared_memory_and_spills():
     assert "does not compile: CompilationError: boom" in error
 
 
-def test_cached_results_are_read_and_countless_ones_compiled_again(tmp_path):
+def test_cached_results_are_read_and_countless_ones_compiled_again(tmp_path, monkeypatch):
     """A cached result is read without a child process; one without ptxas's counts (-1, which
     a Triton cache hit gave before every compile was forced) is compiled again, in a child
     that `cancel` stops, removing its files."""
@@ -169,7 +170,7 @@ def test_cached_results_are_read_and_countless_ones_compiled_again(tmp_path):
     target = gpu_compile.TARGETS["sm_90"]
     good = dict(registers=200, spills=8, stack=16, shared=4096, error="")
     (tmp_path / f"{job.key(target)}.json").write_text(json.dumps(good))
-    gpu_compile._DONE.pop(job.key(target), None)
+    monkeypatch.setattr(gpu_compile, "_DONE", {})  # this process's results, kept apart
     compiles = gpu_compile.start_compiles([(job, target)], tmp_path)
     assert compiles.process is None and compiles.todo == []
     (row,) = compiles.rows()
@@ -184,6 +185,21 @@ def test_cached_results_are_read_and_countless_ones_compiled_again(tmp_path):
     assert compiles.process.poll() is None and (files / "jobs.json").exists()
     compiles.cancel()
     assert compiles.process is None and not files.exists()
+
+
+def test_a_failed_worker_is_an_error_with_its_message(tmp_path, monkeypatch):
+    """A worker that dies (here: its kernel's module is gone) raises with the end of its
+    stderr, and leaves no files behind."""
+    spec = load_spec(ROOT / "specs" / "deltanet.yaml")
+    job = dataclasses.replace(
+        gpu_compile.jobs(spec, d=64, chunk_size=16)[0], module=str(tmp_path / "gone.py")
+    )
+    monkeypatch.setattr(gpu_compile, "_DONE", {})
+    compiles = gpu_compile.start_compiles([(job, gpu_compile.TARGETS["sm_90"])])
+    files = compiles.files
+    with pytest.raises(RuntimeError, match=r"(?s)gpu_compile worker failed:.*gone\.py"):
+        compiles.rows()
+    assert not files.exists()
 
 
 # Real compiles -------------------------------------------------------------------------------
