@@ -205,6 +205,7 @@ def test_a_failed_worker_is_an_error_with_its_message(tmp_path, monkeypatch):
 # Real compiles -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # from a cold cache; a rerun reads pytest's cache
 @needs_ptxas
 def test_every_kernel_of_every_covered_spec_compiles_small(request):
     """Every kernel each covered shipped spec runs on (general, linear, the exact scan per head
