@@ -87,6 +87,7 @@ import torch
 
 import miras
 from miras.compiler.triton_kernels import unsupported_reason
+from miras.gpu_compile import default_chunk
 from miras.runtime.exact_chunk import default_chunk_size
 from miras.spec import load_spec
 
@@ -570,13 +571,11 @@ def compile_item(module, spec: str, target: str, dim: int) -> dict:
             "reason": f"{module.__name__} has none of {REPORT_FUNCTIONS} (it has {public})",
         }
     path = ROOT / "specs" / f"{spec}.yaml"
-    rule = miras.compile(path)
-    form = rule.plan.chunk_form.form
     values = {
         "spec": path,
         "target": target,
         "dim": dim,
-        "chunk": default_chunk_size("exact" if form == "exact" else "start", rule.spec.window.c),
+        "chunk": default_chunk(path),
         "shape": (TIMING_SHAPE["batch"], TIMING_SHAPE["length"], TIMING_SHAPE["heads"]),
     }
     signature = inspect.signature(fn)

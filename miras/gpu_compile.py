@@ -326,7 +326,7 @@ def start_compiles(
     todo: list[tuple[str, Job, Target]] = []
     for job, target in pairs:
         key = job.key(target)
-        if key in _DONE or any(key == k for k, _, _ in todo):
+        if key in _DONE or key in {k for k, _, _ in todo}:
             continue
         found = _cached(cache_dir / f"{key}.json") if cache_dir else None
         if found is not None:
@@ -381,7 +381,13 @@ def _cached(path: Path) -> dict | None:
     if not path.exists():
         return None
     found = json.loads(path.read_text())
-    return found if min(found["registers"], found["spills"], found["stack"]) >= 0 else None
+    return found if _has_counts(found) else None
+
+
+def _has_counts(found: dict) -> bool:
+    """Whether a compile's result holds ptxas's register, spill and stack counts (-1: its log
+    had none)."""
+    return min(found["registers"], found["spills"], found["stack"]) >= 0
 
 
 @dataclass
@@ -501,7 +507,7 @@ def _compile_one(job: dict) -> dict:
         shared=int(compiled.metadata.shared),
         error="",
     )
-    if min(found["registers"], found["spills"], found["stack"]) < 0:  # never a silent pass
+    if not _has_counts(found):  # never a silent pass
         found["error"] = f"ptxas printed no register, spill or stack count: {text[-500:]!r}"
     return found
 

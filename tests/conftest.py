@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(session, config, items):
     collection ends (below), has the whole run to finish on the core the tests leave idle."""
     support = sys.modules.get("gpu_compile_support")
     if support is not None:
-        items.sort(key=lambda item: getattr(item, "originalname", None) == support.EARLY_TEST)
+        items.sort(key=support.is_early)
 
 
 def pytest_collection_finish(session):
@@ -54,9 +54,7 @@ def pytest_collection_finish(session):
     work now, in a child process (tests/kernels/gpu_compile_support.py, which the check's
     module imports: a run that did not collect it pays nothing here)."""
     support = sys.modules.get("gpu_compile_support")
-    if support is not None and any(
-        getattr(item, "originalname", None) == support.EARLY_TEST for item in session.items
-    ):
+    if support is not None and any(map(support.is_early, session.items)):
         support.start_early(session.config)
 
 

@@ -27,6 +27,11 @@ EARLY = pytest.StashKey["gpu_compile.Compiles"]()
 SMALL_WIDTH, SMALL_CHUNK = 64, 16
 
 
+def is_early(item) -> bool:
+    """Whether a collected test is the one whose compiles `start_early` starts."""
+    return getattr(item, "originalname", None) == EARLY_TEST
+
+
 def cache_dir(config) -> Path:
     """Compile results, under pytest's cache directory (kept between runs)."""
     return config.cache.mkdir("gpu_compile")

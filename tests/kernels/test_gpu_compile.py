@@ -16,11 +16,19 @@ compiles only what changed.
 import dataclasses
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
-from gpu_compile_support import COVERED, EARLY, EARLY_TEST, HAS_PTXAS, PTXAS, cache_dir, small_pairs
+from gpu_compile_support import (
+    COVERED,
+    EARLY,
+    EARLY_TEST,
+    HAS_PTXAS,
+    PTXAS,
+    ROOT,
+    cache_dir,
+    small_pairs,
+)
 from helpers import random_inputs
 
 import miras
@@ -30,15 +38,10 @@ from miras.kernels.common import tuning
 from miras.runtime import triton_backend
 from miras.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[2]
 needs_ptxas = pytest.mark.skipif(
     not HAS_PTXAS,
     reason=f"the triton wheel's ptxas is absent ({PTXAS}): Triton ships it for Linux x86-64",
 )
-
-
-def _cache(pytestconfig) -> Path:
-    return cache_dir(pytestconfig)
 
 
 # Arguments ------------------------------------------------------------------------------------
@@ -218,7 +221,7 @@ def test_every_kernel_of_every_covered_spec_compiles_small(request):
     pairs = small_pairs()
     compiles = request.config.stash.get(EARLY, None)
     if compiles is None:  # not started early (a run that collected this test another way)
-        compiles = gpu_compile.start_compiles(pairs, _cache(request.config))
+        compiles = gpu_compile.start_compiles(pairs, cache_dir(request.config))
     rows = compiles.rows()
     assert [(r.kernel, r.variant, r.target) for r in rows] == [
         (job.kernel, job.variant, target.name) for job, target in pairs
@@ -253,7 +256,7 @@ def test_the_tf32_linear_backward_at_d_128_fits_sm_90(pytestconfig):
     ]
     assert dict(job.constexprs)["DOT_PRECISION"] == "tf32"
     assert dict(job.constexprs)["BV"] == 32 and job.grid == (8, 4)
-    (row,) = gpu_compile.compile_jobs([job], gpu_compile.TARGETS["sm_90"], _cache(pytestconfig))
+    (row,) = gpu_compile.compile_jobs([job], gpu_compile.TARGETS["sm_90"], cache_dir(pytestconfig))
     assert row.error == ""
     assert 0 < row.shared <= gpu_compile.TARGETS["sm_90"].shared_limit
 
@@ -272,7 +275,7 @@ def test_every_kernel_of_every_covered_spec_fits(target, d, pytestconfig):
     shared memory within the block limit, spills within SPILL_BOUND. Kernels shared by specs
     (the exact scan; identical sources) compile once."""
     jobs = [job for path in COVERED for job in gpu_compile.jobs(path, d=d)]
-    rows = gpu_compile.compile_jobs(jobs, gpu_compile.TARGETS[target], _cache(pytestconfig))
+    rows = gpu_compile.compile_jobs(jobs, gpu_compile.TARGETS[target], cache_dir(pytestconfig))
     assert gpu_compile.over_limits(rows) == []
 
 
