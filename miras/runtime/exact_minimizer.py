@@ -179,12 +179,14 @@ def recurrent(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State
     ridge = ridge_of(rt, gates, phi_q)
     kk, vk = state["H_kk"], state["H_vk"]
     outputs = []
-    for t in range(phi_q.shape[2]):
-        a = log_a[:, :, t, None, None].exp()
-        k = phi_k[:, :, t]
-        kk = a * kk + gamma[:, :, t, None, None] * k.unsqueeze(-1) * k.unsqueeze(-2)
-        vk = a * vk + gamma[:, :, t, None, None] * r[:, :, t].unsqueeze(-1) * k.unsqueeze(-2)
-        x = solve(kk, ridge[:, :, t], form.slope, phi_q[:, :, t], first=t)
+    # Per-token views by `unbind` (one stack in the backward, where indexing [:, :, t] adds a
+    # zero full-length gradient per token: quadratic in T).
+    by_token = zip(*(z.unbind(2) for z in (log_a, gamma, r, phi_k, ridge, phi_q)), strict=True)
+    for t, (log_a_t, gamma_t, r_t, k, ridge_t, q) in enumerate(by_token):
+        a, g = log_a_t[:, :, None, None].exp(), gamma_t[:, :, None, None]
+        kk = a * kk + g * k.unsqueeze(-1) * k.unsqueeze(-2)
+        vk = a * vk + g * r_t.unsqueeze(-1) * k.unsqueeze(-2)
+        x = solve(kk, ridge_t, form.slope, q, first=t)
         outputs.append((vk @ x.unsqueeze(-1)).squeeze(-1))
     return torch.stack(outputs, dim=2), {"H_kk": kk, "H_vk": vk}
 

@@ -1,0 +1,70 @@
+"""The recurrent references' backward stays linear in T: each token reads its slices of the
+inputs through one `unbind` per input, whose backward is one stack, never through indexing
+the whole tensor, whose backward adds a zero full-length gradient per token (quadratic in T:
+the gated_deltanet backward at T = 4096 took 26 s before, 3.5 s after; docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import random_inputs
+
+import miras
+from miras.runtime.recurrent import TokenSlices
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def graph_nodes(output: torch.Tensor) -> Counter:
+    """The autograd graph behind `output`, counted by node type."""
+    seen, todo, names = set(), [output.grad_fn], Counter()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names[type(node).__name__] += 1
+        todo.extend(parent for parent, _ in node.next_functions)
+    return names
+
+
+def leaves(rule, t: int):
+    """`random_inputs` (float64, in the gates' ranges) as leaves that require grad."""
+    q, k, v, gates = random_inputs(rule, t=t)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    return q, k, v, {n: g.requires_grad_() for n, g in gates.items()}
+
+
+INDEXING = ("SelectBackward0", "SliceBackward0", "IndexBackward0")
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "titans", "mesanet"])
+def test_no_token_indexes_a_whole_input(name):
+    """The graph's indexing nodes do not grow with T (a per-token index would add one per
+    token); the unbinds do not either, and the gradients reach every input."""
+    rule = miras.compile(ROOT / f"specs/{name}.yaml", checked=False)
+    counts = []
+    for t in (4, 8):
+        q, k, v, gates = leaves(rule, t)
+        o = rule(q, k, v, gates, backend="recurrent")[0]
+        nodes = graph_nodes(o)
+        counts.append({kind: nodes[kind] for kind in (*INDEXING, "UnbindBackward0")})
+    assert counts[0] == counts[1], counts
+    assert counts[1]["UnbindBackward0"] >= 3, counts  # q, k and v at least
+    o.square().sum().backward()
+    for x in (q, k, v, *gates.values()):
+        assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_token_slices_take_only_a_token_index():
+    x = torch.arange(24.0).view(1, 2, 3, 4)
+    slices = TokenSlices(x)
+    assert torch.equal(slices[:, :, 2], x[:, :, 2])
+    assert slices.shape == x.shape
+    with pytest.raises(TypeError, match=r"index \[:, :, i\]"):
+        slices[0]
+    with pytest.raises(TypeError, match="must be an int"):
+        slices[:, :, 1:2]
