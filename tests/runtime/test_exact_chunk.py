@@ -408,3 +408,24 @@ def test_spec_model_chunk_mode_is_validated():
     with pytest.raises(ValueError, match="chunk_mode"):
         load_spec({"name": "x", "model": {"chunk_mode": "fast"}})
     assert load_spec({"name": "x", "model": {"chunk_mode": "start"}}).model.chunk_mode == "start"
+
+
+def test_chunk_major_storage_and_its_products():
+    """`chunk_major` stores [B, H, N, ...] chunk by chunk (each chunk's [B, H, ...] block one
+    contiguous piece, which the scan writes with out=); `_chunk_matmul` equals a @ b on that
+    storage, on the plain layout and on a mix of the two."""
+    from miras.runtime.exact_chunk import _chunk_matmul, chunk_major
+
+    gen = torch.Generator().manual_seed(0)
+    plain_a = torch.randn(2, 3, 5, 4, 6, generator=gen, dtype=f64)
+    plain_b = torch.randn(2, 3, 5, 6, 7, generator=gen, dtype=f64)
+    a, b = chunk_major(plain_a, plain_a.shape), chunk_major(plain_b, plain_b.shape)
+    a.copy_(plain_a)
+    b.copy_(plain_b)
+    assert a.shape == plain_a.shape and a[:, :, 2].is_contiguous()
+    assert not plain_a[:, :, 2].is_contiguous()
+    expected = plain_a @ plain_b
+    for x, y in [(a, b), (plain_a, plain_b), (a, plain_b), (plain_a, b)]:
+        torch.testing.assert_close(_chunk_matmul(x, y), expected, rtol=0, atol=1e-12)
+    assert _chunk_matmul(a, b)[:, :, 1].is_contiguous()  # the chunk-major path was taken
+    torch.testing.assert_close(_chunk_matmul(a, b.mT.mT), expected, rtol=0, atol=1e-12)
