@@ -52,3 +52,29 @@ def test_counts_in_place_matmuls():
     got = roofline.counts(call, qkv, False, torch.ones(1))
     assert got["flops"] == 2 * 6 * 8 * 5 * 3 + 2 * 8 * 5 * 3
     assert got["matmul"] > 0
+
+
+def test_scaling_alternates_the_two_lengths_and_takes_the_median_ratio(monkeypatch):
+    """`--scaling`: each round runs the short call, then the long one; the row is the median
+    of the rounds' time(long) / time(short), for the miras calls only (peers skipped)."""
+    order = []
+
+    def make(t):
+        def call(name, peer=False):
+            return roofline.Call(name, "toy", lambda *a: None, {}, peer=peer)
+
+        qkv = (torch.zeros(1, t, 1, 1),) * 3
+        return [("toy", [call("mine"), call("peer", peer=True)])], qkv
+
+    times = iter([1.0, 1.0, 1.0, 4.0, 2.0, 6.0, 1.0, 5.0])  # warmups, then 3 rounds
+
+    def run_once(call, qkv, backward, weight):
+        order.append((call.name, qkv[0].shape[1]))
+        return next(times)
+
+    monkeypatch.setattr(roofline, "groups", lambda t, quick: make(t))
+    monkeypatch.setattr(roofline, "run_once", run_once)
+    rows = roofline.scaling_rows([8, 32], None, [False], repeats=3, budget=10.0, quick=False)
+    assert [r["name"] for r in rows] == ["mine"]
+    assert rows[0]["ratio"] == 4.0 and rows[0]["rounds"] == 3  # median of 4, 3, 5
+    assert order == [("mine", 8), ("mine", 32)] * 4
