@@ -73,9 +73,9 @@ def test_recomputing_backward_equals_storing(name, t_len, chunk_size, monkeypatc
     assert all(g is not None for g in grads[: 3 + len(rule.plan.gates)])
 
 
-def test_matrix_memory_keeps_the_storing_path():
+def test_matrix_memory_recomputes_too():
     rule = miras.compile({"name": "kl_matrix", "memory": "matrix", "retention": "kl"})
-    assert not chunk.recomputes(rule.runtime)
+    assert rule.runtime.start_path == "general" and chunk.recomputes(rule.runtime)
 
 
 class Saved:
@@ -142,8 +142,9 @@ def test_saved_bytes_grow_like_chunks_not_tokens(name, monkeypatch):
 
 
 def test_recompute_chooses_the_backward_on_either_memory():
-    """`recompute=` overrides the default (`chunk.recomputes`): a deep memory can keep every
-    token's weights, a matrix memory can recompute its chunks; the numbers are the same."""
+    """`recompute=False` overrides the default (`chunk.recomputes`, on for every memory): a
+    deep memory and a matrix memory each keep every token's weights then; the numbers are the
+    same."""
     titans = compiled("titans")
     d, b, t_len = 16, 16, 256
     weight_bytes = sum(
@@ -156,10 +157,9 @@ def test_recompute_chooses_the_backward_on_either_memory():
     assert kept_default < t_len * weight_bytes < kept_storing
 
     matrix = miras.compile({"name": "kl_matrix", "memory": "matrix", "retention": "kl"})
-    assert not chunk.recomputes(matrix.runtime)
     kept_default, _ = saved_bytes(matrix, t_len, b, d)
-    kept_bounded, _ = saved_bytes(matrix, t_len, b, d, recompute=True)
-    assert kept_bounded < kept_default / 2
+    kept_storing, _ = saved_bytes(matrix, t_len, b, d, recompute=False)
+    assert kept_default < kept_storing / 2
 
     q, k, v, gates = random_inputs(titans, b=1, t=40, h=2, dk=4, dv=4, seed=2)
     leaves = [q, k, v, *gates.values()]
