@@ -268,15 +268,18 @@ def window_recurrent(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state
     k, r, gamma, log_a = _carried(rt, phi_k, v, gates, state)
     ridge = ridge_of(rt, gates, phi_q)
     outputs = []
-    for t in range(phi_q.shape[2]):
+    # Per-token views by `unbind`, as in `recurrent`: indexing [:, :, i] would add a zero
+    # full-length gradient per token and slot (quadratic in T).
+    k_, r_, gamma_, log_a_ = (z.unbind(2) for z in (k, r, gamma, log_a))
+    for t, (ridge_t, q) in enumerate(zip(ridge.unbind(2), phi_q.unbind(2), strict=True)):
         kk, vk = 0.0, 0.0
-        weight = torch.ones_like(gamma[:, :, 0, None, None])  # a_{i+1..t}
+        weight = torch.ones_like(gamma_[0][:, :, None, None])  # a_{i+1..t}
         for i in range(t + c, t, -1):  # token t sits at c + t
-            w = weight * gamma[:, :, i, None, None]
-            kk = kk + w * k[:, :, i].unsqueeze(-1) * k[:, :, i].unsqueeze(-2)
-            vk = vk + w * r[:, :, i].unsqueeze(-1) * k[:, :, i].unsqueeze(-2)
-            weight = weight * log_a[:, :, i, None, None].exp()
-        x = solve(kk, ridge[:, :, t], form.slope, phi_q[:, :, t], first=t)
+            w = weight * gamma_[i][:, :, None, None]
+            kk = kk + w * k_[i].unsqueeze(-1) * k_[i].unsqueeze(-2)
+            vk = vk + w * r_[i].unsqueeze(-1) * k_[i].unsqueeze(-2)
+            weight = weight * log_a_[i][:, :, None, None].exp()
+        x = solve(kk, ridge_t, form.slope, q, first=t)
         outputs.append((vk @ x.unsqueeze(-1)).squeeze(-1))
     return torch.stack(outputs, dim=2), _window_out(k, r, gamma, log_a, c)
 
