@@ -40,6 +40,7 @@ class HeavyBall(Optimizer):
     lr: gate_or(NONNEGATIVE) = "gate"
     gateable: ClassVar[dict[str, Range]] = {"lr": NONNEGATIVE}
     stateful: ClassVar[bool] = True
+    step_size_gate: ClassVar[str | None] = "lr"  # b_t: what a layer bounds and fla's ops call beta
 
     def update(self, grad, state, lr):
         s = grad if state is None else FACTOR * state + grad
@@ -124,6 +125,13 @@ def test_the_compiler_proves_the_step_linear_and_records_it():
     assert rule.plan.chunk_form.form == "exact"
     assert rule.plan.chunk_form.start_path == "linear"
     assert compiled(DEEP).plan.chunk_form.form == "dual"
+
+
+def test_its_declared_step_size_is_the_plans_step_size_gate():
+    """What the code outside reads (a layer's start bound, the probes' normalization, fla's
+    `beta` in miras.ops) comes from the plan's role, declared once in the class."""
+    roles = {info.name: info.role for info in compiled(MATRIX).plan.gates}
+    assert roles == {"decay": "decay", "lr": "step_size"}
 
 
 @pytest.mark.parametrize("t_len,chunk_size", [(11, 4), (16, 16)])
