@@ -29,6 +29,7 @@ import torch
 
 from miras.ir import ChunkForm
 from miras.runtime.core import Runtime, State
+from miras.runtime.recurrent import collector_paused
 
 
 def initial_state(
@@ -173,6 +174,7 @@ def weights(form: ChunkForm, state: State, ridge: torch.Tensor) -> torch.Tensor:
     return solve(kk, ridge, form.slope, vk)
 
 
+@collector_paused()
 def recurrent(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State):
     """One token at a time: returns o [B, H, T, Dv] and the final statistics."""
     log_a, gamma, r = inputs(rt, phi_k, v, gates)
@@ -261,6 +263,7 @@ def _window_out(k, r, gamma, log_a, c: int) -> State:
     }
 
 
+@collector_paused()
 def window_recurrent(rt: Runtime, form: ChunkForm, phi_q, phi_k, v, gates, state: State):
     """A window of c tokens, one token at a time: token t's statistics summed over the tokens
     t-c+1..t (the carried ones first), each decayed by the decays after it."""

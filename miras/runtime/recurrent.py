@@ -10,7 +10,9 @@ o_t = M_{W_t}(phi(q_t))               (through the retention's read map)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 from collections.abc import Callable
 
 import torch
@@ -62,6 +64,28 @@ def step(rt: Runtime, seq: Tokens, state: State, t: int, record: Recorder | None
     return o
 
 
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cycle collector paused for a token loop; reference counting still frees every
+    tensor (the loops make no reference cycles), and the collector's previous state comes
+    back on the way out, an exception included.
+
+    Used as a decorator, so the loop's locals are freed before the collector resumes. A loop
+    over T tokens keeps a few tensor objects a token alive until it returns (the per-token
+    views of its inputs, its outputs), and past a few thousand tokens they set off full
+    collections, each a walk over every object of the process: the gated_deltanet recurrence
+    at T = 8192 spent 160-290 ms of a 2.5 s forward in them, and none at 2048, so its time
+    grew faster than T (docs/benchmarks.md)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@collector_paused()
 def forward(
     rt: Runtime, seq: Tokens, state: State, record: Recorder | None = None
 ) -> tuple[torch.Tensor, State]:

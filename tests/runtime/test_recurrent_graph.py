@@ -1,10 +1,13 @@
-"""The recurrent references' backward stays linear in T: each token reads its slices of the
-inputs through one `unbind` per input, whose backward is one stack, never through indexing
-the whole tensor, whose backward adds a zero full-length gradient per token (quadratic in T:
-the gated_deltanet backward at T = 4096 took 26 s before, 3.5 s after; docs/benchmarks.md)."""
+"""The recurrent references stay linear in T. Each token reads its slices of the inputs
+through one `unbind` per input, whose backward is one stack, never through indexing the whole
+tensor, whose backward adds a zero full-length gradient per token (quadratic in T: the
+gated_deltanet backward at T = 4096 took 26 s before, 3.5 s after). And the token loops run
+with Python's cycle collector paused, whose full collections over the objects a long loop
+keeps alive made the forward grow faster than T (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import yaml
 from helpers import random_inputs
 
 import miras
+from miras.runtime import exact_minimizer, recurrent
 from miras.runtime.recurrent import TokenSlices
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,3 +80,53 @@ def test_token_slices_take_only_a_token_index():
         slices[0]
     with pytest.raises(TypeError, match="must be an int"):
         slices[:, :, 1:2]
+
+
+# Each recurrence's per-token call, to watch the collector from inside its loop.
+PER_TOKEN = {
+    "gated_deltanet": (recurrent, "step"),
+    "mesanet": (exact_minimizer, "solve"),
+    "mesanet_window": (exact_minimizer, "solve"),
+}
+
+
+@pytest.fixture
+def collector_on():
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
+
+
+@pytest.mark.parametrize("name", sorted(PER_TOKEN))
+def test_the_token_loops_run_with_the_cycle_collector_paused(name, monkeypatch, collector_on):
+    """Every token runs with the collector paused; it is back on after the call, and after a
+    loop that raises; a caller's paused collector stays paused."""
+    spec = windowed_mesanet() if name == "mesanet_window" else ROOT / f"specs/{name}.yaml"
+    rule = miras.compile(spec, checked=False)
+    q, k, v, gates = random_inputs(rule, t=5)
+    module, attr = PER_TOKEN[name]
+    real, enabled = getattr(module, attr), []
+
+    def watched(*args, **kwargs):
+        enabled.append(gc.isenabled())
+        if len(enabled) == fail_at:
+            raise RuntimeError("token 3 fails")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, attr, watched)
+    fail_at = None
+    rule(q, k, v, gates, backend="recurrent")
+    assert len(enabled) >= 5 and not any(enabled) and gc.isenabled()
+
+    enabled.clear()
+    fail_at = 3
+    with pytest.raises(RuntimeError, match="token 3 fails"):
+        rule(q, k, v, gates, backend="recurrent")
+    assert enabled == [False] * 3 and gc.isenabled()
+
+    fail_at = None
+    gc.disable()
+    rule(q, k, v, gates, backend="recurrent")
+    assert not gc.isenabled()
