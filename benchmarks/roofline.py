@@ -42,7 +42,9 @@ same threads.
 each round running the short call and then the long one, and reports the median of the rounds'
 ratios: between two separate runs at the two lengths the machine drifts (fla's unchanged
 references moved by up to 2.1x within an hour, docs/benchmarks.md), which a ratio of their
-medians carries whole.
+medians carries whole. Beside each ratio it prints the minor page faults a token of each call
+(the median over the rounds): pages the kernel mapped in afresh because the allocator had
+given them back to the system, a cost that grows with the call's memory, not its work.
 
 The 1-minute load average is printed at the start and the end. Where it exceeds the core
 count plus 0.5 the cores were shared with other work, and every ratio is printed as
@@ -55,6 +57,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import time
 import warnings
@@ -362,11 +365,17 @@ def counts(call: Call, qkv, backward: bool, weight: torch.Tensor) -> dict[str, f
     }
 
 
+def page_faults() -> int:
+    """This process's minor page faults so far: fresh pages the kernel mapped in (memory the
+    allocator returned to the system and took again)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def scaling_rows(lengths, wanted, passes, repeats: int, budget: float, quick: bool) -> list[dict]:
     """time(long) / time(short) of every miras call, its two lengths alternated in each round
     (short, long, short, long, ...), so the machine's drift between them cancels: the median
-    of the rounds' ratios. A call whose long warmup took more than `budget` seconds gets 2
-    rounds."""
+    of the rounds' ratios, with each length's page faults a token (median). A call whose long
+    warmup took more than `budget` seconds gets 2 rounds."""
     short, long = min(lengths), max(lengths)
     sets = {t: groups(t, quick) for t in (short, long)}
     weights = {
@@ -384,15 +393,24 @@ def scaling_rows(lengths, wanted, passes, repeats: int, budget: float, quick: bo
                     continue
                 run_once(c_s, sets[short][1], backward, weights[short])  # warmups
                 first = run_once(c_l, sets[long][1], backward, weights[long])
-                ratios = []
+                ratios, faults = [], {short: [], long: []}
                 for _ in range(repeats if first <= budget else 2):
+                    f0 = page_faults()
                     a = run_once(c_s, sets[short][1], backward, weights[short])
+                    f1 = page_faults()
                     b = run_once(c_l, sets[long][1], backward, weights[long])
+                    faults[short].append((f1 - f0) / short)
+                    faults[long].append((page_faults() - f1) / long)
                     ratios.append(b / a)
                 rows.append(dict(spec=group, name=c_s.name, what=what, short=short, long=long,
-                                 ratio=statistics.median(ratios), rounds=len(ratios)))  # fmt: skip
+                                 ratio=statistics.median(ratios), rounds=len(ratios),
+                                 faults_short=statistics.median(faults[short]),
+                                 faults_long=statistics.median(faults[long])))  # fmt: skip
+                r = rows[-1]
                 print(f"  {group} {c_s.name} {what}: time({long}) / time({short}) = "
-                      f"{rows[-1]['ratio']:.2f} (median of {len(ratios)} rounds)", flush=True)  # fmt: skip
+                      f"{r['ratio']:.2f} (median of {len(ratios)} rounds); page faults a token "
+                      f"{r['faults_short']:.1f} at {short}, {r['faults_long']:.1f} at {long}",
+                      flush=True)  # fmt: skip
     return rows
 
 
@@ -595,11 +613,13 @@ def scaling(args, lengths, passes, repeats: int, cores: int, load_start: float) 
     print(f"load average (1 min) at end: {load_end:.2f}")
     print()
     short, long = min(lengths), max(lengths)
-    print(f"| spec | call | pass | time({long}) / time({short}) | rounds |")
-    print("| --- | --- | --- | ---: | ---: |")
+    print(f"| spec | call | pass | time({long}) / time({short}) | rounds "
+          f"| page faults a token, {short} / {long} |")  # fmt: skip
+    print("| --- | --- | --- | ---: | ---: | ---: |")
     for r in rows:
         shown = f"not reported: load {load:.1f}" if shared else f"{r['ratio']:.2f}"
-        print(f"| {r['spec']} | {r['name']} | {r['what']} | {shown} | {r['rounds']} |")
+        print(f"| {r['spec']} | {r['name']} | {r['what']} | {shown} | {r['rounds']} "
+              f"| {r['faults_short']:.1f} / {r['faults_long']:.1f} |")  # fmt: skip
     goal = 1.1 * long / short  # the issue's 4.4 for 2048 -> 8192: linear time, 10% spare
     print()
     print("Goals:")

@@ -72,9 +72,24 @@ def test_scaling_alternates_the_two_lengths_and_takes_the_median_ratio(monkeypat
         order.append((call.name, qkv[0].shape[1]))
         return next(times)
 
+    # The fault counter before and after each timed call of the 3 rounds: the short call takes
+    # 8, 0, 16 faults (1, 0, 2 a token at T 8), the long one 32, 320, 64 (1, 10, 2 at T 32).
+    counter = iter([0, 8, 40, 40, 40, 360, 360, 376, 440])
+
     monkeypatch.setattr(roofline, "groups", lambda t, quick: make(t))
     monkeypatch.setattr(roofline, "run_once", run_once)
+    monkeypatch.setattr(roofline, "page_faults", lambda: next(counter))
     rows = roofline.scaling_rows([8, 32], None, [False], repeats=3, budget=10.0, quick=False)
     assert [r["name"] for r in rows] == ["mine"]
     assert rows[0]["ratio"] == 4.0 and rows[0]["rounds"] == 3  # median of 4, 3, 5
     assert order == [("mine", 8), ("mine", 32)] * 4
+    assert (rows[0]["faults_short"], rows[0]["faults_long"]) == (1.0, 2.0)  # medians a token
+
+
+def test_page_faults_count_fresh_pages():
+    """A fresh buffer of 64 MiB is mapped in by the kernel page by page as it is first written
+    (glibc serves an allocation that large with an mmap of its own): 16384 faults of 4 KiB
+    pages, or 32 where transparent huge pages back it with 2 MiB ones."""
+    before = roofline.page_faults()
+    torch.ones(16 << 20)  # 64 MiB of float32
+    assert roofline.page_faults() - before >= 32
