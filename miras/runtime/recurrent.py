@@ -68,7 +68,8 @@ def step(rt: Runtime, seq: Tokens, state: State, t: int, record: Recorder | None
 def collector_paused():
     """Python's cycle collector paused for a token loop; reference counting still frees every
     tensor (the loops make no reference cycles), and the collector's previous state comes
-    back on the way out, an exception included.
+    back on the way out, an exception included. The pause is the process's: other threads'
+    cycles wait for the loop to end.
 
     Used as a decorator, so the loop's locals are freed before the collector resumes. A loop
     over T tokens keeps a few tensor objects a token alive until it returns (the per-token
