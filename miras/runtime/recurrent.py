@@ -75,8 +75,8 @@ def collector_paused():
     over T tokens keeps a few tensor objects a token alive until it returns (the per-token
     views of its inputs, its outputs), and past a few thousand tokens they set off full
     collections, each a walk over every object of the process: the gated_deltanet recurrence
-    at T = 8192 spent 141 ms of a 1.7 s forward in them (two threads), and none at 2048, so
-    its time grew faster than T (docs/benchmarks.md)."""
+    at T = 8192 spent 140-160 ms of a 1.7-2.2 s forward in them (two threads), and none at
+    2048, so its time grew faster than T (benchmarks/recurrent_gc.py, docs/benchmarks.md)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
