@@ -218,7 +218,16 @@ def run(
     gates_ = {n: heads_first(g) for n, g in gates.items()}
 
     call = forms.Call(
-        program, rt, form, backend, mode, chunk_size, triton_precision, record, recompute
+        program,
+        rt,
+        form,
+        backend,
+        mode,
+        chunk_size,
+        triton_precision,
+        operand_dtype=q.dtype,
+        record=record,
+        recompute=recompute,
     )
     if chosen.closed:  # softmax attention, the exact minimizer: on the inputs as given
         call = dataclasses.replace(

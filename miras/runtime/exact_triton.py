@@ -234,11 +234,18 @@ def applies(form: ChunkForm, chunk_size: int) -> bool:
 
 
 def forward(
-    rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm, precision="ieee"
+    rt: Runtime,
+    seq: Tokens,
+    state: State,
+    chunk_size: int,
+    form: ChunkForm,
+    precision="ieee",
+    operand_dtype: torch.dtype | None = None,
 ):
     """Returns o [B, H, T, Dv] and the final memory state, like `exact_chunk.forward`: its
     preparation and reads (torch) around the scan on the Triton kernels (tl.dot at
-    `precision` on float32 tiles, checked by the caller)."""
+    `precision` on float32 tiles, checked by the caller; `operand_dtype`, the caller's input
+    dtype, None: the state's)."""
     check_available(seq.phi_q)
     prep = exact_chunk.prepare(rt, seq, chunk_size, form)
     scan_args = prep.scan_args(state["W"], state.get("S.W"))

@@ -87,6 +87,9 @@ class Call:
     mode: str
     chunk_size: int
     precision: str | None = None
+    # The inputs' own dtype (q's, before the cast to the state's dtype): the triton kernels take
+    # their products' operands in it where it is a half type (docs/kernels.md, "Precision").
+    operand_dtype: torch.dtype | None = None
     record: recurrent.Recorder | None = None
     recompute: bool | None = None
     q: torch.Tensor | None = None
@@ -175,7 +178,13 @@ def _start(call: Call):  # the linear fast path where the runtime's start_path s
 
 def _exact_triton(call: Call):
     return exact_triton.forward(
-        call.rt, call.seq, call.state, call.chunk_size, call.chunk, call.precision
+        call.rt,
+        call.seq,
+        call.state,
+        call.chunk_size,
+        call.chunk,
+        call.precision,
+        operand_dtype=call.operand_dtype,
     )
 
 
@@ -183,7 +192,12 @@ def _triton(call: Call):
     from miras.runtime import triton_backend  # imports triton only when asked for
 
     return triton_backend.forward(
-        call.program, call.seq, call.state, call.chunk_size, call.precision
+        call.program,
+        call.seq,
+        call.state,
+        call.chunk_size,
+        call.precision,
+        operand_dtype=call.operand_dtype,
     )
 
 

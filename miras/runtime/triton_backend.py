@@ -258,10 +258,18 @@ def choose_kernels(
     return linear, min(pow2(d_v), block) if split else pow2(d_v)
 
 
-def forward(program: Program, seq: Tokens, state: State, chunk_size: int, precision: str = "ieee"):
+def forward(
+    program: Program,
+    seq: Tokens,
+    state: State,
+    chunk_size: int,
+    precision: str = "ieee",
+    operand_dtype: torch.dtype | None = None,
+):
     """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum).
     `precision`: tl.dot's input precision on float32 tiles, checked by the caller
-    (`inputs.check_triton_precision`). The kernels come from `program.kernels`, emitted and
+    (`inputs.check_triton_precision`); `operand_dtype`: the caller's input dtype (None: the
+    state's). The kernels come from `program.kernels`, emitted and
     loaded on its first use."""
     spec = program.spec
     check_available(seq.phi_q)
