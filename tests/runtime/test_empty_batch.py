@@ -34,6 +34,10 @@ RUNS = [
     ("triton", "start"),
 ]
 T, H, D, CHUNK = 5, 2, 8, 4  # T odd and above the chunk: a full chunk and a partial one
+# The triton backend's B = 1 references run in Triton's interpreter (1 to 6 s each on 2 cores,
+# 70 s in all): the fast suite keeps the linear and exact-scan kernels (gated_deltanet), the
+# general ones (logcosh_deltanet) and two refusals (mesanet, titans); the rest are slow.
+FAST_TRITON = {"gated_deltanet", "logcosh_deltanet", "mesanet", "titans"}
 # One case per form of the registry: (spec, backend, chunk_mode) that runs it.
 FORM_CASES = {
     "attention": ("attention", "chunk", "auto"),
@@ -106,8 +110,19 @@ def ran_forms(monkeypatch):
     return ran
 
 
-@pytest.mark.parametrize("backend,mode", RUNS, ids=[f"{b}-{m}" for b, m in RUNS])
-@pytest.mark.parametrize("name", [p.stem for p in SPECS])
+def cases():
+    """pytest params (spec name, backend, chunk mode): every spec with every run."""
+    params = []
+    for path in SPECS:
+        for backend, mode in RUNS:
+            slow = backend == "triton" and path.stem not in FAST_TRITON
+            marks = [pytest.mark.slow] if slow else []
+            case = (path.stem, backend, mode)
+            params.append(pytest.param(*case, marks=marks, id="-".join(case)))
+    return params
+
+
+@pytest.mark.parametrize("name,backend,mode", cases())
 def test_rule_at_empty_batch(name, backend, mode, ran_forms):
     """Every spec, backend and chunk mode: B = 0 against B = 1, through the same forms."""
     call = rule_call(rule_of(name), backend, mode)
