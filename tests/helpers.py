@@ -105,3 +105,63 @@ def tiny_mqar_losses(spec_path) -> tuple[float, float, float]:
         eval_batches=1, progress=False,
     )  # fmt: skip
     return sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5, result.metrics["loss"]
+
+
+# An empty batch (B = 0), held to the same call at B = 1 -----------------------------------------
+
+
+def flat_tensors(out, path: str = "") -> list[tuple[str, torch.Tensor | None]]:
+    """(path, tensor or None) of every leaf of nested tuples, lists and dicts."""
+    if isinstance(out, dict):
+        return [leaf for name, x in out.items() for leaf in flat_tensors(x, f"{path}[{name!r}]")]
+    if isinstance(out, (tuple, list)):
+        return [leaf for i, x in enumerate(out) for leaf in flat_tensors(x, f"{path}[{i}]")]
+    return [(path, out if isinstance(out, torch.Tensor) else None)]
+
+
+def attempt_batch(call, batch: int):
+    """`call(batch)` -> (outputs, leaves: name -> tensor), then the gradient of the sum of every
+    floating output w.r.t. each leaf (None where unused). Returns (outputs, leaves, grads), or
+    the ValueError the call raised."""
+    try:
+        out, leaves = call(batch)
+    except ValueError as error:
+        return error
+    floats = [x for _, x in flat_tensors(out) if x is not None and x.requires_grad]
+    loss = sum(x.sum() for x in floats)
+    names = [n for n, x in leaves.items() if x.requires_grad]
+    grads = [None] * len(names)
+    if floats:
+        grads = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
+    return out, leaves, dict(zip(names, grads, strict=True))
+
+
+def assert_empty_batch(call):
+    """The empty-batch contract (docs/ops.md, docs/models.md): `call(0)` against `call(1)`.
+
+    Where B = 1 raises a ValueError, B = 0 raises the same one. Otherwise every output (each
+    batch-first) has B = 1's shape with batch 0, and every leaf with a gradient at B = 1 has
+    one at B = 0 (not None): of the leaf's shape, all zeros (empty for the batch's own
+    inputs; zeros of the parameter's shape for what the rows share). Returns both runs."""
+    one, zero = attempt_batch(call, 1), attempt_batch(call, 0)
+    if isinstance(one, ValueError):
+        assert isinstance(zero, ValueError), f"B = 1 raised {one!r}, B = 0 did not"
+        assert str(zero) == str(one)
+        return one, zero
+    if isinstance(zero, ValueError):
+        raise AssertionError(f"B = 0 raised where B = 1 runs: {zero}") from zero
+    (out1, _, grads1), (out0, leaves0, grads0) = one, zero
+    leaves1, leaves0_ = flat_tensors(out1), flat_tensors(out0)
+    assert [p for p, _ in leaves0_] == [p for p, _ in leaves1]
+    for (path, x0), (_, x1) in zip(leaves0_, leaves1, strict=True):
+        assert (x0 is None) == (x1 is None), path
+        if x0 is not None:
+            assert tuple(x0.shape) == (0, *x1.shape[1:]), path
+    assert list(grads0) == list(grads1)
+    for name, g0 in grads0.items():
+        if grads1[name] is None:
+            continue
+        assert g0 is not None, f"{name}: a gradient at B = 1, None at B = 0"
+        assert g0.shape == leaves0[name].shape, name
+        assert torch.count_nonzero(g0) == 0, name
+    return one, zero

@@ -305,6 +305,22 @@ class MirasForCausalLM(MirasPreTrainedModel, GenerationMixin):
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.model.lm.embed = value
 
+    def generate(self, inputs=None, *args, **kwargs):
+        """transformers' `generate`, refusing an empty batch (B = 0) by name: transformers'
+        decoding loop stops on the max of the rows' unfinished flags, which has no value for
+        no rows. (`LanguageModel.generate` returns [0, steps] for one.)"""
+        for name, x in (
+            ("inputs", inputs),
+            ("input_ids", kwargs.get("input_ids")),
+            ("inputs_embeds", kwargs.get("inputs_embeds")),
+        ):
+            if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[0] == 0:
+                raise ValueError(
+                    f"{name}: generate needs at least one row (B >= 1), got shape "
+                    f"{list(x.shape)}; an empty batch has nothing to continue"
+                )
+        return super().generate(inputs, *args, **kwargs)
+
     def get_output_embeddings(self):
         return None  # the head is the embedding itself (tied), not a module
 
@@ -359,12 +375,15 @@ class MirasForCausalLM(MirasPreTrainedModel, GenerationMixin):
 def shifted_loss(logits: torch.Tensor, labels: torch.Tensor, num_items=None) -> torch.Tensor:
     """Cross-entropy of logits [B, T, V] at t against labels [B, T] at t + 1 (at least float32), the
     mean over targets, or their sum / `num_items` (the Trainer's count over accumulated
-    batches)."""
+    batches). Without targets (an empty batch, B = 0, or every label -100) the mean is 0, the
+    sum over none (its gradients zero), not cross_entropy's 0 / 0 = NaN: an empty shard adds
+    nothing to the losses summed or averaged across shards."""
     targets = labels[:, 1:].reshape(-1).to(logits.device)
     flat = logits[:, :-1].reshape(-1, logits.shape[-1])
     flat = flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat
-    reduction = "mean" if num_items is None else "sum"
-    loss = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction=reduction)
-    if num_items is not None:
-        loss = loss / torch.as_tensor(num_items, device=loss.device)
-    return loss
+    loss = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    if num_items is None:
+        count = (targets != IGNORE_INDEX).sum().clamp_min(1)
+    else:
+        count = torch.as_tensor(num_items, device=loss.device)
+    return loss / count

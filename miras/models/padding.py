@@ -131,8 +131,11 @@ def rows_alone(
 ) -> tuple[torch.Tensor, Cache | None]:
     """Each row's tokens alone: run(x_b [1, n, D], its row of the cache or None) ->
     (y_b [1, n, D], its new cache). Returns y [B, T, D] with 0 at padding, and the rows' caches
-    stacked (None without a cache). Cost: B sequential runs."""
+    stacked (None without a cache). Cost: B sequential runs. An empty batch (B = 0) has no row
+    to align, so it runs whole: empty outputs, its (empty) cache, gradients of the run."""
     spans = padding_spans(attention_mask, x.shape[:2])
+    if not spans:
+        return run(x, cache)
     ys, caches = [], []
     for b, (start, stop) in enumerate(spans):
         row_cache = None if cache is None else cache_row(cache, b)

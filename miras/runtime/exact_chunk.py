@@ -73,13 +73,15 @@ SEGMENT_NUMBERS, MIN_SEGMENT_CHUNKS = 1 << 18, 4
 def segment_chunks(seq: Tokens, n: int, c: int) -> int:
     """Chunks of n tokens per segment of `forward`: SEGMENT_NUMBERS over one chunk's
     matrices [B, H, X, nc, nc] (X = Dv for per-channel gates), at least MIN_SEGMENT_CHUNKS.
-    The whole sequence off the CPU, where batches are wide and memory is not faulted in."""
-    if seq.phi_q.device.type != "cpu":
-        return -(-seq.length // n)
+    The whole sequence off the CPU, where batches are wide and memory is not faulted in, and
+    for an empty batch (B = 0), whose chunks hold no numbers."""
     b, h = seq.phi_q.shape[:2]
     gates = [*seq.step_gates.values(), *seq.window_gates.values()]
     x = max((g.shape[-1] for g in gates), default=1)
-    return max(MIN_SEGMENT_CHUNKS, SEGMENT_NUMBERS // (b * h * x * (n * c) ** 2))
+    per_chunk = b * h * x * (n * c) ** 2
+    if seq.phi_q.device.type != "cpu" or per_chunk == 0:
+        return -(-seq.length // n)
+    return max(MIN_SEGMENT_CHUNKS, SEGMENT_NUMBERS // per_chunk)
 
 
 def _forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: ChunkForm):

@@ -82,7 +82,8 @@ def check_state(initial, default: State) -> State:
     kk = state["H_kk"].detach()
     # The read's Cholesky factor sees one triangle of H_kk: an asymmetric one is not a sum of
     # k k^T, and its solve would depend on which triangle is read.
-    if not torch.allclose(kk, kk.mT, rtol=1e-5, atol=1e-6 * float(kk.abs().max().clamp_min(1))):
+    largest = float(kk.abs().max()) if kk.numel() else 0.0  # none in an empty batch (B = 0)
+    if not torch.allclose(kk, kk.mT, rtol=1e-5, atol=1e-6 * max(largest, 1.0)):
         raise ValueError(
             "initial_state['H_kk']: expected a symmetric matrix (the decayed sum of "
             f"gamma k k^T), got one with |H - H^T| up to {float((kk - kk.mT).abs().max()):.3g}"

@@ -42,7 +42,14 @@ def check_written(named: dict[str, torch.Tensor]) -> None:
 
 def launcher(kernel, grid):
     """kernel[grid], autotuned over its configs (kernels/common/tuning.py); with
-    MIRAS_TRITON_CONFIG=i in the environment, config i alone, untuned (tests compare them)."""
+    MIRAS_TRITON_CONFIG=i in the environment, config i alone, untuned (tests compare them).
+
+    A grid with no programs (an empty batch, B = 0: every buffer of the launch is empty, its
+    leading axis B*H) launches nothing. Launched, it would compute nothing either, but on a
+    GPU the autotuner would time the empty launches and keep its pick for the key (the chunk
+    and the widths, not the batch) for every later call."""
+    if 0 in grid:
+        return lambda *args, **meta: None
     pinned = os.environ.get(CONFIG_ENV, "")
     if pinned == "":
         return kernel[grid]
