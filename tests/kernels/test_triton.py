@@ -340,6 +340,7 @@ MATRIX_SPECS = [
     "specs/deltaproduct.yaml",
     "specs/gated_deltanet.yaml",
     "specs/longhorn.yaml",
+    "specs/momentum_delta_rule.yaml",
     "specs/omeganet.yaml",
     "specs/swla.yaml",
     "specs/examples/cauchy_memory.yaml",
