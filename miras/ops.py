@@ -43,7 +43,7 @@ import torch
 import miras
 from miras.components.optimizer.steps import MAX_STEPS
 from miras.rule import MemoryRule
-from miras.runtime import per_channel_gates
+from miras.runtime import per_channel_gates, per_key_gates
 from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size
 from miras.runtime.forms import is_exact, resolve_mode
 from miras.runtime.inputs import check_cu_seqlens, check_qkv, inside_range
@@ -79,6 +79,14 @@ KNOWN_SPECS: dict[str, dict[str, Any]] = {
         "memory": "matrix",
         "bias": "l2",
         "retention": {"kind": "l2", "grad_at": "retained"},
+        "optimizer": "gd",
+    },
+    # Kimi Delta Attention: Gated DeltaNet with a decay per key channel (chunk_kda).
+    "kda": {
+        "name": "kda",
+        "memory": "matrix",
+        "bias": "l2",
+        "retention": {"kind": "l2", "grad_at": "retained", "decay_channels": "key"},
         "optimizer": "gd",
     },
     # MesaNet as fla's chunk_mesa_net runs it: q and k as given (no normalization inside).
@@ -162,7 +170,8 @@ def _fla_gates(rule: MemoryRule, q: torch.Tensor, v, g: Gate, beta: Gate, gates)
 
 def _check_fla_shape(rule: MemoryRule, fla_name: str, name: str, value, q, v) -> None:
     """`g` / `beta`: a floating tensor [B, T, H], or [B, T, H, V] where the rule takes the gate
-    per value channel (miras.runtime.per_channel_gates)."""
+    per value channel (miras.runtime.per_channel_gates), or [B, T, H, K] per key channel
+    (miras.runtime.per_key_gates: KDA's g)."""
     if not value.dtype.is_floating_point:
         raise ValueError(f"{fla_name}: expected a floating tensor, got {_dtype_name(value)}")
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
@@ -173,13 +182,13 @@ def _check_fla_shape(rule: MemoryRule, fla_name: str, name: str, value, q, v) ->
         n = rule.spec.optimizer.steps_per_token()
         head[1] *= n
         steps = f"*{n}"
-    shapes = [head]
+    shapes = {"": head}
     if name in per_channel_gates(rule) and isinstance(v, torch.Tensor) and v.dim() == 4:
-        shapes.append([*head, v.shape[-1]])
-    if list(value.shape) not in shapes:
-        allowed = " or ".join(
-            f"[B, T{steps}, H{', V' if len(s) == 4 else ''}] = {s}" for s in shapes
-        )
+        shapes[", V"] = [*head, v.shape[-1]]
+    if name in per_key_gates(rule):
+        shapes[", K"] = [*head, q.shape[-1]]
+    if list(value.shape) not in shapes.values():
+        allowed = " or ".join(f"[B, T{steps}, H{axis}] = {s}" for axis, s in shapes.items())
         raise ValueError(f"{fla_name}: expected {allowed}, got {list(value.shape)}")
 
 
@@ -613,6 +622,77 @@ def chunk_gated_delta_rule(
     )
 
 
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: Any = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    *,
+    backend: str = "recurrent",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """Kimi Delta Attention, fla's `chunk_kda` (`specs/kda.yaml`): S_t = diag(exp(g_t)) S_{t-1}
+    then the delta rule at the decayed state, S_t += beta_t k_t (v_t - S_t^T k_t)^T, with g
+    [B, T, HV, K] one log-decay per key channel (or [B, T, HV]: Gated DeltaNet). q, k
+    [B, T, H, K], v [B, T, HV, V] (grouped value heads), beta [B, T, HV], states
+    [N, HV, K, V]. A decay per key channel runs on the recurrent backend only (the chunked
+    forms refuse it, naming the gate), so that is the default here: exact, like fla's op, and
+    one token at a time. fla's in-kernel gate options (`use_gate_in_kernel`, `safe_gate`,
+    `lower_bound`, the beta sigmoid, negative eigenvalues) and its performance switches are
+    refused unless left at their defaults."""
+    op = "chunk_kda"
+    _refuse_kwargs(op, kwargs)
+    _refuse(
+        op,
+        use_gate_in_kernel=(use_gate_in_kernel, False),
+        use_beta_sigmoid_in_kernel=(use_beta_sigmoid_in_kernel, False),
+        allow_neg_eigval=(allow_neg_eigval, False),
+        safe_gate=(safe_gate, False),
+        lower_bound=(lower_bound, None),
+        disable_recompute=(disable_recompute, False),
+        return_intermediate_states=(return_intermediate_states, False),
+        cp_context=(cp_context, None),
+        use_graph=(use_graph, False),
+        max_num_seqs=(max_num_seqs, None),
+    )
+    q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
+    return call(
+        known_rule("kda"),
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
+        state_v_first=state_v_first,
+        cu_seqlens_cpu=cu_seqlens_cpu,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
+
+
 def deltaproduct_spec(n: int, gated: bool) -> dict[str, Any]:
     """The spec of DeltaProduct with n Householder steps per token (Siems et al. 2025,
     arXiv:2502.10297): the delta rule taking n gradient steps per token, each on a key and
@@ -909,6 +989,7 @@ __all__ = [
     "chunk_delta_rule",
     "chunk_gated_delta_product",
     "chunk_gated_delta_rule",
+    "chunk_kda",
     "chunk_linear_attn",
     "chunk_mesa_net",
     "chunk_simple_gla",
