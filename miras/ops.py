@@ -89,6 +89,19 @@ KNOWN_SPECS: dict[str, dict[str, Any]] = {
         "retention": {"kind": "l2", "grad_at": "retained", "decay_channels": "key"},
         "optimizer": "gd",
     },
+    # GDN-2 with one erase strength per head (chunk_gdn2; fla's per key channel is no gradient
+    # step): L = b/2 ||y||^2 - <w * v, y> at the decayed state, a unit step.
+    "gdn2": {
+        "name": "gdn2",
+        "memory": "matrix",
+        "bias": {
+            "kind": "custom",
+            "loss": "erase*y**2/2 - write*v*y",
+            "params": {"erase": "gate", "write": "gate"},
+        },
+        "retention": {"kind": "l2", "grad_at": "retained", "decay_channels": "key"},
+        "optimizer": {"kind": "gd", "lr": 1},
+    },
     # MesaNet as fla's chunk_mesa_net runs it: q and k as given (no normalization inside).
     "mesanet": {
         "name": "mesanet",
@@ -693,6 +706,94 @@ def chunk_kda(
     )
 
 
+def chunk_gdn2(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cp_context: Any = None,
+    *,
+    backend: str = "recurrent",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """GDN-2, fla's `chunk_gdn2` (`specs/gdn2.yaml`): S = diag(exp(g_t)) S_{t-1}, then
+    S += k_t (w_t * v_t - S^T (b_t k_t))^T, with g [B, T, H, K] (or [B, T, H]) and the write
+    gate w [B, T, H, V]. The erase strength b is one per head, [B, T, H]: then the step is the
+    gradient at the decayed state of b/2 ||S^T k||^2 - <w * v, S^T k>. fla's b [B, T, H, K]
+    per key channel reads the state at b * k and writes at k, which is no gradient step
+    (docs/ops.md, "fla's delta family"), so a K-wide b is refused, even one constant over K:
+    its gradient per key channel would not be fla's (pass b[..., 0]). HV = H. The recurrent
+    backend by default, the one form that takes a decay per key channel."""
+    op = "chunk_gdn2"
+    _refuse_kwargs(op, kwargs)
+    _refuse(
+        op,
+        use_gate_in_kernel=(use_gate_in_kernel, False),
+        safe_gate=(safe_gate, False),
+        lower_bound=(lower_bound, None),
+        disable_recompute=(disable_recompute, False),
+        return_intermediate_states=(return_intermediate_states, False),
+        cp_context=(cp_context, None),
+    )
+    _one_value_head_per_key_head(op, k, v)
+    rule = known_rule("gdn2")
+    if isinstance(q, torch.Tensor) and q.dim() == 4 and isinstance(v, torch.Tensor):
+        infos = {info.name: info for info in rule.plan.gates}
+        head = list(q.shape[:3])
+        for name, gate, x, shape, meaning in (
+            ("b", "erase", b, head, "the erase strength, one per head"),
+            ("w", "write", w, [*head, v.shape[-1]], "the write gate per value channel"),
+        ):
+            if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+                got = _dtype_name(x) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name}: expected a floating tensor {shape}, got {got}")
+            if name == "b" and list(x.shape) == [*head, k.shape[-1]]:
+                raise ValueError(
+                    f"b: {op} takes the erase strength per head, [B, T, H] = {head}; fla's b "
+                    "per key channel [B, T, H, K] reads the state at b * k and writes at k, "
+                    "which is no gradient step of one loss (docs/ops.md), so it is refused, "
+                    "even constant over K (its gradient per key channel would not be fla's): "
+                    "pass b[..., 0]"
+                )
+            if list(x.shape) != shape:
+                raise ValueError(f"{name}: expected {shape} ({meaning}), got {list(x.shape)}")
+            allowed = infos[gate].allowed
+            _check_fla_range(name, "values", x, allowed, meaning, q.dtype)
+    q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
+    return call(
+        rule,
+        q,
+        k,
+        v,
+        g,
+        None,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
+        gates={"erase": b, "write": w},
+        state_v_first=state_v_first,
+        cu_seqlens_cpu=cu_seqlens_cpu,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
+
+
 def deltaproduct_spec(n: int, gated: bool) -> dict[str, Any]:
     """The spec of DeltaProduct with n Householder steps per token (Siems et al. 2025,
     arXiv:2502.10297): the delta rule taking n gradient steps per token, each on a key and
@@ -989,6 +1090,7 @@ __all__ = [
     "chunk_delta_rule",
     "chunk_gated_delta_product",
     "chunk_gated_delta_rule",
+    "chunk_gdn2",
     "chunk_kda",
     "chunk_linear_attn",
     "chunk_mesa_net",

@@ -339,6 +339,7 @@ MATRIX_SPECS = [
     "specs/deltanet.yaml",
     "specs/deltaproduct.yaml",
     "specs/gated_deltanet.yaml",
+    "specs/gdn2.yaml",
     "specs/kda.yaml",
     "specs/longhorn.yaml",
     "specs/momentum_delta_rule.yaml",

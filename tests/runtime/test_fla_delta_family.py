@@ -204,6 +204,132 @@ def test_chunk_kda_refuses_what_it_does_not_implement():
         ops.chunk_kda(q, k, v, g[..., :3], beta)
 
 
+# GDN-2 --------------------------------------------------------------------------------------------
+
+GDN2 = "specs/gdn2.yaml"
+GDN2_NAMES = ["q", "k", "v", "g", "b", "w", "S0"]
+
+
+def gdn2_inputs(seed: int, batch: int = B, per_key: bool = True):
+    """As `kda_inputs`, with fla's gdn2 gates: g [B, T, H, Dk] (or per head), the erase
+    strength b in [0.1, 0.9] per head [B, T, H] (the spec's `erase`; fla's b [B, T, H, Dk] is
+    that broadcast over K), the write gate w in [0.1, 1] per value channel [B, T, H, Dv]."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (
+        f32_exact(F.normalize(torch.randn(batch, T, H, DK, generator=gen, dtype=f64), dim=-1))
+        for _ in "qk"
+    )
+    v = f32_exact(torch.randn(batch, T, H, DV, generator=gen, dtype=f64))
+    g_shape = (batch, T, H, DK) if per_key else (batch, T, H)
+    g = f32_exact(-0.3 * torch.rand(*g_shape, generator=gen, dtype=f64))
+    b = f32_exact(0.1 + 0.8 * torch.rand(batch, T, H, generator=gen, dtype=f64))
+    w = f32_exact(0.1 + 0.9 * torch.rand(batch, T, H, DV, generator=gen, dtype=f64))
+    s0 = f32_exact(0.1 * torch.randn(batch, H, DK, DV, generator=gen, dtype=f64))
+    leaves = [q, k, v, g, b, w, s0]
+    for x in leaves:
+        x.requires_grad_(True)
+    return leaves
+
+
+def fla_gdn2(q, k, v, g, b, w, s0):
+    """fla's naive recurrent GDN-2; g per head and b per head broadcast over K."""
+    d_k = q.shape[-1]
+    if g.dim() == 3:
+        g = g[..., None].expand(*g.shape, d_k)
+    return fla_naive("gdn2", "naive_recurrent_gdn2")(
+        q, k, v, g, b[..., None].expand(*b.shape, d_k), w, scale=1.0, initial_state=s0,
+        output_final_state=True,
+    )  # fmt: skip
+
+
+def test_gdn2_matches_fla_naive_recurrent_gdn2():
+    rule = miras.compile(GDN2)
+    assert sorted(rule.gates) == ["decay", "erase", "write"]
+    q, k, v, g, b, w, s0 = leaves = gdn2_inputs(seed=10)
+    gates = {"decay": g.exp(), "erase": b, "write": w}
+    o, state = rule(
+        q, k, v, gates, initial_state=s0.mT, output_final_state=True, backend="recurrent"
+    )
+    o_ref, state_ref = fla_gdn2(q, k, v, g, b, w, s0)
+    assert_all_close(o, state.mT, o_ref, state_ref, leaves, GDN2_NAMES)
+
+
+@pytest.mark.parametrize("chunk_mode", ["exact", "start"])
+def test_gdn2_per_head_decay_on_the_chunk_forms(chunk_mode):
+    """With the decay per head the exact chunk form at 64 (a slope per token, erase, and a
+    write gate per value channel) and the chunk-start form at 1 equal fla's recurrence."""
+    rule = miras.compile(GDN2)
+    assert rule.plan.chunk_form.form == "exact"
+    q, k, v, g, b, w, s0 = leaves = gdn2_inputs(seed=11, per_key=False)
+    chunk_size = 64 if chunk_mode == "exact" else 1
+    o, state = rule(
+        q, k, v, {"decay": g.exp(), "erase": b, "write": w}, initial_state=s0.mT,
+        output_final_state=True, backend="chunk", chunk_size=chunk_size, chunk_mode=chunk_mode,
+    )  # fmt: skip
+    o_ref, state_ref = fla_gdn2(q, k, v, g, b, w, s0)
+    assert_all_close(o, state.mT, o_ref, state_ref, leaves, GDN2_NAMES)
+
+
+def test_chunk_gdn2_alias_matches_fla():
+    """ops.chunk_gdn2 in fla's layout and default scale K^-0.5, on packed sequences (B = 1,
+    cu_seqlens [0, 30, 70]) against fla's recurrence per sequence; b per head."""
+    q, k, v, g, b, w, s0 = leaves = gdn2_inputs(seed=12, batch=1)
+    starts = torch.cat([s0, -s0])
+    cu = torch.tensor([0, 30, T])
+    o, state = ops.chunk_gdn2(
+        q, k, v, g, b, w, initial_state=torch.cat([s0, -s0]), output_final_state=True,
+        cu_seqlens=cu,
+    )  # fmt: skip
+    outs, finals = [], []
+    for i, (lo, hi) in enumerate(itertools.pairwise(cu.tolist())):
+        part = [x[:, lo:hi] for x in (q, k, v, g, b, w)]
+        d_k = q.shape[-1]
+        part[4] = part[4][..., None].expand(*part[4].shape, d_k)
+        o_i, s_i = fla_naive("gdn2", "naive_recurrent_gdn2")(
+            *part, initial_state=starts[i : i + 1], output_final_state=True
+        )
+        outs.append(o_i)
+        finals.append(s_i)
+    assert_all_close(o, state, torch.cat(outs, 1), torch.cat(finals), leaves, GDN2_NAMES)
+
+
+def test_chunk_gdn2_refuses_an_erase_strength_per_key_channel():
+    q, k, v, g, b, w, _ = (x.detach() for x in gdn2_inputs(seed=13))
+    per_key = b[..., None].expand(*b.shape, DK)  # constant over K: refused all the same
+    with pytest.raises(ValueError, match=r"b: chunk_gdn2 takes the erase strength per head"):
+        ops.chunk_gdn2(q, k, v, g, per_key, w)
+    with pytest.raises(ValueError, match=r"w: expected \[2, 70, 2, 24\]"):
+        ops.chunk_gdn2(q, k, v, g, b, w[..., :3])
+    with pytest.raises(ValueError, match="chunk_gdn2: safe_gate=True is not supported"):
+        ops.chunk_gdn2(q, k, v, g, b, w, safe_gate=True)
+
+
+@pytest.mark.parametrize("spec", ["kda", "gdn2"])
+def test_kda_and_gdn2_per_head_decay_on_triton(spec):
+    """The Triton backend (the exact form's scan in kernels; Triton's interpreter here), float32
+    throughout, T = 20 at chunk 16 (a partial chunk), a decay per head: outputs, final state and
+    every gradient against fla's recurrence."""
+    rule = miras.compile(f"specs/{spec}.yaml")
+    inputs = kda_inputs if spec == "kda" else gdn2_inputs
+    leaves = [x.detach()[:1, :20].float() for x in inputs(seed=14, per_key=False)[:-1]]
+    leaves.append(inputs(seed=14, per_key=False)[-1].detach()[:1].float())  # S0 [1, H, Dk, Dv]
+    for x in leaves:
+        x.requires_grad_(True)
+    q, k, v, g, *rest, s0 = leaves
+    if spec == "kda":
+        gates = {"decay": g.exp(), "lr": rest[0]}
+        o_ref, state_ref = fla_kda(q, k, v, g, rest[0], s0)
+    else:
+        gates = {"decay": g.exp(), "erase": rest[0], "write": rest[1]}
+        o_ref, state_ref = fla_gdn2(q, k, v, g, *rest, s0)
+    o, state = rule(
+        q, k, v, gates, initial_state=s0.mT, output_final_state=True, backend="triton",
+        chunk_size=16,
+    )  # fmt: skip
+    names = KDA_NAMES if spec == "kda" else GDN2_NAMES
+    assert_all_close(o, state.mT, o_ref, state_ref, leaves, names)
+
+
 # The momentum delta rule ------------------------------------------------------------------------
 
 
