@@ -659,7 +659,7 @@ def chunk_kda(
     use_graph: bool = False,
     max_num_seqs: int | None = None,
     *,
-    backend: str = "recurrent",
+    backend: str = "chunk",
     chunk_size: int = 64,
     **kwargs,
 ):
@@ -667,9 +667,8 @@ def chunk_kda(
     then the delta rule at the decayed state, S_t += beta_t k_t (v_t - S_t^T k_t)^T, with g
     [B, T, HV, K] one log-decay per key channel (or [B, T, HV]: Gated DeltaNet). q, k
     [B, T, H, K], v [B, T, HV, V] (grouped value heads), beta [B, T, HV], states
-    [N, HV, K, V]. A decay per key channel runs on the recurrent backend only (the chunked
-    forms refuse it, naming the gate), so that is the default here: exact, like fla's op, and
-    one token at a time. fla's in-kernel gate options (`use_gate_in_kernel`, `safe_gate`,
+    [N, HV, K, V]. The chunk backend's exact form (`miras.runtime.exact_keys` for a decay per
+    key channel) equals the recurrence at any chunk size, like fla's op. fla's in-kernel gate options (`use_gate_in_kernel`, `safe_gate`,
     `lower_bound`, the beta sigmoid, negative eigenvalues) and its performance switches are
     refused unless left at their defaults."""
     op = "chunk_kda"
@@ -727,7 +726,7 @@ def chunk_gdn2(
     state_v_first: bool = False,
     cp_context: Any = None,
     *,
-    backend: str = "recurrent",
+    backend: str = "chunk",
     chunk_size: int = 64,
     **kwargs,
 ):
@@ -737,8 +736,8 @@ def chunk_gdn2(
     gradient at the decayed state of b/2 ||S^T k||^2 - <w * v, S^T k>. fla's b [B, T, H, K]
     per key channel reads the state at b * k and writes at k, which is no gradient step
     (docs/ops.md, "fla's delta family"), so a K-wide b is refused, even one constant over K:
-    its gradient per key channel would not be fla's (pass b[..., 0]). HV = H. The recurrent
-    backend by default, the one form that takes a decay per key channel."""
+    its gradient per key channel would not be fla's (pass b[..., 0]). HV = H. The chunk
+    backend's exact form, equal to the recurrence at any chunk size."""
     op = "chunk_gdn2"
     _refuse_kwargs(op, kwargs)
     _refuse(

@@ -23,7 +23,7 @@ import torch
 
 from miras.components.base import Range
 from miras.ir import GateInfo
-from miras.runtime import forms, implicit, substeps
+from miras.runtime import exact_keys, forms, implicit, substeps
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import (
     check_backend,
@@ -108,19 +108,29 @@ def per_key_gates(program: Program) -> set[str]:
 
 def _refuse_key_channel_gates(program: Program, gates: dict, form_name: str) -> None:
     """A retention gate per key channel ([B, T, H, Dphi], scaling W's columns) runs on the
-    recurrent form only: the chunked forms and the Triton kernels scale the state by rows (a
-    gate per head or per value channel), so they would compute another rule; refused, naming
-    the gate, rather than run."""
+    recurrent form and the exact chunk form (`exact_keys`, for gd at window 1) only: the
+    chunk-start forms and the Triton kernels scale the state by rows (a gate per head or per
+    value channel), so they would compute another rule; refused, naming the gate, rather
+    than run."""
     if form_name == "recurrent":
+        return
+    why = exact_keys.refusal(program.runtime) if form_name == "exact" else None
+    if form_name == "exact" and why is None:
         return
     for name in program.spec.retention.key_channel_gates:
         g = gates.get(name)
         if isinstance(g, torch.Tensor) and g.shape[-1] > 1:
+            where = (
+                f"the exact chunk form with it does not take {why}"
+                if form_name == "exact"
+                else f"the {form_name!r} form scales the state by rows (per head or per value "
+                "channel) and does not take it"
+            )
             raise ValueError(
                 f"gates[{name!r}]: a decay per key channel [B, T, H, Dk] (retention."
-                f"decay_channels: key) runs on backend='recurrent' only; the {form_name!r} form "
-                "scales the state by rows (per head or per value channel) and does not take it "
-                "yet. Pass backend='recurrent', or a decay per head [B, T, H]"
+                f"decay_channels: key) runs on backend='recurrent' and on the exact chunk form "
+                f"(backend='chunk', chunk_mode 'auto' or 'exact') only; {where}. Pass "
+                "backend='recurrent', or a decay per head [B, T, H]"
             )
 
 

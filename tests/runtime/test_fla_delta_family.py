@@ -128,17 +128,88 @@ def test_kda_per_head_decay_is_gated_deltanet_on_the_chunk_forms(chunk_mode):
     assert_all_close(o, state.mT, o_ref, state_ref, leaves, KDA_NAMES)
 
 
-@pytest.mark.parametrize(
-    ("backend", "chunk_mode", "form"),
-    [("chunk", "auto", "exact"), ("chunk", "start", "start"), ("triton", "auto", "exact_triton")],
-)
-def test_a_decay_per_key_channel_is_refused_off_the_recurrence(backend, chunk_mode, form):
-    """The chunked forms scale the state by rows: they refuse a decay per key channel, naming
-    the gate and the form, rather than compute another rule."""
+@pytest.mark.parametrize("chunk_size", [64, 16])
+def test_kda_exact_chunk_form_with_a_decay_per_key_channel_matches_fla(chunk_size):
+    """The exact chunk form with the decays inside the keys' products (exact_keys.py), at
+    chunk 64 (T = 70: a partial chunk) and 16."""
     rule = miras.compile(KDA)
+    q, k, v, g, beta, s0 = leaves = kda_inputs(seed=15)
+    o, state = rule(
+        q, k, v, {"decay": g.exp(), "lr": beta}, initial_state=s0.mT, output_final_state=True,
+        backend="chunk", chunk_size=chunk_size, chunk_mode="exact",
+    )  # fmt: skip
+    o_ref, state_ref = fla_kda(q, k, v, g, beta, s0)
+    assert_all_close(o, state.mT, o_ref, state_ref, leaves, KDA_NAMES)
+
+
+PER_KEY_STATE = {
+    "name": "per_key_state",
+    "bias": "l2",
+    "retention": {"kind": "l2", "decay_channels": "key"},
+    "optimizer": "gd",
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "channel_gate"),
+    [(PER_KEY_STATE, None), (KDA, "lr"), ("specs/gdn2.yaml", "erase")],
+    ids=["grad_at_state", "kda_lr_per_value_channel", "gdn2_erase_per_value_channel"],
+)
+def test_exact_keys_form_equals_the_recurrence(spec, channel_gate):
+    """float64, against miras's own recurrence at 1e-10: the gradient at the state (G_{t-1}
+    in the reads), and a step size or slope per value channel (one system per channel)."""
+    rule = miras.compile(spec)
+    gen = torch.Generator().manual_seed(16)
+    q, k = (F.normalize(torch.randn(B, T, H, DK, generator=gen, dtype=f64), dim=-1) for _ in "qk")
+    v = torch.randn(B, T, H, DV, generator=gen, dtype=f64)
+    gates = {}
+    for name in rule.gates:
+        shape = (B, T, H, DK) if name == "decay" else (B, T, H)
+        if name in ("write", channel_gate):
+            shape = (B, T, H, DV)
+        lo, hi = (0.75, 1.0) if name == "decay" else (0.1, 0.9)
+        gates[name] = lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=f64)
+    w0 = 0.1 * torch.randn(B, H, DV, DK, generator=gen, dtype=f64)
+    leaves = [q, k, v, *gates.values(), w0]
+    for x in leaves:
+        x.requires_grad_(True)
+    common = dict(initial_state=w0, output_final_state=True)
+    o, state = rule(q, k, v, gates, backend="chunk", chunk_size=64, **common)
+    o_ref, state_ref = rule(q, k, v, gates, backend="recurrent", **common)
+    exact = dict(rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(o, o_ref, **exact)
+    torch.testing.assert_close(state, state_ref, **exact)
+    for grad, grad_ref in zip(
+        loss_and_grads(o, state, leaves), loss_and_grads(o_ref, state_ref, leaves), strict=True
+    ):
+        torch.testing.assert_close(grad, grad_ref, **exact)
+
+
+@pytest.mark.parametrize(
+    ("spec", "backend", "chunk_mode", "why"),
+    [
+        (KDA, "chunk", "start", "the 'start' form scales the state by rows"),
+        (KDA, "triton", "auto", "the 'exact_triton' form scales the state by rows"),
+        (
+            {**PER_KEY_STATE, "name": "per_key_momentum", "optimizer": "momentum"},
+            "chunk",
+            "auto",
+            "the exact chunk form with it does not take optimizer 'momentum'",
+        ),
+    ],
+    ids=["chunk_start", "triton", "momentum"],
+)
+def test_a_decay_per_key_channel_is_refused_where_no_form_takes_it(spec, backend, chunk_mode, why):
+    """The chunk-start forms and the Triton kernels scale the state by rows, and the exact
+    form with a decay per key channel takes gd at window 1: each refuses it, naming the gate
+    and the reason, rather than compute another rule."""
+    rule = miras.compile(spec)
     q, k, v, g, beta, _ = (x.detach() for x in kda_inputs(seed=4))
-    with pytest.raises(ValueError, match=rf"gates\['decay'\]: a decay per key channel .*'{form}'"):
-        rule(q, k, v, {"decay": g.exp(), "lr": beta}, backend=backend, chunk_mode=chunk_mode)
+    gates = {"decay": g.exp(), "lr": beta}
+    if "momentum" in rule.gates:
+        gates["momentum"] = 0.5
+    with pytest.raises(ValueError, match=rf"gates\['decay'\]: a decay per key channel .*{why}"):
+        rule(q, k, v, gates, backend=backend, chunk_mode=chunk_mode)
 
 
 def test_a_decay_per_key_channel_needs_the_declaration():
