@@ -668,9 +668,9 @@ def chunk_kda(
     [B, T, HV, K] one log-decay per key channel (or [B, T, HV]: Gated DeltaNet). q, k
     [B, T, H, K], v [B, T, HV, V] (grouped value heads), beta [B, T, HV], states
     [N, HV, K, V]. The chunk backend's exact form (`miras.runtime.exact_keys` for a decay per
-    key channel) equals the recurrence at any chunk size, like fla's op. fla's in-kernel gate options (`use_gate_in_kernel`, `safe_gate`,
-    `lower_bound`, the beta sigmoid, negative eigenvalues) and its performance switches are
-    refused unless left at their defaults."""
+    key channel) equals the recurrence at any chunk size, like fla's op. fla's in-kernel gate
+    options (`use_gate_in_kernel`, `safe_gate`, `lower_bound`, the beta sigmoid, negative
+    eigenvalues) and its performance switches are refused unless left at their defaults."""
     op = "chunk_kda"
     _refuse_kwargs(op, kwargs)
     _refuse(

@@ -18,9 +18,9 @@ keys' products, as in Kimi Linear's KDA, Kimi Team 2025, arXiv:2510.26692):
 so the signals of a chunk solve one unit-lower-triangular system, per value channel where the
 slope or the step size has one (X = Dv):
 
-    (I + diag(lr A) K) r = lr A (P_0) + lr C,   K[t, s] = sum_d k_t,d k_s,d exp(R_t,d - G_s,d), s < t
+    (I + diag(lr A) K) r = lr A P_0 + lr C,    K[t, s] = sum_d k_t,d k_s,d exp(R_t,d - G_s,d)
 
-with P_0 = W_0 exp(R_t) k_t, and
+(s < t; K is 0 elsewhere) with P_0 = W_0 exp(R_t) k_t, and
 
     o_t = W_0 (exp(G_t) q_t) - sum_{s<=t} r_s (k_s . exp(G_t - G_s) q_t)
     W_n = W_0 diag(exp(G_end)) - sum_s r_s (exp(G_end - G_s) k_s)^T
