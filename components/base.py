@@ -120,6 +120,11 @@ class Component(BaseModel):
     # layer, its ceiling there, its probe candidates), by name; one left out gets
     # `GateDefaults()`: start 1, no ceiling, no probe values.
     gate_defaults: ClassVar[dict[str, GateDefaults]] = {}
+    # Gates that may vary per key feature, [B, T, H, Dphi], rather than per value channel:
+    # on a matrix memory W [Dv, Dphi] such a gate scales W's columns (the exact optimizer's
+    # ridge on diag(H_kk); an l2 decay per key channel, KDA). A component whose fields decide
+    # it overrides this with a property.
+    key_channel_gates: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def summary(cls) -> str:
@@ -309,8 +314,6 @@ class Optimizer(Component):
     # True when the optimizer solves the whole objective instead of stepping (exact): the
     # state is the objective's sufficient statistics and `whole_step_lines` shows the step.
     solves_exactly: ClassVar[bool] = False
-    # Gates that may vary per key feature, [B, T, H, Dphi], rather than per value channel.
-    key_channel_gates: ClassVar[tuple[str, ...]] = ()
     # The gate b_t that scales the gradient (the learning rate), where the optimizer has one:
     # a model layer bounds its start by the feature norm, the probes divide it by
     # ||phi(k_t)||^2, and fla's ops take it as `beta`.

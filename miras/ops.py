@@ -43,7 +43,7 @@ import torch
 import miras
 from miras.components.optimizer.steps import MAX_STEPS
 from miras.rule import MemoryRule
-from miras.runtime import per_channel_gates
+from miras.runtime import per_channel_gates, per_key_gates
 from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size
 from miras.runtime.forms import is_exact, resolve_mode
 from miras.runtime.inputs import check_cu_seqlens, check_qkv, inside_range
@@ -80,6 +80,27 @@ KNOWN_SPECS: dict[str, dict[str, Any]] = {
         "bias": "l2",
         "retention": {"kind": "l2", "grad_at": "retained"},
         "optimizer": "gd",
+    },
+    # Kimi Delta Attention: Gated DeltaNet with a decay per key channel (chunk_kda).
+    "kda": {
+        "name": "kda",
+        "memory": "matrix",
+        "bias": "l2",
+        "retention": {"kind": "l2", "grad_at": "retained", "decay_channels": "key"},
+        "optimizer": "gd",
+    },
+    # GDN-2 with one erase strength per head (chunk_gdn2; fla's per key channel is no gradient
+    # step): L = b/2 ||y||^2 - <w * v, y> at the decayed state, a unit step.
+    "gdn2": {
+        "name": "gdn2",
+        "memory": "matrix",
+        "bias": {
+            "kind": "custom",
+            "loss": "erase*y**2/2 - write*v*y",
+            "params": {"erase": "gate", "write": "gate"},
+        },
+        "retention": {"kind": "l2", "grad_at": "retained", "decay_channels": "key"},
+        "optimizer": {"kind": "gd", "lr": 1},
     },
     # MesaNet as fla's chunk_mesa_net runs it: q and k as given (no normalization inside).
     "mesanet": {
@@ -162,7 +183,8 @@ def _fla_gates(rule: MemoryRule, q: torch.Tensor, v, g: Gate, beta: Gate, gates)
 
 def _check_fla_shape(rule: MemoryRule, fla_name: str, name: str, value, q, v) -> None:
     """`g` / `beta`: a floating tensor [B, T, H], or [B, T, H, V] where the rule takes the gate
-    per value channel (miras.runtime.per_channel_gates)."""
+    per value channel (miras.runtime.per_channel_gates), or [B, T, H, K] per key channel
+    (miras.runtime.per_key_gates: KDA's g)."""
     if not value.dtype.is_floating_point:
         raise ValueError(f"{fla_name}: expected a floating tensor, got {_dtype_name(value)}")
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
@@ -173,13 +195,13 @@ def _check_fla_shape(rule: MemoryRule, fla_name: str, name: str, value, q, v) ->
         n = rule.spec.optimizer.steps_per_token()
         head[1] *= n
         steps = f"*{n}"
-    shapes = [head]
+    shapes = {"": head}
     if name in per_channel_gates(rule) and isinstance(v, torch.Tensor) and v.dim() == 4:
-        shapes.append([*head, v.shape[-1]])
-    if list(value.shape) not in shapes:
-        allowed = " or ".join(
-            f"[B, T{steps}, H{', V' if len(s) == 4 else ''}] = {s}" for s in shapes
-        )
+        shapes[", V"] = [*head, v.shape[-1]]
+    if name in per_key_gates(rule):
+        shapes[", K"] = [*head, q.shape[-1]]
+    if list(value.shape) not in shapes.values():
+        allowed = " or ".join(f"[B, T{steps}, H{axis}] = {s}" for axis, s in shapes.items())
         raise ValueError(f"{fla_name}: expected {allowed}, got {list(value.shape)}")
 
 
@@ -613,6 +635,164 @@ def chunk_gated_delta_rule(
     )
 
 
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: Any = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    *,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """Kimi Delta Attention, fla's `chunk_kda` (`specs/kda.yaml`): S_t = diag(exp(g_t)) S_{t-1}
+    then the delta rule at the decayed state, S_t += beta_t k_t (v_t - S_t^T k_t)^T, with g
+    [B, T, HV, K] one log-decay per key channel (or [B, T, HV]: Gated DeltaNet). q, k
+    [B, T, H, K], v [B, T, HV, V] (grouped value heads), beta [B, T, HV], states
+    [N, HV, K, V]. The chunk backend's exact form (`miras.runtime.exact_keys` for a decay per
+    key channel) equals the recurrence at any chunk size, like fla's op. fla's in-kernel gate
+    options (`use_gate_in_kernel`, `safe_gate`, `lower_bound`, the beta sigmoid, negative
+    eigenvalues) and its performance switches are refused unless left at their defaults."""
+    op = "chunk_kda"
+    _refuse_kwargs(op, kwargs)
+    _refuse(
+        op,
+        use_gate_in_kernel=(use_gate_in_kernel, False),
+        use_beta_sigmoid_in_kernel=(use_beta_sigmoid_in_kernel, False),
+        allow_neg_eigval=(allow_neg_eigval, False),
+        safe_gate=(safe_gate, False),
+        lower_bound=(lower_bound, None),
+        disable_recompute=(disable_recompute, False),
+        return_intermediate_states=(return_intermediate_states, False),
+        cp_context=(cp_context, None),
+        use_graph=(use_graph, False),
+        max_num_seqs=(max_num_seqs, None),
+    )
+    q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
+    return call(
+        known_rule("kda"),
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
+        state_v_first=state_v_first,
+        cu_seqlens_cpu=cu_seqlens_cpu,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
+
+
+def chunk_gdn2(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cp_context: Any = None,
+    *,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """GDN-2, fla's `chunk_gdn2` (`specs/gdn2.yaml`): S = diag(exp(g_t)) S_{t-1}, then
+    S += k_t (w_t * v_t - S^T (b_t k_t))^T, with g [B, T, H, K] (or [B, T, H]) and the write
+    gate w [B, T, H, V]. The erase strength b is one per head, [B, T, H]: then the step is the
+    gradient at the decayed state of b/2 ||S^T k||^2 - <w * v, S^T k>. fla's b [B, T, H, K]
+    per key channel reads the state at b * k and writes at k, which is no gradient step
+    (docs/ops.md, "fla's delta family"), so a K-wide b is refused, even one constant over K:
+    its gradient per key channel would not be fla's (pass b[..., 0]). HV = H. The chunk
+    backend's exact form, equal to the recurrence at any chunk size."""
+    op = "chunk_gdn2"
+    _refuse_kwargs(op, kwargs)
+    _refuse(
+        op,
+        use_gate_in_kernel=(use_gate_in_kernel, False),
+        safe_gate=(safe_gate, False),
+        lower_bound=(lower_bound, None),
+        disable_recompute=(disable_recompute, False),
+        return_intermediate_states=(return_intermediate_states, False),
+        cp_context=(cp_context, None),
+    )
+    _one_value_head_per_key_head(op, k, v)
+    rule = known_rule("gdn2")
+    if isinstance(q, torch.Tensor) and q.dim() == 4 and isinstance(v, torch.Tensor):
+        infos = {info.name: info for info in rule.plan.gates}
+        head = list(q.shape[:3])
+        for name, gate, x, shape, meaning in (
+            ("b", "erase", b, head, "the erase strength, one per head"),
+            ("w", "write", w, [*head, v.shape[-1]], "the write gate per value channel"),
+        ):
+            if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+                got = _dtype_name(x) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name}: expected a floating tensor {shape}, got {got}")
+            if name == "b" and list(x.shape) == [*head, k.shape[-1]]:
+                raise ValueError(
+                    f"b: {op} takes the erase strength per head, [B, T, H] = {head}; fla's b "
+                    "per key channel [B, T, H, K] reads the state at b * k and writes at k, "
+                    "which is no gradient step of one loss (docs/ops.md), so it is refused, "
+                    "even constant over K (its gradient per key channel would not be fla's): "
+                    "pass b[..., 0]"
+                )
+            if list(x.shape) != shape:
+                raise ValueError(f"{name}: expected {shape} ({meaning}), got {list(x.shape)}")
+            allowed = infos[gate].allowed
+            _check_fla_range(name, "values", x, allowed, meaning, q.dtype)
+    q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
+    return call(
+        rule,
+        q,
+        k,
+        v,
+        g,
+        None,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
+        gates={"erase": b, "write": w},
+        state_v_first=state_v_first,
+        cu_seqlens_cpu=cu_seqlens_cpu,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
+
+
 def deltaproduct_spec(n: int, gated: bool) -> dict[str, Any]:
     """The spec of DeltaProduct with n Householder steps per token (Siems et al. 2025,
     arXiv:2502.10297): the delta rule taking n gradient steps per token, each on a key and
@@ -909,6 +1089,8 @@ __all__ = [
     "chunk_delta_rule",
     "chunk_gated_delta_product",
     "chunk_gated_delta_rule",
+    "chunk_gdn2",
+    "chunk_kda",
     "chunk_linear_attn",
     "chunk_mesa_net",
     "chunk_simple_gla",

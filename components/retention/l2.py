@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from miras.components.base import DECAY_GATE, UNIT, GateDefaults, Range, Retention, gate_or
 
@@ -21,6 +23,11 @@ class L2Retention(Retention):
     # Where the bias gradient is taken: at W_{t-1} (MIRAS, Titans) or at the retained state
     # a_t W_{t-1} (the Gated DeltaNet order).
     grad_at: Literal["state", "retained"] = "state"
+    # The channel axis a decay gate may carry besides the head: "value", [B, T, H, Dv] (one
+    # decay per row of W [Dv, Dphi]), or "key", [B, T, H, Dphi] (one per column: KDA's decay
+    # per key channel). Per head, [B, T, H], either way. Declared, not read off the shape,
+    # since Dv = Dk would make the shape ambiguous.
+    decay_channels: Literal["value", "key"] = "value"
     gateable: ClassVar[dict[str, Range]] = {"decay": UNIT}
     gate_defaults: ClassVar[dict[str, GateDefaults]] = {"decay": DECAY_GATE}
     linear_step: ClassVar[bool] = True
@@ -42,3 +49,41 @@ class L2Retention(Retention):
 
     def retained_factor(self) -> str | None:
         return "decay" if self.grad_at == "retained" else None
+
+    @model_serializer(mode="wrap")
+    def _long_form(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The long form leaves out `decay_channels: value`, so a spec without a per-key decay
+        keeps the digest it had before the field existed (compile caches, stored studies)."""
+        data = handler(self)
+        if data.get("decay_channels") == "value":
+            data.pop("decay_channels")
+        return data
+
+    @property
+    def key_channel_gates(self) -> tuple[str, ...]:  # type: ignore[override]
+        """("decay",) with `decay_channels: key` and the decay a gate: it then scales the
+        columns of W, one decay per key feature."""
+        return ("decay",) if self.decay_channels == "key" and self.decay == "gate" else ()
+
+    def spec_problems(self, spec: Any) -> list:
+        """A decay per key channel scales the columns of a matrix memory W [Dv, Dphi]: it
+        needs that memory, and a gate to vary."""
+        from miras.errors import Problem
+
+        if self.decay_channels != "key":
+            return []
+        why = "decay_channels: key gives one decay per column of a matrix memory W [Dv, Dphi]"
+        problems = []
+        if not spec.memory.linear or not spec.memory.parametric:
+            problems.append(
+                Problem("retention.decay_channels", f"{why}; memory {spec.memory.kind!r} has none")
+            )
+        if self.decay != "gate":
+            problems.append(
+                Problem(
+                    "retention.decay_channels",
+                    f"{why}; a fixed decay ({self.decay}) is one number for every channel: "
+                    "set decay: gate or drop decay_channels",
+                )
+            )
+        return problems

@@ -23,7 +23,7 @@ import torch
 
 from miras.components.base import Range
 from miras.ir import GateInfo
-from miras.runtime import forms, implicit, substeps
+from miras.runtime import exact_keys, forms, implicit, substeps
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import (
     check_backend,
@@ -95,13 +95,43 @@ def per_channel_gates(program: Program) -> set[str]:
     gates = set(bias_gates) if program.bias.elementwise else set()
     if program.spec.memory.linear:
         gates |= set(program.gates) - {program.spec.window.weight_gate} - bias_gates
-    return gates
+    return gates - per_key_gates(program)
 
 
 def per_key_gates(program: Program) -> set[str]:
-    """The gates `program` also takes per key feature, [B, T, H, Dphi] (the exact optimizer's
-    ridge on diag(H_kk)): the optimizer's `key_channel_gates` that are gates."""
-    return set(program.spec.optimizer.key_channel_gates) & set(program.gates)
+    """The gates `program` also takes per key feature, [B, T, H, Dphi], instead of per value
+    channel: the components' `key_channel_gates` that are gates (the exact optimizer's ridge
+    on diag(H_kk); an l2 retention's decay with `decay_channels: key`, KDA)."""
+    declared = {n for comp in program.spec.components().values() for n in comp.key_channel_gates}
+    return declared & set(program.gates)
+
+
+def _refuse_key_channel_gates(program: Program, gates: dict, form_name: str) -> None:
+    """A retention gate per key channel ([B, T, H, Dphi], scaling W's columns) runs on the
+    recurrent form and the exact chunk form (`exact_keys`, for gd at window 1) only: the
+    chunk-start forms and the Triton kernels scale the state by rows (a gate per head or per
+    value channel), so they would compute another rule; refused, naming the gate, rather
+    than run."""
+    if form_name == "recurrent":
+        return
+    why = exact_keys.refusal(program.runtime) if form_name == "exact" else None
+    if form_name == "exact" and why is None:
+        return
+    for name in program.spec.retention.key_channel_gates:
+        g = gates.get(name)
+        if isinstance(g, torch.Tensor) and g.shape[-1] > 1:
+            where = (
+                f"the exact chunk form with it does not take {why}"
+                if form_name == "exact"
+                else f"the {form_name!r} form scales the state by rows (per head or per value "
+                "channel) and does not take it"
+            )
+            raise ValueError(
+                f"gates[{name!r}]: a decay per key channel [B, T, H, Dk] (retention."
+                f"decay_channels: key) runs on backend='recurrent' and on the exact chunk form "
+                f"(backend='chunk', chunk_mode 'auto' or 'exact') only; {where}. Pass "
+                "backend='recurrent', or a decay per head [B, T, H]"
+            )
 
 
 def run(
@@ -208,6 +238,7 @@ def run(
         per_channel_ok=per_channel_gates(program),
         per_key_ok=per_key_gates(program),
     )
+    _refuse_key_channel_gates(program, gates, chosen.name)
     dtype = state_dtype(q.dtype)
 
     # [B, T, H, D] -> [B, H, T, D], in the state's precision.
@@ -246,6 +277,13 @@ def run(
             f"v: the residual form x + LN(MLP(x)) needs Dv = Dphi = {d_phi} (the feature map's "
             f"width), got Dv = {shapes.d_value}"
         )
+    for name in program.spec.retention.key_channel_gates:
+        if gates_[name].shape[-1] not in (1, d_phi):
+            raise ValueError(
+                f"gates[{name!r}]: a decay per key channel scales the columns of W [Dv, Dphi], "
+                f"so it needs Dphi = Dk; the {program.spec.feature_map.kind} feature map gives "
+                f"Dphi = {d_phi} at Dk = {shapes.d_key}: pass it per head [B, T, H]"
+            )
     default = rt.initial_state(shapes.batch, shapes.heads, d_phi, shapes.d_value, dtype, q.device)
     pads = {info.name: inside_value(info.allowed) for info in program.plan.gates}
     default.update(_empty_window(rt, shapes, d_phi, gates_, pads, dtype, q.device))

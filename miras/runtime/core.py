@@ -85,8 +85,16 @@ class Runtime:
             value = torch.cumprod(gate_values(self.spec.retention, factor, gates, t, like), dim=2)
         else:
             value = self.scalar(self.spec.retention, factor, gates, t)
-        decay = as_param_gate(value)
+        decay = self.param_gate(factor, value)
         return {n: decay * w for n, w in weights.items()}
+
+    def param_gate(self, name: str, g: torch.Tensor | float) -> torch.Tensor | float:
+        """Retention gate `name` at a token or a chunk's tokens ([.., X]) shaped to scale a
+        parameter [.., out, in]: by rows ([.., X, 1]), or by columns ([.., 1, X]) for a gate
+        per key channel (the retention's `key_channel_gates`; X = 1 is the same either way)."""
+        if isinstance(g, torch.Tensor) and name in self.spec.retention.key_channel_gates:
+            return g.unsqueeze(-2)
+        return as_param_gate(g)
 
     def optimizer_step(self, grads: Params, state: State, gates: dict, t) -> Params:
         """u_t for every parameter from g_t (the optimizer component's `update`); the

@@ -27,6 +27,7 @@ from miras.runtime import (
     chunk,
     dual,
     exact_chunk,
+    exact_keys,
     exact_minimizer,
     exact_triton,
     recurrent,
@@ -165,6 +166,8 @@ def _recurrent(call: Call):
 
 
 def _exact(call: Call):
+    if exact_keys.decays_per_key(call.rt, call.seq):  # KDA's decay: the form of its own
+        return exact_keys.forward(call.rt, call.seq, call.state, call.chunk_size, call.chunk)
     return exact_chunk.forward(call.rt, call.seq, call.state, call.chunk_size, call.chunk)
 
 
@@ -237,7 +240,8 @@ FORMS: dict[str, Form] = {
         ),
         Form(
             "exact",
-            "each chunk solved exactly, equal to the recurrence at any chunk size (exact_chunk.py)",
+            "each chunk solved exactly, equal to the recurrence at any chunk size (exact_chunk.py; "
+            "a decay per key channel: exact_keys.py)",
             ("chunk",),
             ("exact",),
             _exact,

@@ -151,8 +151,14 @@ def check_gates(
         if tuple(g.shape) == head:
             g = g.unsqueeze(-1)
         elif info.name in per_key_ok and tuple(g.shape) == (*head, shapes.d_key):
-            pass  # per key feature (`per_key_ok`: the exact optimizer's ridge)
+            pass  # per key feature (`per_key_ok`: the exact optimizer's ridge, KDA's decay)
         elif tuple(g.shape) == (*head, shapes.d_value):
+            if info.name in per_key_ok:  # declared per key channel (KDA's decay)
+                raise ValueError(
+                    f"gates[{info.name!r}]: expected [B, T, H] = {list(head)} or [B, T, H, Dk] = "
+                    f"{[*head, shapes.d_key]} (this rule takes it per key channel, not per value "
+                    f"channel), got {list(g.shape)}"
+                )
             if info.name not in per_channel_ok:
                 raise ValueError(
                     f"gates[{info.name!r}]: this rule takes this gate per head only (a per-channel "

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from miras.runtime.core import Runtime, State, Tokens, as_param_gate
+from miras.runtime.core import Runtime, State, Tokens
 
 # record(t, piece, value): what `step` produced, piece by piece (miras check replays with it).
 Recorder = Callable[[int, str, object], None]
@@ -52,7 +52,7 @@ def step(rt: Runtime, seq: Tokens, state: State, t: int, record: Recorder | None
     weights = rt.gradient_point(rt.weights(state), gates, t)
     grads = gradient(rt, weights, seq, t)
     updates = optimizer_step(rt, grads, state, gates, t)
-    retention_args = [as_param_gate(gates[n][:, :, t]) for n in rt.retention_gates]
+    retention_args = [rt.param_gate(n, gates[n][:, :, t]) for n in rt.retention_gates]
     for n, u in updates.items():
         state[n] = rt.functions.retention_step(state[n], u, *retention_args)
     o = rt.memory.forward(rt.weights(state), seq.phi_q[:, :, t])

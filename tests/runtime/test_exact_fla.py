@@ -36,13 +36,7 @@ f64 = torch.float64
 B, T, H, DK, DV = 2, 100, 2, 12, 7  # Dk != Dv so a transposed state cannot pass
 CHUNK = dict(backend="chunk", chunk_size=64, chunk_mode="exact")
 
-MOMENTUM_DELTA_RULE = {
-    "name": "momentum_delta_rule",
-    "memory": "matrix",
-    "bias": "l2",
-    "retention": "l2",
-    "optimizer": "momentum",
-}
+MOMENTUM_DELTA_RULE = "specs/momentum_delta_rule.yaml"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,0 +1,484 @@
+"""fla-core 0.6's newer delta-family recurrences as shipped specs (issue 39), each against fla's
+pure-torch reference: forward, final state and every gradient.
+
+- `kda` (specs/kda.yaml): Kimi Delta Attention, Gated DeltaNet with one decay per key channel,
+  against `naive_recurrent_kda` (`fla/ops/kda/naive.py`). fla's state is S [K, V] and
+  `S = S * exp(g)[:, None]` scales its key rows; miras's W = S^T [V, K] has the decay per
+  column: `retention: {kind: l2, decay_channels: key}`. The decay per key channel runs on the
+  recurrent backend; the chunked forms and Triton refuse it, naming the gate.
+- `momentum_delta_rule` (specs/momentum_delta_rule.yaml) against
+  `recurrent_momentum_delta_rule_ref` on the recurrent backend and packed sequences (the
+  chunk form at 64 and the parameterization: tests/runtime/test_exact_fla.py).
+
+fla computes in float32 whatever the input dtype, so the inputs are float32-representable
+float64 tensors, miras runs in float64 and the tolerance is a relative RMS of 1e-5
+(tests/runtime/test_known_models.py). T = 70: a full chunk of 64 and a partial one.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_exact_fla import as_miras, momentum_inputs
+from test_known_models import FLA_TOL, assert_rel_rms, f32_exact, fla_naive, loss_and_grads
+
+import miras
+from miras import ops
+
+f64 = torch.float64
+B, T, H, DK, DV = 2, 70, 2, 16, 24  # Dk != Dv so a transposed state cannot pass
+KDA = "specs/kda.yaml"
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def kda_inputs(seed: int, batch: int = B, per_key: bool = True):
+    """q, k unit rows [B, T, H, Dk], v ~ N(0, 1), log-decays g in [-0.3, 0] per key channel
+    [B, T, H, Dk] (or per head), beta in [0.1, 0.9], a non-zero initial state [B, H, Dk, Dv]
+    (fla's layout); all leaves require grad."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (
+        f32_exact(F.normalize(torch.randn(batch, T, H, DK, generator=gen, dtype=f64), dim=-1))
+        for _ in "qk"
+    )
+    v = f32_exact(torch.randn(batch, T, H, DV, generator=gen, dtype=f64))
+    g_shape = (batch, T, H, DK) if per_key else (batch, T, H)
+    g = f32_exact(-0.3 * torch.rand(*g_shape, generator=gen, dtype=f64))
+    beta = f32_exact(0.1 + 0.8 * torch.rand(batch, T, H, generator=gen, dtype=f64))
+    s0 = f32_exact(0.1 * torch.randn(batch, H, DK, DV, generator=gen, dtype=f64))
+    leaves = [q, k, v, g, beta, s0]
+    for x in leaves:
+        x.requires_grad_(True)
+    return leaves
+
+
+def fla_kda(q, k, v, g, beta, s0):
+    """fla's naive recurrent KDA, g per key channel (a per-head g broadcast over K)."""
+    if g.dim() == 3:
+        g = g[..., None].expand(*g.shape, q.shape[-1])
+    return fla_naive("kda", "naive_recurrent_kda")(
+        q, k, v, g, beta, scale=1.0, initial_state=s0, output_final_state=True
+    )
+
+
+def assert_all_close(o, state, o_ref, state_ref, leaves, names):
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    assert_rel_rms(state, state_ref, FLA_TOL, "final state")
+    grads = loss_and_grads(o, state, leaves)
+    grads_ref = loss_and_grads(o_ref.double(), state_ref.double(), leaves)
+    for what, grad, grad_ref in zip(names, grads, grads_ref, strict=True):
+        assert_rel_rms(grad, grad_ref, FLA_TOL, f"d/d{what}")
+
+
+KDA_NAMES = ["q", "k", "v", "g", "beta", "S0"]
+
+
+def test_kda_matches_fla_naive_recurrent_kda():
+    rule = miras.compile(KDA)
+    assert rule.gates == ["decay", "lr"]
+    q, k, v, g, beta, s0 = leaves = kda_inputs(seed=1)
+    o, state = rule(
+        q, k, v, {"decay": g.exp(), "lr": beta}, initial_state=s0.mT, output_final_state=True,
+        backend="recurrent",
+    )  # fmt: skip
+    o_ref, state_ref = fla_kda(q, k, v, g, beta, s0)
+    assert_all_close(o, state.mT, o_ref, state_ref, leaves, KDA_NAMES)
+
+
+def test_kda_packed_sequences_match_fla_per_sequence():
+    """cu_seqlens [0, 30, 70] on B = 1 against fla's recurrence run on each sequence alone
+    (fla's naive function takes no cu_seqlens), from one initial state each."""
+    rule = miras.compile(KDA)
+    q, k, v, g, beta, s0 = leaves = kda_inputs(seed=2, batch=1)
+
+    def s0_packed():  # [N = 2, H, Dk, Dv]; built per graph, as each is freed in its backward
+        return torch.cat([s0, 0.5 * s0])
+
+    cu = torch.tensor([0, 30, T])
+    o, state = rule(
+        q, k, v, {"decay": g.exp(), "lr": beta}, initial_state=s0_packed().mT,
+        output_final_state=True, backend="recurrent", cu_seqlens=cu,
+    )  # fmt: skip
+    outs, finals, starts = [], [], s0_packed()
+    for i, (lo, hi) in enumerate(itertools.pairwise(cu.tolist())):
+        part = [x[:, lo:hi] for x in (q, k, v, g, beta)]
+        o_i, s_i = fla_kda(*part, starts[i : i + 1])
+        outs.append(o_i)
+        finals.append(s_i)
+    assert_all_close(o, state.mT, torch.cat(outs, 1), torch.cat(finals), leaves, KDA_NAMES)
+
+
+@pytest.mark.parametrize("chunk_mode", ["exact", "start"])
+def test_kda_per_head_decay_is_gated_deltanet_on_the_chunk_forms(chunk_mode):
+    """A decay per head [B, T, H] is the same rule on every form: the exact chunk form at 64
+    equals fla's KDA with g broadcast over the key channels (the compiler proves the step
+    affine); the chunk-start form at chunk size 1 is the recurrence."""
+    rule = miras.compile(KDA)
+    assert rule.plan.chunk_form.form == "exact"
+    q, k, v, g, beta, s0 = leaves = kda_inputs(seed=3, per_key=False)
+    chunk_size = 64 if chunk_mode == "exact" else 1
+    o, state = rule(
+        q, k, v, {"decay": g.exp(), "lr": beta}, initial_state=s0.mT, output_final_state=True,
+        backend="chunk", chunk_size=chunk_size, chunk_mode=chunk_mode,
+    )  # fmt: skip
+    o_ref, state_ref = fla_kda(q, k, v, g, beta, s0)
+    assert_all_close(o, state.mT, o_ref, state_ref, leaves, KDA_NAMES)
+
+
+@pytest.mark.parametrize("chunk_size", [64, 16])
+def test_kda_exact_chunk_form_with_a_decay_per_key_channel_matches_fla(chunk_size):
+    """The exact chunk form with the decays inside the keys' products (exact_keys.py), at
+    chunk 64 (T = 70: a partial chunk) and 16."""
+    rule = miras.compile(KDA)
+    q, k, v, g, beta, s0 = leaves = kda_inputs(seed=15)
+    o, state = rule(
+        q, k, v, {"decay": g.exp(), "lr": beta}, initial_state=s0.mT, output_final_state=True,
+        backend="chunk", chunk_size=chunk_size, chunk_mode="exact",
+    )  # fmt: skip
+    o_ref, state_ref = fla_kda(q, k, v, g, beta, s0)
+    assert_all_close(o, state.mT, o_ref, state_ref, leaves, KDA_NAMES)
+
+
+PER_KEY_STATE = {
+    "name": "per_key_state",
+    "bias": "l2",
+    "retention": {"kind": "l2", "decay_channels": "key"},
+    "optimizer": "gd",
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "channel_gate"),
+    [(PER_KEY_STATE, None), (KDA, "lr"), ("specs/gdn2.yaml", "erase")],
+    ids=["grad_at_state", "kda_lr_per_value_channel", "gdn2_erase_per_value_channel"],
+)
+def test_exact_keys_form_equals_the_recurrence(spec, channel_gate):
+    """float64, against miras's own recurrence at 1e-10: the gradient at the state (G_{t-1}
+    in the reads), and a step size or slope per value channel (one system per channel)."""
+    rule = miras.compile(spec)
+    gen = torch.Generator().manual_seed(16)
+    q, k = (F.normalize(torch.randn(B, T, H, DK, generator=gen, dtype=f64), dim=-1) for _ in "qk")
+    v = torch.randn(B, T, H, DV, generator=gen, dtype=f64)
+    gates = {}
+    for name in rule.gates:
+        shape = (B, T, H, DK) if name == "decay" else (B, T, H)
+        if name in ("write", channel_gate):
+            shape = (B, T, H, DV)
+        lo, hi = (0.75, 1.0) if name == "decay" else (0.1, 0.9)
+        gates[name] = lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=f64)
+    w0 = 0.1 * torch.randn(B, H, DV, DK, generator=gen, dtype=f64)
+    leaves = [q, k, v, *gates.values(), w0]
+    for x in leaves:
+        x.requires_grad_(True)
+    common = dict(initial_state=w0, output_final_state=True)
+    o, state = rule(q, k, v, gates, backend="chunk", chunk_size=64, **common)
+    o_ref, state_ref = rule(q, k, v, gates, backend="recurrent", **common)
+    exact = dict(rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(o, o_ref, **exact)
+    torch.testing.assert_close(state, state_ref, **exact)
+    for grad, grad_ref in zip(
+        loss_and_grads(o, state, leaves), loss_and_grads(o_ref, state_ref, leaves), strict=True
+    ):
+        torch.testing.assert_close(grad, grad_ref, **exact)
+
+
+@pytest.mark.parametrize(
+    ("spec", "backend", "chunk_mode", "why"),
+    [
+        (KDA, "chunk", "start", "the 'start' form scales the state by rows"),
+        (KDA, "triton", "auto", "the 'exact_triton' form scales the state by rows"),
+        (
+            {**PER_KEY_STATE, "name": "per_key_momentum", "optimizer": "momentum"},
+            "chunk",
+            "auto",
+            "the exact chunk form with it does not take optimizer 'momentum'",
+        ),
+    ],
+    ids=["chunk_start", "triton", "momentum"],
+)
+def test_a_decay_per_key_channel_is_refused_where_no_form_takes_it(spec, backend, chunk_mode, why):
+    """The chunk-start forms and the Triton kernels scale the state by rows, and the exact
+    form with a decay per key channel takes gd at window 1: each refuses it, naming the gate
+    and the reason, rather than compute another rule."""
+    rule = miras.compile(spec)
+    q, k, v, g, beta, _ = (x.detach() for x in kda_inputs(seed=4))
+    gates = {"decay": g.exp(), "lr": beta}
+    if "momentum" in rule.gates:
+        gates["momentum"] = 0.5
+    with pytest.raises(ValueError, match=rf"gates\['decay'\]: a decay per key channel .*{why}"):
+        rule(q, k, v, gates, backend=backend, chunk_mode=chunk_mode)
+
+
+def test_a_decay_per_key_channel_needs_the_declaration():
+    """Without `decay_channels: key` the decay is per head or per value channel: a [B, T, H, Dk]
+    decay (Dk != Dv) is refused by shape; and the KDA spec takes no decay per value channel."""
+    q, k, v, g, beta, _ = (x.detach() for x in kda_inputs(seed=5))
+    gdn = miras.compile("specs/gated_deltanet.yaml")
+    with pytest.raises(ValueError, match=r"gates\['decay'\]: expected \[B, T, H\]"):
+        gdn(q, k, v, {"decay": g.exp(), "lr": beta}, backend="recurrent")
+    kda = miras.compile(KDA)
+    per_value = torch.full((B, T, H, DV), 0.9, dtype=f64)
+    with pytest.raises(ValueError, match=r"gates\['decay'\]: expected .* \[B, T, H, Dk\]"):
+        kda(q, k, v, {"decay": per_value, "lr": beta}, backend="recurrent")
+
+
+def test_kda_spec_problems_name_the_field():
+    per_key = {"kind": "l2", "decay_channels": "key"}
+    with pytest.raises(miras.SpecError, match=r"retention\.decay_channels: .*memory 'mlp'"):
+        miras.load_spec({"name": "x", "memory": "mlp", "retention": per_key})
+    with pytest.raises(miras.SpecError, match=r"retention\.decay_channels: .*a fixed decay"):
+        miras.load_spec({"name": "x", "retention": {**per_key, "decay": 0.9}})
+
+
+def test_decay_channels_value_keeps_the_digest():
+    """`decay_channels: value` (the default) is left out of the long form."""
+    plain = miras.load_spec("specs/gated_deltanet.yaml")
+    long_form = plain.normalized()
+    said = miras.load_spec(
+        {**long_form, "retention": {**long_form["retention"], "decay_channels": "value"}}
+    )
+    assert said.digest() == plain.digest()
+    assert "decay_channels" not in plain.normalized()["retention"]
+
+
+def test_chunk_kda_alias_matches_fla_with_grouped_value_heads():
+    """ops.chunk_kda in fla's layout: v [B, T, HV, V] with HV = 2 H, g [B, T, HV, K], beta
+    [B, T, HV], states [B, HV, K, V], fla's default scale K^-0.5."""
+    gen = torch.Generator().manual_seed(6)
+    hv = 2 * H
+    q, k = (
+        f32_exact(F.normalize(torch.randn(B, T, H, DK, generator=gen, dtype=f64), dim=-1))
+        for _ in "qk"
+    )
+    v = f32_exact(torch.randn(B, T, hv, DV, generator=gen, dtype=f64))
+    g = f32_exact(-0.3 * torch.rand(B, T, hv, DK, generator=gen, dtype=f64))
+    beta = f32_exact(0.1 + 0.8 * torch.rand(B, T, hv, generator=gen, dtype=f64))
+    s0 = f32_exact(0.1 * torch.randn(B, hv, DK, DV, generator=gen, dtype=f64))
+    leaves = [q, k, v, g, beta, s0]
+    for x in leaves:
+        x.requires_grad_(True)
+    o, state = ops.chunk_kda(q, k, v, g, beta, initial_state=s0, output_final_state=True)
+    o_ref, state_ref = fla_naive("kda", "naive_recurrent_kda")(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True
+    )
+    assert_all_close(o, state, o_ref, state_ref, leaves, KDA_NAMES)
+
+
+def test_chunk_kda_refuses_what_it_does_not_implement():
+    q, k, v, g, beta, _ = (x.detach() for x in kda_inputs(seed=7))
+    with pytest.raises(ValueError, match="chunk_kda: use_gate_in_kernel=True is not supported"):
+        ops.chunk_kda(q, k, v, g, beta, use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match=r"g: expected \[B, T, H\] = .* or \[B, T, H, K\]"):
+        ops.chunk_kda(q, k, v, g[..., :3], beta)
+
+
+# GDN-2 --------------------------------------------------------------------------------------------
+
+GDN2 = "specs/gdn2.yaml"
+GDN2_NAMES = ["q", "k", "v", "g", "b", "w", "S0"]
+
+
+def gdn2_inputs(seed: int, batch: int = B, per_key: bool = True):
+    """As `kda_inputs`, with fla's gdn2 gates: g [B, T, H, Dk] (or per head), the erase
+    strength b in [0.1, 0.9] per head [B, T, H] (the spec's `erase`; fla's b [B, T, H, Dk] is
+    that broadcast over K), the write gate w in [0.1, 1] per value channel [B, T, H, Dv]."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (
+        f32_exact(F.normalize(torch.randn(batch, T, H, DK, generator=gen, dtype=f64), dim=-1))
+        for _ in "qk"
+    )
+    v = f32_exact(torch.randn(batch, T, H, DV, generator=gen, dtype=f64))
+    g_shape = (batch, T, H, DK) if per_key else (batch, T, H)
+    g = f32_exact(-0.3 * torch.rand(*g_shape, generator=gen, dtype=f64))
+    b = f32_exact(0.1 + 0.8 * torch.rand(batch, T, H, generator=gen, dtype=f64))
+    w = f32_exact(0.1 + 0.9 * torch.rand(batch, T, H, DV, generator=gen, dtype=f64))
+    s0 = f32_exact(0.1 * torch.randn(batch, H, DK, DV, generator=gen, dtype=f64))
+    leaves = [q, k, v, g, b, w, s0]
+    for x in leaves:
+        x.requires_grad_(True)
+    return leaves
+
+
+def fla_gdn2(q, k, v, g, b, w, s0):
+    """fla's naive recurrent GDN-2; g per head and b per head broadcast over K."""
+    d_k = q.shape[-1]
+    if g.dim() == 3:
+        g = g[..., None].expand(*g.shape, d_k)
+    return fla_naive("gdn2", "naive_recurrent_gdn2")(
+        q, k, v, g, b[..., None].expand(*b.shape, d_k), w, scale=1.0, initial_state=s0,
+        output_final_state=True,
+    )  # fmt: skip
+
+
+def test_gdn2_matches_fla_naive_recurrent_gdn2():
+    rule = miras.compile(GDN2)
+    assert sorted(rule.gates) == ["decay", "erase", "write"]
+    q, k, v, g, b, w, s0 = leaves = gdn2_inputs(seed=10)
+    gates = {"decay": g.exp(), "erase": b, "write": w}
+    o, state = rule(
+        q, k, v, gates, initial_state=s0.mT, output_final_state=True, backend="recurrent"
+    )
+    o_ref, state_ref = fla_gdn2(q, k, v, g, b, w, s0)
+    assert_all_close(o, state.mT, o_ref, state_ref, leaves, GDN2_NAMES)
+
+
+@pytest.mark.parametrize("chunk_mode", ["exact", "start"])
+def test_gdn2_per_head_decay_on_the_chunk_forms(chunk_mode):
+    """With the decay per head the exact chunk form at 64 (a slope per token, erase, and a
+    write gate per value channel) and the chunk-start form at 1 equal fla's recurrence."""
+    rule = miras.compile(GDN2)
+    assert rule.plan.chunk_form.form == "exact"
+    q, k, v, g, b, w, s0 = leaves = gdn2_inputs(seed=11, per_key=False)
+    chunk_size = 64 if chunk_mode == "exact" else 1
+    o, state = rule(
+        q, k, v, {"decay": g.exp(), "erase": b, "write": w}, initial_state=s0.mT,
+        output_final_state=True, backend="chunk", chunk_size=chunk_size, chunk_mode=chunk_mode,
+    )  # fmt: skip
+    o_ref, state_ref = fla_gdn2(q, k, v, g, b, w, s0)
+    assert_all_close(o, state.mT, o_ref, state_ref, leaves, GDN2_NAMES)
+
+
+def test_chunk_gdn2_alias_matches_fla():
+    """ops.chunk_gdn2 in fla's layout and default scale K^-0.5, on packed sequences (B = 1,
+    cu_seqlens [0, 30, 70]) against fla's recurrence per sequence; b per head."""
+    q, k, v, g, b, w, s0 = leaves = gdn2_inputs(seed=12, batch=1)
+    starts = torch.cat([s0, -s0])
+    cu = torch.tensor([0, 30, T])
+    o, state = ops.chunk_gdn2(
+        q, k, v, g, b, w, initial_state=torch.cat([s0, -s0]), output_final_state=True,
+        cu_seqlens=cu,
+    )  # fmt: skip
+    outs, finals = [], []
+    for i, (lo, hi) in enumerate(itertools.pairwise(cu.tolist())):
+        part = [x[:, lo:hi] for x in (q, k, v, g, b, w)]
+        d_k = q.shape[-1]
+        part[4] = part[4][..., None].expand(*part[4].shape, d_k)
+        o_i, s_i = fla_naive("gdn2", "naive_recurrent_gdn2")(
+            *part, initial_state=starts[i : i + 1], output_final_state=True
+        )
+        outs.append(o_i)
+        finals.append(s_i)
+    assert_all_close(o, state, torch.cat(outs, 1), torch.cat(finals), leaves, GDN2_NAMES)
+
+
+def test_chunk_gdn2_refuses_an_erase_strength_per_key_channel():
+    q, k, v, g, b, w, _ = (x.detach() for x in gdn2_inputs(seed=13))
+    per_key = b[..., None].expand(*b.shape, DK)  # constant over K: refused all the same
+    with pytest.raises(ValueError, match=r"b: chunk_gdn2 takes the erase strength per head"):
+        ops.chunk_gdn2(q, k, v, g, per_key, w)
+    with pytest.raises(ValueError, match=r"w: expected \[2, 70, 2, 24\]"):
+        ops.chunk_gdn2(q, k, v, g, b, w[..., :3])
+    with pytest.raises(ValueError, match="chunk_gdn2: safe_gate=True is not supported"):
+        ops.chunk_gdn2(q, k, v, g, b, w, safe_gate=True)
+
+
+@pytest.mark.parametrize("spec", ["kda", "gdn2"])
+def test_kda_and_gdn2_per_head_decay_on_triton(spec):
+    """The Triton backend (the exact form's scan in kernels; Triton's interpreter here), float32
+    throughout, T = 20 at chunk 16 (a partial chunk), a decay per head: outputs, final state and
+    every gradient against fla's recurrence."""
+    rule = miras.compile(f"specs/{spec}.yaml")
+    inputs = kda_inputs if spec == "kda" else gdn2_inputs
+    leaves = [x.detach()[:1, :20].float() for x in inputs(seed=14, per_key=False)[:-1]]
+    leaves.append(inputs(seed=14, per_key=False)[-1].detach()[:1].float())  # S0 [1, H, Dk, Dv]
+    for x in leaves:
+        x.requires_grad_(True)
+    q, k, v, g, *rest, s0 = leaves
+    if spec == "kda":
+        gates = {"decay": g.exp(), "lr": rest[0]}
+        o_ref, state_ref = fla_kda(q, k, v, g, rest[0], s0)
+    else:
+        gates = {"decay": g.exp(), "erase": rest[0], "write": rest[1]}
+        o_ref, state_ref = fla_gdn2(q, k, v, g, *rest, s0)
+    o, state = rule(
+        q, k, v, gates, initial_state=s0.mT, output_final_state=True, backend="triton",
+        chunk_size=16,
+    )  # fmt: skip
+    names = KDA_NAMES if spec == "kda" else GDN2_NAMES
+    assert_all_close(o, state.mT, o_ref, state_ref, leaves, names)
+
+
+# The momentum delta rule ------------------------------------------------------------------------
+
+
+def test_momentum_delta_rule_recurrent_and_packed_match_fla():
+    """specs/momentum_delta_rule.yaml on the recurrent backend, packed into two sequences,
+    against fla's recurrence per sequence: outputs, both final states, every gradient (fla's
+    gates mapped as in tests/runtime/test_exact_fla.py)."""
+    rule = miras.compile("specs/momentum_delta_rule.yaml")
+    q, k, v, fla_gates, s0, m0 = momentum_inputs(seed=8)  # B = 2, T = 100
+    # Row 0 of the batch as two packed sequences of 37 and 63 tokens, each from (s0, m0) of
+    # rows 0 and 1.
+    q, k, v = (x[:1] for x in (q, k, v))
+    fla_gates = {n: x[:1] for n, x in fla_gates.items()}
+    leaves = [q, k, v, *fla_gates.values(), s0, m0]
+    for x in leaves:
+        x.requires_grad_(True)
+    cu = [0, 37, 100]
+    outs, s_ends, m_ends, inits = [], [], [], {"W": [], "S.W": []}
+    miras_gates = {n: [] for n in ("decay", "lr", "momentum")}
+    fn = fla_naive("momentum_delta_rule", "recurrent_momentum_delta_rule_ref")
+    for i, (lo, hi) in enumerate(itertools.pairwise(cu)):
+        part = {n: x[:, lo:hi] for n, x in fla_gates.items()}
+        gates_i, init_i = as_miras(part, s0[i : i + 1], m0[i : i + 1])
+        for n in miras_gates:
+            miras_gates[n].append(gates_i[n])
+        for n in inits:
+            inits[n].append(init_i[n])
+        o_i, (s_i, m_i) = fn(
+            q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], part["alpha"].log(), part["mu"].log(),
+            k[:, lo:hi], part["beta"], part["eta"], scale=1.0, initial_S=s0[i : i + 1],
+            initial_M=m0[i : i + 1], output_final_state=True,
+        )  # fmt: skip
+        outs.append(o_i)
+        s_ends.append(s_i)
+        m_ends.append(m_i * part["beta"][:, -1, :, None, None])  # miras's S.W = beta M^T
+    gates = {n: torch.cat(x, 1) for n, x in miras_gates.items()}
+    init = {n: torch.cat(x) for n, x in inits.items()}
+    o, state = rule(
+        q, k, v, gates, initial_state=init, output_final_state=True, backend="recurrent",
+        cu_seqlens=torch.tensor(cu),
+    )  # fmt: skip
+    o_ref = torch.cat(outs, 1)
+    state_ref = {"W": torch.cat(s_ends).mT, "S.W": torch.cat(m_ends).mT}
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    for n in state_ref:
+        assert_rel_rms(state[n], state_ref[n], FLA_TOL, n)
+    grads = loss_and_grads(o, state, leaves)
+    state_ref = {n: x.double() for n, x in state_ref.items()}
+    grads_ref = loss_and_grads(o_ref.double(), state_ref, leaves)
+    names = ["q", "k", "v", *fla_gates, "S0", "M0"]
+    for what, grad, grad_ref in zip(names, grads, grads_ref, strict=True):
+        assert_rel_rms(grad, grad_ref, FLA_TOL, f"d/d{what}")
+
+
+# Titans-linear: not shipped, why (docs/ops.md, "fla's delta family") ----------------------------
+
+
+def test_fla_titans_linear_step_is_not_the_gradient_of_its_loss():
+    """fla's `titans_linear` (fla/ops/titans/naive.py) reads the memory through a LayerNorm,
+    y = LN(k M) w + b, against the target v - k, but its step is not the gradient of that loss:
+    the LayerNorm backward's D * grad term misses its 1 / (rstd D). So no derived spec (a step
+    is the gradient of the spec's loss) can equal it; this holds the docs' claim to fla 0.6.
+    One token from M_0, no decay, no momentum: fla's M_1 = M_0 - 2 theta k^T v_new, against
+    M_0 - theta dL/dM with L = ||LN(k M_0) w + b - (v - k)||^2 by autograd."""
+    gen = torch.Generator().manual_seed(9)
+    d = 8
+    q, k, v = (torch.randn(1, 1, 1, d, generator=gen, dtype=f64) for _ in "qkv")
+    w, b = (torch.randn(1, d, generator=gen, dtype=f64) for _ in "wb")
+    m0 = torch.randn(1, 1, d, d, generator=gen, dtype=f64, requires_grad=True)
+    theta = torch.full((1, 1, 1, 1), 0.1, dtype=f64)
+    zero, one = torch.zeros_like(theta), torch.ones_like(theta)
+    titans = fla_naive("titans", "titans_linear")  # [B, H, T, D] layout
+    _, m1 = titans(q, k, v, w, b, theta, zero, one, 1e-6, 1, m0.detach(), True)
+
+    km = k[0, 0] @ m0[0, 0]  # [1, D]
+    normed = (km - km.mean(-1, keepdim=True)) * torch.rsqrt(km.var(-1, False, True) + 1e-6)
+    loss = (normed * w + b - (v[0, 0] - k[0, 0])).pow(2).sum()
+    (grad,) = torch.autograd.grad(loss, m0)
+    gradient_step = m0.detach() - theta * grad
+    err = ((m1 - gradient_step).norm() / (gradient_step - m0).norm()).item()
+    assert err > 1.0, f"fla's titans step is now within {err:.2g} of the gradient step"
