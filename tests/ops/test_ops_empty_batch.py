@@ -33,6 +33,9 @@ def required(op) -> list[str]:
     ]
 
 
+PER_KEY_DECAY = ("chunk_kda", "chunk_gdn2")  # g [B, T, H, K]
+
+
 def arguments(op, batch: int, gen: torch.Generator) -> dict:
     """Every required argument of `op` at `batch` rows, in fla's layout and ranges."""
     names = required(op)
@@ -45,7 +48,11 @@ def arguments(op, batch: int, gen: torch.Generator) -> dict:
         "beta": lambda: torch.rand(batch, T * n, H, generator=gen),
         "lamb": lambda: 0.5 + torch.rand(H, K, generator=gen),  # MesaNet's ridge, > 0
         "num_householder": lambda: n,
+        "b": lambda: 0.5 + torch.rand(batch, T, H, generator=gen),  # GDN-2's erase, > 0
+        "w": lambda: torch.rand(batch, T, H, V, generator=gen),  # GDN-2's write gate
     }
+    if op.__name__ in PER_KEY_DECAY:  # its own layout: a log-decay per key channel
+        makers["g"] = lambda: -torch.rand(batch, T, H, K, generator=gen)
     unknown = [name for name in names if name not in makers]
     assert not unknown, f"{op.__name__}: add an input for {unknown} to `arguments`"
     return {name: makers[name]() for name in names}
