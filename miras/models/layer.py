@@ -6,8 +6,11 @@
 
 The layout follows Titans section 3.1 and MIRAS section 5 (conv, normalized q and k, output norm
 and gate), as fla's DeltaNet / Gated DeltaNet layers do. Training runs the rule's `chunk` backend
-(or `triton`); decoding one token at a time runs its exact recurrent step on a cache holding the
-memory state and the conv's last inputs (docs/models.md).
+(or `triton`); decoding computes what that forward computes (docs/models.md, "Decoding"): where
+the chunk form is exact, one recurrent step per token on a cache holding the memory state and
+the conv's last inputs; where it is the chunk-start or dual form, the cache holds the memory at
+the current chunk's start and the partial chunk's inputs, and each token reruns the chunk form
+on that partial chunk (O(chunk) per token), the memory advancing at each chunk boundary.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from torch import nn
 from miras.components.base import Range
 from miras.errors import ForwardDiverged
 from miras.ir import GateInfo
-from miras.models.padding import Cache, left_aligned, rows_alone, take
+from miras.models.padding import Cache, cache_row, left_aligned, rows_alone, stack_rows, take
 from miras.rule import MemoryRule
 from miras.rule import compile as compile_rule
 from miras.runtime.exact_chunk import default_chunk_size
-from miras.runtime.forms import resolve_mode
+from miras.runtime.forms import is_exact, resolve_mode
 from miras.runtime.inputs import all_finite, first_bad
 from miras.spec import Spec, load_spec
 
@@ -267,9 +270,12 @@ class MirasLayer(nn.Module):
     by default 64 // window.c for the exact chunk form and 16 for the chunk-start form;
     `chunk_mode` "auto" solves chunks exactly where the rule is affine in its memory, "start"
     takes the chunk-start approximation, "exact" insists: docs/chunking.md);
-    `forward(x, cache)` continues from a cache (`empty_cache(batch)`) and returns the new one:
-    with one token it runs the exact recurrent step, so decoding token by token equals the
-    parallel forward of the `recurrent` backend (and of `chunk` at chunk size 1).
+    `forward(x, cache)` continues from a cache (`empty_cache(batch)`) and returns the new one,
+    computing what one uncached forward over all the tokens computes, at any split: where
+    the form is exact (`chunk_follows_boundaries` False) a single token takes the recurrent
+    step; the chunk-start and dual forms keep the memory at the chunk's start and the partial
+    chunk's inputs (`continue_chunks`), chunks counted from the sequence's first token (the
+    persistent tokens included).
     `persistent_tokens` learnable inputs are run before the sequence (Titans eq. 26), priming
     the memory; their outputs are dropped. `recompute` (True, False, None: the default) sets
     whether the general chunk-start path recomputes each chunk in the backward instead of
@@ -382,10 +388,33 @@ class MirasLayer(nn.Module):
         """The cache before the first token (after the persistent tokens, if any)."""
         like = self.qkv.weight
         cache: Cache = {"conv": self.conv.empty_cache(batch, like), "memory": self.state0(batch)}
+        if self.chunk_follows_boundaries:
+            cache["pending"] = self.no_pending(batch)
         if self.persistent is not None:
             prefix = self.persistent.unsqueeze(0).expand(batch, -1, -1)
-            _, cache = self.run(prefix, cache, "recurrent")
+            _, cache = self.forward(prefix, cache)
         return cache
+
+    @property
+    def chunk_follows_boundaries(self) -> bool:
+        """Whether the forward's result depends on where its chunks start: the chunk-start and
+        dual forms above chunk size 1 (every gradient of a chunk at its start state). Then a
+        cache must keep the chunk boundaries of one uncached forward (`continue_chunks`)."""
+        if self.backend == "recurrent" or self.chunk_size == 1:
+            return False
+        form = self.rule.plan.chunk_form
+        return not is_exact(resolve_mode(self.chunk_mode, form, self.rule.spec.name))
+
+    def no_pending(self, batch: int) -> Cache:
+        """The partial chunk before its first token: the memory's inputs heads first, time on
+        axis 2 (the axis `miras.models.padding` pads in front when rows are stacked), none yet:
+        q, k [B, H, 0, Dk], v [B, H, 0, Dv], each gate [B, H, 0], and `valid` [B, 1, 0] bool
+        (False at the slots a stacking pads in front)."""
+        like, h, d = self.qkv.weight, self.n_heads, self.head_dim
+        empty = like.new_zeros(batch, h, 0, d)
+        gates = {info.name: like.new_zeros(batch, h, 0) for info in self.rule.plan.gates}
+        valid = torch.zeros(batch, 1, 0, dtype=torch.bool, device=like.device)
+        return {"q": empty, "k": empty, "v": empty, "gates": gates, "valid": valid}
 
     def forward(
         self,
@@ -402,6 +431,8 @@ class MirasLayer(nn.Module):
         if attention_mask is not None:
             return rows_alone(self.forward, x, attention_mask, cache)
         if cache is not None:
+            if self.chunk_follows_boundaries:
+                return self.continue_chunks(x, cache)
             backend = "recurrent" if x.shape[1] == 1 else self.backend
             return self.run(x, cache, backend)
         start = {"conv": None, "memory": self.state0(x.shape[0])}
@@ -416,6 +447,122 @@ class MirasLayer(nn.Module):
 
         With `check_inputs`, a non-finite x or memory output raises `ForwardDiverged` naming
         the first token in time (one sum each, the search only on failure)."""
+        self._check_finite_input(x)
+        q, k, v, gates, conv_cache = self.memory_inputs(x, cache["conv"])
+        o, state = self._rule_call(q, k, v, gates, cache["memory"], backend, keep_state)
+        if self.check_inputs and not all_finite(o):
+            raise self.diverged(q, k, v, gates, cache["memory"], o)
+        return self.output(o, x), {"conv": conv_cache, "memory": state}
+
+    def continue_chunks(self, x: torch.Tensor, cache: Cache):
+        """x [B, T, D] after `cache` in the chunk form's own semantics -> (y [B, T, D], cache).
+
+        `cache["memory"]` is the memory at the current chunk's start and `cache["pending"]` the
+        inputs of the L < chunk_size tokens since (`no_pending`). The chunk form runs on those
+        L tokens and x's from the chunk-start memory: its whole chunks with their final state,
+        which becomes the new chunk-start memory, then the rest, whose inputs become the new
+        partial chunk. So every token sees exactly what one uncached forward gives it, and a
+        token costs a chunk form over at most chunk_size tokens."""
+        if not self._pending_aligned(cache):
+            return self._rows_apart(self.continue_chunks, x, cache)
+        if self.keys_per_token > 1:  # per-step k, v and gates: chunks of steps, not tokens
+            raise ValueError(
+                f"spec '{self.rule.spec.name}': a cache does not continue the chunk-start form "
+                f"with {self.keys_per_token} optimizer steps per token; decode with backend "
+                "'recurrent' or chunk_size 1, where the forward is the recurrence"
+            )
+        self._check_finite_input(x)
+        q, k, v, gates, conv_cache = self.memory_inputs(x, cache["conv"])
+        pending = cache.get("pending") or self.no_pending(x.shape[0])
+        # The partial chunk's inputs, then x's: [B, L + T, H, D], [B, L + T, H].
+        q, k, v = (
+            torch.cat([pending[name].transpose(1, 2), t], 1)
+            for name, t in zip("qkv", (q, k, v), strict=True)
+        )
+        gates = {
+            n: torch.cat([pending["gates"][n].transpose(1, 2), g], 1) for n, g in gates.items()
+        }
+        tokens = q.shape[1]
+        whole = tokens // self.chunk_size * self.chunk_size  # the tokens of whole chunks
+        memory, outputs = cache["memory"], []
+        for part in (slice(0, whole), slice(whole, tokens)):
+            if part.stop == part.start:
+                continue
+            q_, k_, v_ = q[:, part], k[:, part], v[:, part]
+            g_ = {name: g[:, part] for name, g in gates.items()}
+            keep = part.stop == whole  # the next chunk's start state
+            o, final = self._rule_call(q_, k_, v_, g_, memory, self.backend, keep_state=keep)
+            if self.check_inputs and not all_finite(o):
+                raise self.diverged(q_, k_, v_, g_, memory, o)
+            memory = final if keep else memory
+            outputs.append(o)
+        o = torch.cat(outputs, dim=1)[:, -x.shape[1] :]
+        rest = slice(whole, tokens)
+        pending = {
+            "q": q[:, rest].transpose(1, 2),
+            "k": k[:, rest].transpose(1, 2),
+            "v": v[:, rest].transpose(1, 2),
+            "gates": {name: g[:, rest].transpose(1, 2) for name, g in gates.items()},
+            "valid": torch.ones(x.shape[0], 1, tokens - whole, dtype=torch.bool, device=x.device),
+        }
+        return self.output(o, x), {"conv": conv_cache, "memory": memory, "pending": pending}
+
+    def flush(self, cache: Cache) -> Cache:
+        """The cache with its partial chunk folded into the memory, as an uncached forward that
+        ends there leaves it (the chunk form's final state after a short last chunk): MAC's
+        memory restarts its chunks at every segment. A cache without one is returned as is."""
+        if not self.chunk_follows_boundaries or cache["pending"]["valid"].shape[2] == 0:
+            return cache
+        if not self._pending_aligned(cache):
+            return self._rows_apart(lambda _, row: (None, self.flush(row)), None, cache)[1]
+        pending = cache["pending"]
+        q, k, v = (pending[n].transpose(1, 2) for n in "qkv")
+        gates = {name: g.transpose(1, 2) for name, g in pending["gates"].items()}
+        _, memory = self._rule_call(q, k, v, gates, cache["memory"], self.backend, True)
+        batch = q.shape[0]
+        return {"conv": cache["conv"], "memory": memory, "pending": self.no_pending(batch)}
+
+    @staticmethod
+    def _pending_aligned(cache: Cache) -> bool:
+        """Whether every row's partial chunk fills its slots: rows stacked from caches of
+        different lengths (a padded batch) are padded in front with valid = False."""
+        pending = cache.get("pending")
+        return pending is None or bool(pending["valid"].all())
+
+    @staticmethod
+    def _rows_apart(step, x: torch.Tensor | None, cache: Cache):
+        """step(x_b, cache_b) row by row, each row's partial chunk without the padded slots
+        in front -> (y [B, T, D] or None, the rows' caches stacked)."""
+        ys, caches = [], []
+        for b in range(cache["pending"]["valid"].shape[0]):
+            row = cache_row(cache, b)
+            filled = int(row["pending"]["valid"].sum())
+            slots = row["pending"]["valid"].shape[2]
+            row["pending"] = _last_slots(row["pending"], filled, slots)
+            y, row = step(None if x is None else x[b : b + 1], row)
+            ys.append(y)
+            caches.append(row)
+        return (None if x is None else torch.cat(ys)), stack_rows(caches)
+
+    def _rule_call(self, q, k, v, gates, memory, backend: str, keep_state: bool):
+        """The rule on `backend` from state `memory` -> (o [B, T, H, Dv], the state after or
+        None without `keep_state`)."""
+        return self.rule(
+            q,
+            k,
+            v,
+            gates,
+            backend=backend,
+            chunk_size=self.chunk_size,
+            chunk_mode=self.chunk_mode,
+            initial_state=memory,
+            output_final_state=keep_state,
+            params=self.params(),
+            check_inputs=self.check_inputs,
+            recompute=self.recompute,
+        )
+
+    def _check_finite_input(self, x: torch.Tensor) -> None:
         if self.check_inputs and not all_finite(x):
             token, row, _ = first_bad(~torch.isfinite(x.detach()).unsqueeze(-1))
             raise ForwardDiverged(
@@ -424,24 +571,6 @@ class MirasLayer(nn.Module):
                 "embedding produced it",
                 token,
             )
-        q, k, v, gates, conv_cache = self.memory_inputs(x, cache["conv"])
-        o, state = self.rule(
-            q,
-            k,
-            v,
-            gates,
-            backend=backend,
-            chunk_size=self.chunk_size,
-            chunk_mode=self.chunk_mode,
-            initial_state=cache["memory"],
-            output_final_state=keep_state,
-            params=self.params(),
-            check_inputs=self.check_inputs,
-            recompute=self.recompute,
-        )
-        if self.check_inputs and not all_finite(o):
-            raise self.diverged(q, k, v, gates, cache["memory"], o)
-        return self.output(o, x), {"conv": conv_cache, "memory": state}
 
     @torch.no_grad()
     def diverged(self, q, k, v, gates, initial_state, o: torch.Tensor) -> ForwardDiverged:
@@ -492,3 +621,10 @@ class MirasLayer(nn.Module):
                 "step is the learning rate itself)"
             )
         return text + "; fix: a lower learning-rate gate"
+
+
+def _last_slots(pending: Cache, filled: int, slots: int) -> Cache:
+    """A partial chunk's entries [1, H, slots, ...] cut to their last `filled` slots."""
+    if isinstance(pending, dict):
+        return {name: _last_slots(value, filled, slots) for name, value in pending.items()}
+    return pending[:, :, slots - filled :]
