@@ -41,6 +41,14 @@ LOG_FLOOR = -30.0  # a positive learned state is exp(raw), raw >= this: never 0 
 LOGIT_BOUND = 15.0  # a unit-interval one is sigmoid(raw), |raw| <= this: never 0 or 1 in fp32
 
 
+def memory_dtype(parameters: torch.dtype) -> torch.dtype:
+    """The precision the memory computes in for parameters of `parameters`' dtype: at least
+    float32. A bf16 or fp16 model keeps its gates, the rule's inputs and the memory state in
+    float32: with 8 significant bits a decay of 0.999 rounds to 1.0 and the memory would
+    never forget, and the state sums many small updates (docs/hf.md, "Dtypes")."""
+    return torch.promote_types(parameters, torch.float32)
+
+
 class ShortConv(nn.Module):
     """Causal depthwise convolution over time followed by SiLU (Titans section 3.1; fla's
     ShortConvolution). Size 0 is the identity. The cache holds the last `size - 1` inputs."""
@@ -183,10 +191,12 @@ class GateMaps(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         if not self.infos:
             return {}
-        # In the parameters' precision (float32) even under bf16 autocast: with 8 significant
-        # bits a decay of 0.999 rounds to 1.0 and the memory would never forget.
+        # In at least float32 (`memory_dtype`), under bf16 autocast and in a bf16 model: with 8
+        # significant bits a decay of 0.999 rounds to 1.0 and the memory would never forget.
+        dtype = memory_dtype(self.up.weight.dtype)
         with torch.autocast(x.device.type, enabled=False):
-            raw = self.up(self.down(x.to(self.up.weight.dtype)))
+            down = F.linear(x.to(dtype), self.down.weight.to(dtype))
+            raw = F.linear(down, self.up.weight.to(dtype), self.up.bias.to(dtype))
             raw = raw.unflatten(-1, (sum(self.counts), self.n_heads))  # [B, T, sum n, H]
             out, first = {}, 0
             for info, count in zip(self.infos, self.counts, strict=True):
@@ -234,7 +244,10 @@ class LearnedState(nn.Module):
             if name.startswith("S.") or statistics:
                 self.zeros[name] = tuple(value.shape)
             else:
-                self.learned[_param_name(name)] = nn.Parameter(self._to_raw(value))
+                # Computed in float32, kept in the default dtype as every other parameter
+                # (transformers' from_pretrained builds a bf16 model under a bf16 default).
+                raw = self._to_raw(value).to(torch.get_default_dtype())
+                self.learned[_param_name(name)] = nn.Parameter(raw)
 
     def _to_raw(self, w: torch.Tensor) -> torch.Tensor:
         if self.domain == "positive":
@@ -337,7 +350,9 @@ class MirasLayer(nn.Module):
         fm = spec.feature_map
         self.rule_params = nn.ParameterDict(
             {
-                name: nn.Parameter(value, requires_grad=fm.trains_parameters())
+                name: nn.Parameter(
+                    value.to(torch.get_default_dtype()), requires_grad=fm.trains_parameters()
+                )
                 for name, value in self.rule.default_params().items()
             }
         )
@@ -357,9 +372,10 @@ class MirasLayer(nn.Module):
         with n keys per token (`keys_per_token`) k, v [B, T*n, H, D], step j of token t at
         t*n + j (fla's packing)."""
         qkv, conv_cache = self.conv(self.qkv(x), conv_cache)
-        # The rule's inputs in the parameters' precision (float32): under bf16 autocast the
-        # projections are bf16 products, cast up exactly, to meet the float32 gates.
-        dtype = self.qkv.weight.dtype
+        # The rule's inputs in at least float32 (`memory_dtype`): under bf16 autocast, or in a
+        # bf16 model, the projections are bf16 products, cast up exactly, to meet the float32
+        # gates; the l2 norms are taken in float32.
+        dtype = memory_dtype(self.qkv.weight.dtype)
         n, d = self.keys_per_token, self.d_model
         q, k, v = qkv.split([d, n * d, n * d], dim=-1)
         k, v = (t.unflatten(-1, (n, d)).flatten(1, 2) for t in (k, v))  # [B, T*n, D]
@@ -387,7 +403,12 @@ class MirasLayer(nn.Module):
     def empty_cache(self, batch: int) -> Cache:
         """The cache before the first token (after the persistent tokens, if any)."""
         like = self.qkv.weight
-        cache: Cache = {"conv": self.conv.empty_cache(batch, like), "memory": self.state0(batch)}
+        dtype = memory_dtype(like.dtype)  # the runtime's state precision for these inputs
+        memory = self.state0(batch)
+        memory = memory.to(dtype) if isinstance(memory, torch.Tensor) else {
+            name: value.to(dtype) for name, value in memory.items()
+        }  # fmt: skip
+        cache: Cache = {"conv": self.conv.empty_cache(batch, like), "memory": memory}
         if self.chunk_follows_boundaries:
             cache["pending"] = self.no_pending(batch)
         if self.persistent is not None:
@@ -411,8 +432,8 @@ class MirasLayer(nn.Module):
         q, k [B, H, 0, Dk], v [B, H, 0, Dv], each gate [B, H, 0], and `valid` [B, 1, 0] bool
         (False at the slots a stacking pads in front)."""
         like, h, d = self.qkv.weight, self.n_heads, self.head_dim
-        empty = like.new_zeros(batch, h, 0, d)
-        gates = {info.name: like.new_zeros(batch, h, 0) for info in self.rule.plan.gates}
+        empty = like.new_zeros(batch, h, 0, d, dtype=memory_dtype(like.dtype))
+        gates = {info.name: empty[..., 0] for info in self.rule.plan.gates}
         valid = torch.zeros(batch, 1, 0, dtype=torch.bool, device=like.device)
         return {"q": empty, "k": empty, "v": empty, "gates": gates, "valid": valid}
 
