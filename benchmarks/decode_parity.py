@@ -8,11 +8,17 @@ uncached forward over T = 2 chunks + 5 tokens, then the same tokens as a prefill
 followed by one token at a time through the cache (`LanguageModel.decode`); the table gives
 max |logits(decode) - logits(forward)| over all positions, per dtype and per prefill length P
 (0: every token through the cache one at a time). CPU, one thread, seed 0.
+
+`--timing` prints instead the cost of one decoded token (d_model 64, 2 heads, 1 layer, batch
+1, float32, the median of 64 tokens after a prefill of 64): the cache that follows the chunk
+form (rerunning the partial chunk, O(chunk) per token) against the recurrent step on the
+same weights (what decoding ran before, O(1) per token).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -71,12 +77,41 @@ def decode_error(model, tokens: torch.Tensor, prefill: int) -> float:
     return (torch.cat(pieces, dim=1) - full).abs().max().item()
 
 
+@torch.no_grad()
+def token_times(model, prefill: int = 64, tokens: int = 64) -> float:
+    """Median seconds of one `decode` call of one token after a prefill."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(0, VOCAB, (1, prefill + tokens), generator=gen)
+    _, cache = model.decode(x[:, :prefill], model.empty_cache(1))
+    times = []
+    for t in range(prefill, prefill + tokens):
+        start = time.perf_counter()
+        _, cache = model.decode(x[:, t : t + 1], cache)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def timing(names: list[str]) -> None:
+    print(f"{'spec':<22} {'chunk':>5} {'chunk-form cache ms':>20} {'recurrent step ms':>18} ratio")
+    for name in names:
+        chunked = tiny_model(name, {"d_model": 64}, torch.float32)
+        chunk, _ = form_of(chunked)
+        recurrent = tiny_model(name, {"d_model": 64, "backend": "recurrent"}, torch.float32)
+        recurrent.load_state_dict(chunked.state_dict())
+        a, b = token_times(chunked), token_times(recurrent)
+        print(f"{name:<22} {chunk:>5} {1e3 * a:>20.2f} {1e3 * b:>18.2f} {a / b:5.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--specs", nargs="*", help="spec names or hybrid rows (default: all)")
     parser.add_argument("--dtypes", nargs="*", default=["float64", "float32"])
+    parser.add_argument("--timing", action="store_true", help="one token's decode cost instead")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.timing:
+        timing(args.specs or ["titans", "atlas", "memora", "dla"])
+        return
     rows = [(path.stem, path.stem, {}) for path in sorted((ROOT / "specs").glob("*.yaml"))]
     rows += [(row, spec, over) for row, (spec, over) in HYBRIDS.items()]
     if args.specs:
