@@ -177,6 +177,10 @@ class GateMaps(nn.Module):
         with torch.no_grad():
             self.up.bias.copy_(self.initial_bias())
 
+    def per_step_names(self) -> set[str]:
+        """The gates with one value per optimizer step, [B, T*n, H]."""
+        return {info.name for info, n in zip(self.infos, self.counts, strict=True) if n > 1}
+
     def initial_bias(self) -> torch.Tensor:
         biases = []
         for info, count in zip(self.infos, self.counts, strict=True):
@@ -486,31 +490,42 @@ class MirasLayer(nn.Module):
         token costs a chunk form over at most chunk_size tokens."""
         if not self._pending_aligned(cache):
             return self._rows_apart(self.continue_chunks, x, cache)
-        if self.keys_per_token > 1:  # per-step k, v and gates: chunks of steps, not tokens
+        n = self.keys_per_token  # k, v and the per-step gates: n steps per token
+        if self.chunk_size % n:
             raise ValueError(
-                f"spec '{self.rule.spec.name}': a cache does not continue the chunk-start form "
-                f"with {self.keys_per_token} optimizer steps per token; decode with backend "
-                "'recurrent' or chunk_size 1, where the forward is the recurrence"
+                f"chunk_size: {self.chunk_size} is not a multiple of the {n} optimizer steps per "
+                f"token of spec '{self.rule.spec.name}': its chunks of steps end inside a "
+                f"token, where a cache cannot stop; use a multiple of {n} (or backend "
+                "'recurrent')"
             )
         self._check_finite_input(x)
         q, k, v, gates, conv_cache = self.memory_inputs(x, cache["conv"])
         pending = cache.get("pending") or self.no_pending(x.shape[0])
-        # The partial chunk's inputs, then x's: [B, L + T, H, D], [B, L + T, H].
+        # The partial chunk's inputs, then x's: q [B, L + T, H, D], k, v [B, (L + T) n, H, D],
+        # each gate [B, L + T, H] or, per step, [B, (L + T) n, H].
         q, k, v = (
             torch.cat([pending[name].transpose(1, 2), t], 1)
             for name, t in zip("qkv", (q, k, v), strict=True)
         )
         gates = {
-            n: torch.cat([pending["gates"][n].transpose(1, 2), g], 1) for n, g in gates.items()
+            name: torch.cat([pending["gates"][name].transpose(1, 2), g], 1)
+            for name, g in gates.items()
         }
+        per_step = self.gates.per_step_names()
         tokens = q.shape[1]
-        whole = tokens // self.chunk_size * self.chunk_size  # the tokens of whole chunks
+        per_chunk = self.chunk_size // n  # tokens per chunk (chunks count optimizer steps)
+        whole = tokens // per_chunk * per_chunk  # the tokens of whole chunks
+
+        def cut(part: slice):
+            steps = slice(part.start * n, part.stop * n)
+            g = {name: t[:, steps if name in per_step else part] for name, t in gates.items()}
+            return q[:, part], k[:, steps], v[:, steps], g
+
         memory, outputs = cache["memory"], []
         for part in (slice(0, whole), slice(whole, tokens)):
             if part.stop == part.start:
                 continue
-            q_, k_, v_ = q[:, part], k[:, part], v[:, part]
-            g_ = {name: g[:, part] for name, g in gates.items()}
+            q_, k_, v_, g_ = cut(part)
             keep = part.stop == whole  # the next chunk's start state
             o, final = self._rule_call(q_, k_, v_, g_, memory, self.backend, keep_state=keep)
             if self.check_inputs and not all_finite(o):
@@ -518,12 +533,12 @@ class MirasLayer(nn.Module):
             memory = final if keep else memory
             outputs.append(o)
         o = torch.cat(outputs, dim=1)[:, -x.shape[1] :]
-        rest = slice(whole, tokens)
+        q_, k_, v_, g_ = cut(slice(whole, tokens))
         pending = {
-            "q": q[:, rest].transpose(1, 2),
-            "k": k[:, rest].transpose(1, 2),
-            "v": v[:, rest].transpose(1, 2),
-            "gates": {name: g[:, rest].transpose(1, 2) for name, g in gates.items()},
+            "q": q_.transpose(1, 2),
+            "k": k_.transpose(1, 2),
+            "v": v_.transpose(1, 2),
+            "gates": {name: g.transpose(1, 2) for name, g in g_.items()},
             "valid": torch.ones(x.shape[0], 1, tokens - whole, dtype=torch.bool, device=x.device),
         }
         return self.output(o, x), {"conv": conv_cache, "memory": memory, "pending": pending}
@@ -532,11 +547,11 @@ class MirasLayer(nn.Module):
         """The cache with its partial chunk folded into the memory, as an uncached forward that
         ends there leaves it (the chunk form's final state after a short last chunk): MAC's
         memory restarts its chunks at every segment. A cache without one is returned as is."""
-        if not self.chunk_follows_boundaries or cache["pending"]["valid"].shape[2] == 0:
+        pending = cache.get("pending")
+        if pending is None or pending["valid"].shape[2] == 0:
             return cache
         if not self._pending_aligned(cache):
             return self._rows_apart(lambda _, row: (None, self.flush(row)), None, cache)[1]
-        pending = cache["pending"]
         q, k, v = (pending[n].transpose(1, 2) for n in "qkv")
         gates = {name: g.transpose(1, 2) for name, g in pending["gates"].items()}
         _, memory = self._rule_call(q, k, v, gates, cache["memory"], self.backend, True)
@@ -559,7 +574,7 @@ class MirasLayer(nn.Module):
             row = cache_row(cache, b)
             filled = int(row["pending"]["valid"].sum())
             slots = row["pending"]["valid"].shape[2]
-            row["pending"] = _last_slots(row["pending"], filled, slots)
+            row["pending"] = _last_slots(row["pending"], filled, slots)  # [1, H, filled (n), .]
             y, row = step(None if x is None else x[b : b + 1], row)
             ys.append(y)
             caches.append(row)
@@ -645,7 +660,10 @@ class MirasLayer(nn.Module):
 
 
 def _last_slots(pending: Cache, filled: int, slots: int) -> Cache:
-    """A partial chunk's entries [1, H, slots, ...] cut to their last `filled` slots."""
+    """A partial chunk's entries [1, H, slots, ...] cut to their last `filled` tokens; an entry
+    with n slots per token (k, v and the per-step gates of n optimizer steps per token,
+    [1, H, slots n, ...]) to its last filled n."""
     if isinstance(pending, dict):
         return {name: _last_slots(value, filled, slots) for name, value in pending.items()}
-    return pending[:, :, slots - filled :]
+    per_token = pending.shape[2] // slots if slots else 1
+    return pending[:, :, pending.shape[2] - filled * per_token :]

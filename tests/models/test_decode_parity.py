@@ -29,9 +29,21 @@ CHUNK = 4
 PREFILLS = (0, 5, 2 * CHUNK)  # none, inside the second chunk, on the third chunk's start
 
 
+# Two optimizer steps per token (DeltaProduct's keys per step) on an MLP memory: the dual form,
+# whose chunks count steps.
+PRODUCT_MLP = {
+    **load_spec(ROOT / "specs" / "deltaproduct.yaml").model_dump(mode="json"),
+    "name": "deltaproduct_mlp",
+    "memory": {"kind": "mlp", "depth": 2, "expansion": 2, "activation": "silu"},
+}
+
+
 def model_of(name: str, dtype=torch.float64, **model):
-    spec = load_spec(ROOT / "specs" / f"{name}.yaml")
-    data = {**spec.model_dump(mode="json"), "model": {**TINY, **model}}
+    if name == PRODUCT_MLP["name"]:
+        data = {**PRODUCT_MLP, "model": {**TINY, **model}}
+    else:
+        spec = load_spec(ROOT / "specs" / f"{name}.yaml")
+        data = {**spec.model_dump(mode="json"), "model": {**TINY, **model}}
     torch.manual_seed(0)
     return build_model(data, VOCAB).to(dtype).eval()
 
@@ -58,7 +70,7 @@ def chunk_follows_boundaries(model) -> bool:
 
 
 @pytest.mark.parametrize("prefill", PREFILLS, ids=lambda p: f"prefill{p}")
-@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("name", [*SPECS, PRODUCT_MLP["name"]])
 def test_decode_equals_the_uncached_forward(name, prefill):
     model = model_of(name, chunk_size=CHUNK)
     x = tokens(2, 2 * CHUNK + 3)
@@ -81,6 +93,14 @@ def test_the_chunk_start_specs_are_the_ones_that_follow_boundaries():
     x = tokens(2, 2 * CHUNK + 3)
     with torch.no_grad():
         assert (chunked(x) - recurrent(x)).abs().max() > 1e-6
+
+
+def test_steps_per_token_need_chunks_that_end_between_tokens():
+    """Chunks of 3 optimizer steps at 2 steps per token end inside a token: refused, naming
+    the chunk size and what to use."""
+    model = model_of(PRODUCT_MLP["name"], chunk_size=3)
+    with pytest.raises(ValueError, match=r"chunk_size: 3 is not a multiple of the 2 optimizer"):
+        model.decode(tokens(1, 2), model.empty_cache(1))
 
 
 HYBRIDS = {
@@ -117,12 +137,16 @@ def test_float32_decode_at_the_specs_own_chunk_size(name, prefill):
     torch.testing.assert_close(decoded(model, x, prefill), full, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["lmm", "mac"])
-def test_padded_prompts_decode_like_each_sequence_alone(variant):
+@pytest.mark.parametrize(
+    ("name", "variant"),
+    [("titans", "lmm"), ("titans", "mac"), (PRODUCT_MLP["name"], "lmm")],
+)
+def test_padded_prompts_decode_like_each_sequence_alone(name, variant):
     """Prompts of 3, 6 and 9 tokens (left-padded, one cached call) leave partial chunks of
-    3, 2 and 1 tokens; the batch then decodes row by row where the partial chunks differ,
-    each row equal to the uncached forward of its own sequence."""
-    model = model_of("titans", chunk_size=CHUNK, variant=variant, mac_segment=6)
+    different lengths (3, 2, 1 tokens at chunk 4; 1, 0, 1 at 2 steps per token); the batch
+    then decodes row by row where they differ, each row equal to the uncached forward of its
+    own sequence."""
+    model = model_of(name, chunk_size=CHUNK, variant=variant, mac_segment=6)
     lengths, steps = [3, 6, 9], 5
     rows = [tokens(1, n + steps, seed=10 + i)[0] for i, n in enumerate(lengths)]
     width = max(lengths)
