@@ -165,3 +165,24 @@ def test_padded_prompts_decode_like_each_sequence_alone(name, variant):
         for i, (row, n) in enumerate(zip(rows, lengths, strict=True)):
             alone = model(row[None, : n + steps - 1])[0, n - 1 :]
             torch.testing.assert_close(torch.stack(got[i]), alone, rtol=0, atol=1e-12)
+
+
+def test_the_triton_backend_decodes_in_its_chunk_start_form():
+    """The triton kernels in the chunk-start form (Gated DeltaNet, chunk_mode "start"; they
+    cover matrix memories) run each partial chunk too: decode equals their uncached forward
+    (float32, Triton's interpreter on a CPU)."""
+    torch.manual_seed(0)
+    layer = MirasLayer(
+        ROOT / "specs" / "gated_deltanet.yaml", 16, 2, chunk_size=4, backend="triton",
+        chunk_mode="start",
+    )  # fmt: skip
+    assert layer.chunk_follows_boundaries
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        full, _ = layer(x)
+        _, cache = layer(x[:, :3], layer.empty_cache(2))
+        steps = []
+        for t in range(3, 7):
+            y, cache = layer(x[:, t : t + 1], cache)
+            steps.append(y)
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 3:], rtol=0, atol=1e-5)
