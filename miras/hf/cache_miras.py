@@ -4,8 +4,10 @@ One `MirasLayerCache` per block holds that block's mixer cache, the dict its mix
 `empty_cache(batch)` makes and its forward returns (docs/models.md):
 
 - a memory layer: `memory` (the memory state in the rule's form: W, its momentum S.W, and the
-  Omega window's carried tokens for `window.c > 1` or `global`), `conv` (the short conv's last
-  `conv_size - 1` inputs [B, conv_size - 1, 3D]);
+  Omega window's carried tokens for `window.c > 1` or `global`; for a chunk-start or dual
+  form, the state at the current chunk's start), `conv` (the short conv's last
+  `conv_size - 1` inputs [B, conv_size - 1, 3D]), and for a chunk-start or dual form
+  `pending`, the partial chunk's q, k, v, gates [B, H, L, .] and `valid` [B, 1, L];
 - attention and SWA: `k`, `v` [B, H, Tc, D/H] (the last `window` tokens for SWA, left-aligned),
   `conv`, and `pos` [B] (the tokens each row has seen);
 - MAL / MAG: `memory` and `swa`, one of each; MAC: `memory`, `start` (the segment-start memory),

@@ -9,15 +9,14 @@ The network is `miras.models.LanguageModel` (embedding, blocks, final norm, tied
 `MirasModel.lm`; these classes add transformers' interfaces around it: the config, the
 `MirasCache`, labels, `logits_to_keep`, packed sequences (`cu_seqlens`) and activation
 checkpointing. Exactness (docs/hf.md): a cached forward in pieces equals the uncached forward
-where the memory rule's chunk form is exact (or at chunk_size 1 / backend recurrent, for the
-chunk-start and dual forms, whose chunked forward is an approximation of the recurrence).
+for every memory rule, the chunk-start and dual forms included (their cache keeps the
+chunk-start memory and the partial chunk: docs/models.md, "Decoding").
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import warnings
 from pathlib import Path
 
 import torch
@@ -28,10 +27,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from miras.hf.cache_miras import MirasCache
 from miras.hf.configuration_miras import MirasConfig
-from miras.models.layer import MirasLayer
 from miras.models.model import LanguageModel, check_length
 from miras.models.padding import token_mask
-from miras.runtime.forms import is_exact, resolve_mode
 
 IGNORE_INDEX = -100  # transformers' label for "no target here"
 SHIM = "miras_hf.py"
@@ -96,8 +93,6 @@ class MirasModel(MirasPreTrainedModel):
         with torch.device("cpu") if building.type == "meta" else contextlib.nullcontext():
             self.lm = LanguageModel(config.miras_spec(), config.vocab_size)
         self.gradient_checkpointing = False
-        self.approximate = approximate_layers(self.lm)
-        self.warned = False
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -143,15 +138,6 @@ class MirasModel(MirasPreTrainedModel):
         if use_cache and cache is None:
             cache = MirasCache(len(self.lm.blocks))
         mask = self._mask(attention_mask, x, cache)
-        if cache is not None and self.approximate and not self.warned:
-            self.warned = True
-            warnings.warn(
-                f"spec '{self.lm.spec.name}': {self.approximate}; a cached forward (generate) "
-                "runs the exact recurrence token by token, so it differs from the uncached "
-                "forward by that approximation (docs/hf.md); model section chunk_size: 1 or "
-                "backend: recurrent makes the two equal",
-                stacklevel=2,
-            )
         if cu_seqlens is not None:
             if cache is not None or mask is not None:
                 raise ValueError(
@@ -206,23 +192,6 @@ class MirasModel(MirasPreTrainedModel):
             attention_mask = attention_mask[:, seen:]
         token_mask(attention_mask, x.shape[:2])  # names the expected shape
         return None if bool((attention_mask != 0).all()) else attention_mask
-
-
-def approximate_layers(lm: LanguageModel) -> str:
-    """Why the uncached forward is not the recurrence a cache continues ('' when it is): a
-    memory layer whose chunk form is the chunk-start (or dual) approximation, at a chunk size
-    above 1 on a chunked backend."""
-    for module in lm.modules():
-        if not isinstance(module, MirasLayer) or module.backend == "recurrent":
-            continue
-        form = resolve_mode(module.chunk_mode, module.rule.plan.chunk_form, module.rule.spec.name)
-        # "minimizer" (optimizer exact) is exact at every chunk size, as "exact" is.
-        if not is_exact(form) and module.chunk_size > 1:
-            return (
-                f"its memory's chunked forward is the chunk-start approximation ({form} form) "
-                f"at chunk_size {module.chunk_size}"
-            )
-    return ""
 
 
 def packed_offsets(cu_seqlens, kwargs: dict, attention_mask, cache):

@@ -152,8 +152,14 @@ class MAC(nn.Module):
     def step(self, x: torch.Tensor, cache: Cache):
         """One token per row, x [B, 1, D] -> (y [B, 1, D], cache)."""
         in_segment = cache["pos"] % self.segment  # [B]
-        # A row at a segment boundary retrieves from its memory as it is now.
-        start = select_rows(in_segment == 0, cache["memory"]["memory"], cache["start"])
+        # A row at a segment boundary retrieves from its memory as it is now: the parallel
+        # forward runs the memory layer segment by segment, so its chunks restart there and
+        # the last (partial) chunk of a segment is folded into the memory (`flush`).
+        boundary = in_segment == 0
+        memory_cache = cache["memory"]
+        if bool(boundary.any()):
+            memory_cache = select_rows(boundary, self.memory.flush(memory_cache), memory_cache)
+        start = select_rows(boundary, memory_cache["memory"], cache["start"])
         h = self.retrieve(x, start)
         q, k, v = self.context(x, h, in_segment[:, None])
         k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
@@ -162,7 +168,7 @@ class MAC(nn.Module):
         slots = torch.arange(tk, device=x.device)
         visible = slots >= tk - 2 * (in_segment[:, None] + 1)  # [B, Tk]
         y = self.attn.merge(self.attn.attend(q, k, v, visible[:, None, None, :]))
-        m, memory_cache = self.memory(y, cache["memory"])
+        m, memory_cache = self.memory(y, memory_cache)
         keep = min(tk, 2 * self.segment)
         new = {"memory": memory_cache, "start": start, "k": k[:, :, tk - keep :]}
         new.update(v=v[:, :, tk - keep :], pos=cache["pos"] + 1)

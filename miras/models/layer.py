@@ -6,8 +6,11 @@
 
 The layout follows Titans section 3.1 and MIRAS section 5 (conv, normalized q and k, output norm
 and gate), as fla's DeltaNet / Gated DeltaNet layers do. Training runs the rule's `chunk` backend
-(or `triton`); decoding one token at a time runs its exact recurrent step on a cache holding the
-memory state and the conv's last inputs (docs/models.md).
+(or `triton`); decoding computes what that forward computes (docs/models.md, "Decoding"): where
+the chunk form is exact, one recurrent step per token on a cache holding the memory state and
+the conv's last inputs; where it is the chunk-start or dual form, the cache holds the memory at
+the current chunk's start and the partial chunk's inputs, and each token reruns the chunk form
+on that partial chunk (O(chunk) per token), the memory advancing at each chunk boundary.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from torch import nn
 from miras.components.base import Range
 from miras.errors import ForwardDiverged
 from miras.ir import GateInfo
-from miras.models.padding import Cache, left_aligned, rows_alone, take
+from miras.models.padding import Cache, cache_row, left_aligned, rows_alone, stack_rows, take
 from miras.rule import MemoryRule
 from miras.rule import compile as compile_rule
 from miras.runtime.exact_chunk import default_chunk_size
-from miras.runtime.forms import resolve_mode
+from miras.runtime.forms import is_exact, resolve_mode
 from miras.runtime.inputs import all_finite, first_bad
 from miras.spec import Spec, load_spec
 
@@ -36,6 +39,14 @@ from miras.spec import Spec, load_spec
 OPEN_END_MARGIN = 1e-6
 LOG_FLOOR = -30.0  # a positive learned state is exp(raw), raw >= this: never 0 in fp32
 LOGIT_BOUND = 15.0  # a unit-interval one is sigmoid(raw), |raw| <= this: never 0 or 1 in fp32
+
+
+def memory_dtype(parameters: torch.dtype) -> torch.dtype:
+    """The precision the memory computes in for parameters of `parameters`' dtype: at least
+    float32. A bf16 or fp16 model keeps its gates, the rule's inputs and the memory state in
+    float32: with 8 significant bits a decay of 0.999 rounds to 1.0 and the memory would
+    never forget, and the state sums many small updates (docs/hf.md, "Dtypes")."""
+    return torch.promote_types(parameters, torch.float32)
 
 
 class ShortConv(nn.Module):
@@ -166,6 +177,10 @@ class GateMaps(nn.Module):
         with torch.no_grad():
             self.up.bias.copy_(self.initial_bias())
 
+    def per_step_names(self) -> set[str]:
+        """The gates with one value per optimizer step, [B, T*n, H]."""
+        return {info.name for info, n in zip(self.infos, self.counts, strict=True) if n > 1}
+
     def initial_bias(self) -> torch.Tensor:
         biases = []
         for info, count in zip(self.infos, self.counts, strict=True):
@@ -180,10 +195,12 @@ class GateMaps(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         if not self.infos:
             return {}
-        # In the parameters' precision (float32) even under bf16 autocast: with 8 significant
-        # bits a decay of 0.999 rounds to 1.0 and the memory would never forget.
+        # In at least float32 (`memory_dtype`), under bf16 autocast and in a bf16 model: with 8
+        # significant bits a decay of 0.999 rounds to 1.0 and the memory would never forget.
+        dtype = memory_dtype(self.up.weight.dtype)
         with torch.autocast(x.device.type, enabled=False):
-            raw = self.up(self.down(x.to(self.up.weight.dtype)))
+            down = F.linear(x.to(dtype), self.down.weight.to(dtype))
+            raw = F.linear(down, self.up.weight.to(dtype), self.up.bias.to(dtype))
             raw = raw.unflatten(-1, (sum(self.counts), self.n_heads))  # [B, T, sum n, H]
             out, first = {}, 0
             for info, count in zip(self.infos, self.counts, strict=True):
@@ -231,7 +248,10 @@ class LearnedState(nn.Module):
             if name.startswith("S.") or statistics:
                 self.zeros[name] = tuple(value.shape)
             else:
-                self.learned[_param_name(name)] = nn.Parameter(self._to_raw(value))
+                # Computed in float32, kept in the default dtype as every other parameter
+                # (transformers' from_pretrained builds a bf16 model under a bf16 default).
+                raw = self._to_raw(value).to(torch.get_default_dtype())
+                self.learned[_param_name(name)] = nn.Parameter(raw)
 
     def _to_raw(self, w: torch.Tensor) -> torch.Tensor:
         if self.domain == "positive":
@@ -267,9 +287,12 @@ class MirasLayer(nn.Module):
     by default 64 // window.c for the exact chunk form and 16 for the chunk-start form;
     `chunk_mode` "auto" solves chunks exactly where the rule is affine in its memory, "start"
     takes the chunk-start approximation, "exact" insists: docs/chunking.md);
-    `forward(x, cache)` continues from a cache (`empty_cache(batch)`) and returns the new one:
-    with one token it runs the exact recurrent step, so decoding token by token equals the
-    parallel forward of the `recurrent` backend (and of `chunk` at chunk size 1).
+    `forward(x, cache)` continues from a cache (`empty_cache(batch)`) and returns the new one,
+    computing what one uncached forward over all the tokens computes, at any split: where
+    the form is exact (`chunk_follows_boundaries` False) a single token takes the recurrent
+    step; the chunk-start and dual forms keep the memory at the chunk's start and the partial
+    chunk's inputs (`continue_chunks`), chunks counted from the sequence's first token (the
+    persistent tokens included).
     `persistent_tokens` learnable inputs are run before the sequence (Titans eq. 26), priming
     the memory; their outputs are dropped. `recompute` (True, False, None: the default) sets
     whether the general chunk-start path recomputes each chunk in the backward instead of
@@ -331,7 +354,9 @@ class MirasLayer(nn.Module):
         fm = spec.feature_map
         self.rule_params = nn.ParameterDict(
             {
-                name: nn.Parameter(value, requires_grad=fm.trains_parameters())
+                name: nn.Parameter(
+                    value.to(torch.get_default_dtype()), requires_grad=fm.trains_parameters()
+                )
                 for name, value in self.rule.default_params().items()
             }
         )
@@ -351,9 +376,10 @@ class MirasLayer(nn.Module):
         with n keys per token (`keys_per_token`) k, v [B, T*n, H, D], step j of token t at
         t*n + j (fla's packing)."""
         qkv, conv_cache = self.conv(self.qkv(x), conv_cache)
-        # The rule's inputs in the parameters' precision (float32): under bf16 autocast the
-        # projections are bf16 products, cast up exactly, to meet the float32 gates.
-        dtype = self.qkv.weight.dtype
+        # The rule's inputs in at least float32 (`memory_dtype`): under bf16 autocast, or in a
+        # bf16 model, the projections are bf16 products, cast up exactly, to meet the float32
+        # gates; the l2 norms are taken in float32.
+        dtype = memory_dtype(self.qkv.weight.dtype)
         n, d = self.keys_per_token, self.d_model
         q, k, v = qkv.split([d, n * d, n * d], dim=-1)
         k, v = (t.unflatten(-1, (n, d)).flatten(1, 2) for t in (k, v))  # [B, T*n, D]
@@ -381,11 +407,39 @@ class MirasLayer(nn.Module):
     def empty_cache(self, batch: int) -> Cache:
         """The cache before the first token (after the persistent tokens, if any)."""
         like = self.qkv.weight
-        cache: Cache = {"conv": self.conv.empty_cache(batch, like), "memory": self.state0(batch)}
+        dtype = memory_dtype(like.dtype)  # the runtime's state precision for these inputs
+        memory = self.state0(batch)
+        memory = memory.to(dtype) if isinstance(memory, torch.Tensor) else {
+            name: value.to(dtype) for name, value in memory.items()
+        }  # fmt: skip
+        cache: Cache = {"conv": self.conv.empty_cache(batch, like), "memory": memory}
+        if self.chunk_follows_boundaries:
+            cache["pending"] = self.no_pending(batch)
         if self.persistent is not None:
             prefix = self.persistent.unsqueeze(0).expand(batch, -1, -1)
-            _, cache = self.run(prefix, cache, "recurrent")
+            _, cache = self.forward(prefix, cache)
         return cache
+
+    @property
+    def chunk_follows_boundaries(self) -> bool:
+        """Whether the forward's result depends on where its chunks start: the chunk-start and
+        dual forms above chunk size 1 (every gradient of a chunk at its start state). Then a
+        cache must keep the chunk boundaries of one uncached forward (`continue_chunks`)."""
+        if self.backend == "recurrent" or self.chunk_size == 1:
+            return False
+        form = self.rule.plan.chunk_form
+        return not is_exact(resolve_mode(self.chunk_mode, form, self.rule.spec.name))
+
+    def no_pending(self, batch: int) -> Cache:
+        """The partial chunk before its first token: the memory's inputs heads first, time on
+        axis 2 (the axis `miras.models.padding` pads in front when rows are stacked), none yet:
+        q, k [B, H, 0, Dk], v [B, H, 0, Dv], each gate [B, H, 0], and `valid` [B, 1, 0] bool
+        (False at the slots a stacking pads in front)."""
+        like, h, d = self.qkv.weight, self.n_heads, self.head_dim
+        empty = like.new_zeros(batch, h, 0, d, dtype=memory_dtype(like.dtype))
+        gates = {info.name: empty[..., 0] for info in self.rule.plan.gates}
+        valid = torch.zeros(batch, 1, 0, dtype=torch.bool, device=like.device)
+        return {"q": empty, "k": empty, "v": empty, "gates": gates, "valid": valid}
 
     def forward(
         self,
@@ -402,6 +456,8 @@ class MirasLayer(nn.Module):
         if attention_mask is not None:
             return rows_alone(self.forward, x, attention_mask, cache)
         if cache is not None:
+            if self.chunk_follows_boundaries:
+                return self.continue_chunks(x, cache)
             backend = "recurrent" if x.shape[1] == 1 else self.backend
             return self.run(x, cache, backend)
         start = {"conv": None, "memory": self.state0(x.shape[0])}
@@ -416,6 +472,133 @@ class MirasLayer(nn.Module):
 
         With `check_inputs`, a non-finite x or memory output raises `ForwardDiverged` naming
         the first token in time (one sum each, the search only on failure)."""
+        self._check_finite_input(x)
+        q, k, v, gates, conv_cache = self.memory_inputs(x, cache["conv"])
+        o, state = self._rule_call(q, k, v, gates, cache["memory"], backend, keep_state)
+        if self.check_inputs and not all_finite(o):
+            raise self.diverged(q, k, v, gates, cache["memory"], o)
+        return self.output(o, x), {"conv": conv_cache, "memory": state}
+
+    def continue_chunks(self, x: torch.Tensor, cache: Cache):
+        """x [B, T, D] after `cache` in the chunk form's own semantics -> (y [B, T, D], cache).
+
+        `cache["memory"]` is the memory at the current chunk's start and `cache["pending"]` the
+        inputs of the L < chunk_size tokens since (`no_pending`). The chunk form runs on those
+        L tokens and x's from the chunk-start memory: its whole chunks with their final state,
+        which becomes the new chunk-start memory, then the rest, whose inputs become the new
+        partial chunk. So every token sees exactly what one uncached forward gives it, and a
+        token costs a chunk form over at most chunk_size tokens."""
+        if not self._pending_aligned(cache):
+            return self._rows_apart(self.continue_chunks, x, cache)
+        n = self.keys_per_token  # k, v and the per-step gates: n steps per token
+        if self.chunk_size % n:
+            raise ValueError(
+                f"chunk_size: {self.chunk_size} is not a multiple of the {n} optimizer steps per "
+                f"token of spec '{self.rule.spec.name}': its chunks of steps end inside a "
+                f"token, where a cache cannot stop; use a multiple of {n} (or backend "
+                "'recurrent')"
+            )
+        self._check_finite_input(x)
+        q, k, v, gates, conv_cache = self.memory_inputs(x, cache["conv"])
+        pending = cache.get("pending") or self.no_pending(x.shape[0])
+        # The partial chunk's inputs, then x's: q [B, L + T, H, D], k, v [B, (L + T) n, H, D],
+        # each gate [B, L + T, H] or, per step, [B, (L + T) n, H].
+        q, k, v = (
+            torch.cat([pending[name].transpose(1, 2), t], 1)
+            for name, t in zip("qkv", (q, k, v), strict=True)
+        )
+        gates = {
+            name: torch.cat([pending["gates"][name].transpose(1, 2), g], 1)
+            for name, g in gates.items()
+        }
+        per_step = self.gates.per_step_names()
+        tokens = q.shape[1]
+        per_chunk = self.chunk_size // n  # tokens per chunk (chunks count optimizer steps)
+        whole = tokens // per_chunk * per_chunk  # the tokens of whole chunks
+
+        def cut(part: slice):
+            steps = slice(part.start * n, part.stop * n)
+            g = {name: t[:, steps if name in per_step else part] for name, t in gates.items()}
+            return q[:, part], k[:, steps], v[:, steps], g
+
+        memory, outputs = cache["memory"], []
+        for part in (slice(0, whole), slice(whole, tokens)):
+            if part.stop == part.start:
+                continue
+            q_, k_, v_, g_ = cut(part)
+            keep = part.stop == whole  # the next chunk's start state
+            o, final = self._rule_call(q_, k_, v_, g_, memory, self.backend, keep_state=keep)
+            if self.check_inputs and not all_finite(o):
+                raise self.diverged(q_, k_, v_, g_, memory, o)
+            memory = final if keep else memory
+            outputs.append(o)
+        o = torch.cat(outputs, dim=1)[:, -x.shape[1] :]
+        q_, k_, v_, g_ = cut(slice(whole, tokens))
+        pending = {
+            "q": q_.transpose(1, 2),
+            "k": k_.transpose(1, 2),
+            "v": v_.transpose(1, 2),
+            "gates": {name: g.transpose(1, 2) for name, g in g_.items()},
+            "valid": torch.ones(x.shape[0], 1, tokens - whole, dtype=torch.bool, device=x.device),
+        }
+        return self.output(o, x), {"conv": conv_cache, "memory": memory, "pending": pending}
+
+    def flush(self, cache: Cache) -> Cache:
+        """The cache with its partial chunk folded into the memory, as an uncached forward that
+        ends there leaves it (the chunk form's final state after a short last chunk): MAC's
+        memory restarts its chunks at every segment. A cache without one is returned as is."""
+        pending = cache.get("pending")
+        if pending is None or pending["valid"].shape[2] == 0:
+            return cache
+        if not self._pending_aligned(cache):
+            return self._rows_apart(lambda _, row: (None, self.flush(row)), None, cache)[1]
+        q, k, v = (pending[n].transpose(1, 2) for n in "qkv")
+        gates = {name: g.transpose(1, 2) for name, g in pending["gates"].items()}
+        _, memory = self._rule_call(q, k, v, gates, cache["memory"], self.backend, True)
+        batch = q.shape[0]
+        return {"conv": cache["conv"], "memory": memory, "pending": self.no_pending(batch)}
+
+    @staticmethod
+    def _pending_aligned(cache: Cache) -> bool:
+        """Whether every row's partial chunk fills its slots: rows stacked from caches of
+        different lengths (a padded batch) are padded in front with valid = False."""
+        pending = cache.get("pending")
+        return pending is None or bool(pending["valid"].all())
+
+    @staticmethod
+    def _rows_apart(step, x: torch.Tensor | None, cache: Cache):
+        """step(x_b, cache_b) row by row, each row's partial chunk without the padded slots
+        in front -> (y [B, T, D] or None, the rows' caches stacked)."""
+        ys, caches = [], []
+        for b in range(cache["pending"]["valid"].shape[0]):
+            row = cache_row(cache, b)
+            filled = int(row["pending"]["valid"].sum())
+            slots = row["pending"]["valid"].shape[2]
+            row["pending"] = _last_slots(row["pending"], filled, slots)  # [1, H, filled (n), .]
+            y, row = step(None if x is None else x[b : b + 1], row)
+            ys.append(y)
+            caches.append(row)
+        return (None if x is None else torch.cat(ys)), stack_rows(caches)
+
+    def _rule_call(self, q, k, v, gates, memory, backend: str, keep_state: bool):
+        """The rule on `backend` from state `memory` -> (o [B, T, H, Dv], the state after or
+        None without `keep_state`)."""
+        return self.rule(
+            q,
+            k,
+            v,
+            gates,
+            backend=backend,
+            chunk_size=self.chunk_size,
+            chunk_mode=self.chunk_mode,
+            initial_state=memory,
+            output_final_state=keep_state,
+            params=self.params(),
+            check_inputs=self.check_inputs,
+            recompute=self.recompute,
+        )
+
+    def _check_finite_input(self, x: torch.Tensor) -> None:
         if self.check_inputs and not all_finite(x):
             token, row, _ = first_bad(~torch.isfinite(x.detach()).unsqueeze(-1))
             raise ForwardDiverged(
@@ -424,24 +607,6 @@ class MirasLayer(nn.Module):
                 "embedding produced it",
                 token,
             )
-        q, k, v, gates, conv_cache = self.memory_inputs(x, cache["conv"])
-        o, state = self.rule(
-            q,
-            k,
-            v,
-            gates,
-            backend=backend,
-            chunk_size=self.chunk_size,
-            chunk_mode=self.chunk_mode,
-            initial_state=cache["memory"],
-            output_final_state=keep_state,
-            params=self.params(),
-            check_inputs=self.check_inputs,
-            recompute=self.recompute,
-        )
-        if self.check_inputs and not all_finite(o):
-            raise self.diverged(q, k, v, gates, cache["memory"], o)
-        return self.output(o, x), {"conv": conv_cache, "memory": state}
 
     @torch.no_grad()
     def diverged(self, q, k, v, gates, initial_state, o: torch.Tensor) -> ForwardDiverged:
@@ -492,3 +657,13 @@ class MirasLayer(nn.Module):
                 "step is the learning rate itself)"
             )
         return text + "; fix: a lower learning-rate gate"
+
+
+def _last_slots(pending: Cache, filled: int, slots: int) -> Cache:
+    """A partial chunk's entries [1, H, slots, ...] cut to their last `filled` tokens; an entry
+    with n slots per token (k, v and the per-step gates of n optimizer steps per token,
+    [1, H, slots n, ...]) to its last filled n."""
+    if isinstance(pending, dict):
+        return {name: _last_slots(value, filled, slots) for name, value in pending.items()}
+    per_token = pending.shape[2] // slots if slots else 1
+    return pending[:, :, pending.shape[2] - filled * per_token :]

@@ -1,9 +1,8 @@
 """Tiny transformers models of every shipped spec, and of each hybrid, for the bridge's tests.
 
-Exactness: a memory rule with the exact chunk form runs at chunk size 4, so prefill pieces cut
-chunks anywhere; the chunk-start and dual forms run at chunk size 1, where their chunked forward
-is the exact recurrence (at a larger chunk it is an approximation, which no cache can follow
-from an arbitrary cut: docs/hf.md)."""
+Every memory rule runs at chunk size 4, so prefill pieces cut chunks anywhere: the exact chunk
+form equals the recurrence, and the chunk-start and dual forms' cache keeps their chunk
+boundaries (docs/hf.md)."""
 
 from __future__ import annotations
 
@@ -12,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from miras.rule import compile as compile_rule
 from miras.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted([*ROOT.glob("specs/*.yaml"), *ROOT.glob("specs/examples/*.yaml")])
 VOCAB = 64
+CHUNK = 4
 SMALL = {"d_model": 16, "n_heads": 2, "n_layers": 2, "swa_window": 3, "mac_segment": 4}
 
 HYBRIDS = [
@@ -28,13 +27,6 @@ HYBRIDS = [
     ("deltanet", {"variant": "attention", "persistent_tokens": 2}),
     ("deltanet", {"variant": "swa", "positions": "conv"}),
 ]
-
-
-def exact_chunk_size(spec) -> int:
-    """4 where the rule's chunk form is exact, else 1 (the recurrence itself)."""
-    if not spec.memory.parametric:
-        return 4
-    return 4 if compile_rule(spec).plan.chunk_form.form == "exact" else 1
 
 
 def cases():
@@ -52,7 +44,7 @@ def build(path, extra: dict, dtype=torch.float64, seed: int = 0):
 
     spec = load_spec(path)
     torch.manual_seed(seed)
-    overrides = {**SMALL, "chunk_size": exact_chunk_size(spec), **extra}
+    overrides = {**SMALL, "chunk_size": CHUNK, **extra}
     model = MirasForCausalLM.from_spec(spec, VOCAB, **overrides)
     return model.to(dtype).eval()
 

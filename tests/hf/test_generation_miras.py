@@ -53,19 +53,27 @@ def test_assisted_decoding_is_refused():
         m.generate(tokens(1, 4, seed=12), assistant_model=helper, max_new_tokens=3)
 
 
-def test_a_chunk_start_memory_above_chunk_size_1_warns_once_that_the_cache_differs():
-    from hf_models import SMALL
-
-    from miras.hf import MirasForCausalLM
-
-    approximate = MirasForCausalLM.from_spec("specs/titans.yaml", 64, **SMALL, chunk_size=4)
-    with pytest.warns(UserWarning, match=r"chunk-start approximation \(dual form\).*chunk_size"):
-        approximate.generate(tokens(1, 3, seed=13), max_new_tokens=2, do_sample=False)
-    exact = build("specs/titans.yaml", {})  # chunk size 1: the recurrence itself
+@pytest.mark.parametrize("chunk_size", [4, 16])
+@pytest.mark.parametrize("path", ["specs/titans.yaml", "specs/atlas.yaml", "specs/memora.yaml"])
+def test_greedy_generate_of_a_chunk_start_memory_has_its_uncached_logits(path, chunk_size):
+    """The chunk-start (atlas, memora) and dual (titans) forms: a cached greedy generate's
+    logits at every step equal the uncached run's (float64, 1e-12), across chunk boundaries
+    (a prompt of 6, 20 new tokens), with no warning."""
     import warnings
 
+    m = build(path, {"chunk_size": chunk_size})
+    ids = tokens(2, 6, seed=13)
+    runs = []
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        exact.generate(tokens(1, 3, seed=13), max_new_tokens=2, do_sample=False)
-    assert exact.model.approximate == ""
-    assert build("specs/deltanet.yaml", {}).model.approximate == ""  # exact at chunk size 4
+        for use_cache in (True, False):
+            out = m.generate(
+                ids, max_new_tokens=20, do_sample=False, use_cache=use_cache, pad_token_id=0,
+                output_logits=True, return_dict_in_generate=True,
+            )  # fmt: skip
+            runs.append(out)
+    cached, uncached = runs
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(
+        torch.stack(cached.logits), torch.stack(uncached.logits), rtol=0, atol=1e-12
+    )
