@@ -20,9 +20,8 @@ d = 64 for sm_90 (`miras kernel specs/gated_deltanet.yaml --report --target sm_9
 
 import triton
 
-# (num_warps, num_stages) of the chunk kernels (general, linear) and of the exact scan.
+# (num_warps, num_stages) of the chunk kernels (general, linear).
 CHUNK = ((4, 1), (8, 1))
-SCAN = ((4, 1), (8, 1))
 MAX_REGISTERS = 255  # per thread: the hardware's limit on sm_80 and sm_90
 
 
@@ -43,3 +42,33 @@ def first_under_interpreter(configs, named_args, **kwargs) -> list:
 
 
 PRUNE = {"early_config_prune": first_under_interpreter}
+
+
+# The exact scan (kernels/templates/exact.py): (BV, num_warps, num_stages), BV the value
+# channels a program owns. Per head the state is NK key tiles [64, BV], as in fla's chunk state
+# kernels; per channel a program also holds its channels' systems [BV, BR, BR], so BV is 16.
+SCAN = ((32, 4, 1), (64, 4, 1), (32, 4, 2), (64, 8, 2))
+SCAN_PER_CHANNEL = ((16, 4, 1), (16, 8, 1))
+SCAN_KEY = ["R", "DK", "DV", "HAS_F", "MOMENTUM", "PER_CHANNEL"]
+
+
+def scan_configs() -> list:
+    """The scan's configs: the per-head ones, then the per-channel ones."""
+    return [
+        triton.Config({"BV": bv}, num_warps=warps, num_stages=stages, maxnreg=MAX_REGISTERS)
+        for bv, warps, stages in SCAN + SCAN_PER_CHANNEL
+    ]
+
+
+def scan_layout_configs(configs: list, per_channel: bool) -> list:
+    """The configs (of `scan_configs()`) for one layout: per head or per channel."""
+    return configs[len(SCAN) :] if per_channel else configs[: len(SCAN)]
+
+
+def scan_layout(configs, named_args, **kwargs) -> list:
+    """The configs a scan launch tries: its layout's (the first alone under the interpreter)."""
+    chosen = scan_layout_configs(configs, kwargs.get("PER_CHANNEL", False))
+    return first_under_interpreter(chosen, named_args, **kwargs)
+
+
+SCAN_PRUNE = {"early_config_prune": scan_layout}
