@@ -90,7 +90,7 @@ class Job:
     module: str  # a file path (an emitted module) or a dotted module name
     source_hash: str  # of the module's text
     constexprs: tuple[tuple[str, object], ...]  # ACC and DOT_PRECISION as text
-    config: int  # index into the kernel's autotune configs
+    config: int  # index into the kernel's autotune configs (the scan: its layout's configs)
     num_warps: int
     num_stages: int
     grid: tuple[int, int]
@@ -284,7 +284,8 @@ def _scan_jobs(spec, compiled, d, chunk_size, shape, precision) -> list[Job]:
         variant = "per channel" if per_channel else "per head"
         for direction in ("forward", "backward"):
             kernel = getattr(exact, f"exact_scan_{direction}")
-            for config in scan_layout_configs(kernel.configs, per_channel):
+            # config: the index among the layout's configs (0: the one a report leads with)
+            for i, config in enumerate(scan_layout_configs(kernel.configs, per_channel)):
                 out.append(
                     Job(
                         "scan",
@@ -292,7 +293,7 @@ def _scan_jobs(spec, compiled, d, chunk_size, shape, precision) -> list[Job]:
                         exact.__name__,
                         _sha(scan_source),
                         _text(meta | config.kwargs),
-                        kernel.configs.index(config),
+                        i,
                         config.num_warps,
                         config.num_stages,
                         launch.grid(config.kwargs),
