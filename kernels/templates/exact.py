@@ -29,7 +29,7 @@ inputs, computed by the wrapper `miras.runtime.exact_triton`):
 
     dr_i = dr_in_i - (K dh) * lw + (K ds) * ls
     dh_i = d dh + F^T dr (per channel: K^T dP, dP[b, v] = sum_a F[v, a, b] dr[a, v]) + dh_start_i
-    ds_i = te ds - ce dh - G^T dr (per channel: -K^T dQ) + ds_start_i
+    ds_i = te ds - ce dh - G^T dr (per channel: -K^T dQ, dQ likewise with G) + ds_start_i
 
 Gate widths are constexprs (`lw_w`, ..., `te_w`: 1 per head, Dv per channel): a per-head
 row gate is read as a [BR, 1] column and a per-head chunk gate as a scalar, broadcast over the

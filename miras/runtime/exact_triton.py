@@ -57,9 +57,7 @@ class ScanLaunch:
     momentum: bool
     per_channel: bool  # F, G: [Dv, R, R] systems per chunk
     widths: tuple[int, ...]  # GATES': 1 (per head) or Dv
-    precision: str = (
-        "ieee"  # tl.dot's input precision on float32 operands (inputs.TRITON_PRECISIONS)
-    )
+    precision: str = "ieee"  # tl.dot's on float32 operands (inputs.TRITON_PRECISIONS)
     operand: torch.dtype | None = None  # the products' operand type (None: the state's)
 
     @property

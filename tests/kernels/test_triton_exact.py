@@ -168,23 +168,34 @@ def test_scan_equals_reference(name, dtype, tol, widths):
     _compare(inputs, exact_triton.scan(**inputs), reference_scan(**inputs), name, tol)
 
 
-@pytest.mark.parametrize("widths", ["dk5-dv19", "dk80-dv40"])
-@pytest.mark.parametrize("name", sorted(SCANS))
-def test_bf16_operands_within_half_precision_tolerance(name, widths):
-    """operand_dtype bf16: the products take bf16 keys, systems, states and r * lw, the state
-    stays float32; against the float32 loop, relative RMS 5e-3 for outputs and 8e-3 for
-    gradients (fla's tests' bounds)."""
+HALF_CASES = [
+    (name, torch.bfloat16, w) for name in sorted(SCANS) for w in ("dk5-dv19", "dk80-dv40")
+]
+HALF_CASES += [
+    (name, torch.float16, "dk5-dv19") for name in ("momentum_per_head", "gd_per_channel")
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "half", "widths"),
+    HALF_CASES,
+    ids=[f"{n}-{str(h).split('.')[-1]}-{w}" for n, h, w in HALF_CASES],
+)
+def test_half_operands_within_half_precision_tolerance(name, half, widths):
+    """operand_dtype bf16 (or fp16): the products take half-precision keys, systems, states
+    and r * lw, the state stays float32; against the float32 loop, relative RMS 5e-3 for
+    outputs and 8e-3 for gradients (fla's tests' bounds)."""
     momentum, slope, per_channel, channel_gates = SCANS[name]
     dk, dv = WIDTHS[widths]
     inputs = scan_inputs(
         momentum=momentum, slope=slope, per_channel=per_channel, channel_gates=channel_gates,
         dtype=torch.float32, dk=dk, dv=dv,
     )  # fmt: skip
-    got = exact_triton.scan(**inputs, operand_dtype=torch.bfloat16)
+    got = exact_triton.scan(**inputs, operand_dtype=half)
     assert all(x is None or x.dtype == torch.float32 for x in got)  # the state stays float32
     want = reference_scan(**inputs)
     _compare(inputs, got, want, name, HALF_OUT_TOL, HALF_GRAD_TOL)
-    # and the rounding is there: the final state went through bf16 products
+    # and the rounding is there: the final state went through half-precision products
     assert rel_rms(got[3], want[3]) > 1e-5
 
 
