@@ -52,7 +52,7 @@ PRUNE = {"early_config_prune": first_under_interpreter}
 # Compiled at Dphi = Dv = 128, chunk 64 (docs/kernels.md, "The exact form: a Triton scan"):
 # (32, 8, 1) spills nothing on sm_80 and sm_90, with bf16 and with tf32 operands, in 72 KB of
 # shared memory or less; two stages prefetch the next chunk's tiles for more shared memory
-# (156 KB at tf32 on sm_90, of the 227 KB a block may use); BV 64 spills on 4 warps, so it runs
+# (up to 160 KiB at tf32 on sm_90, of the 227 KiB a block may use); BV 64 spills on 4 warps, so it runs
 # on 8 (and still spills on sm_80 at d = 128: the autotuner weighs it).
 SCAN = ((32, 8, 1), (32, 4, 2), (64, 8, 1))
 SCAN_PER_CHANNEL = ((16, 8, 1), (16, 4, 1))  # 8 warps first: the systems spill less
