@@ -90,7 +90,7 @@ class Job:
     module: str  # a file path (an emitted module) or a dotted module name
     source_hash: str  # of the module's text
     constexprs: tuple[tuple[str, object], ...]  # ACC and DOT_PRECISION as text
-    config: int  # index into the kernel's autotune configs
+    config: int  # index into the kernel's autotune configs (the scan: its layout's configs)
     num_warps: int
     num_stages: int
     grid: tuple[int, int]
@@ -186,7 +186,6 @@ def jobs(
     spec's default, `default_chunk`), in every form it covers, with every autotune config, under
     tl.dot's input `precision` (ieee, tf32, tf32x3): [Job]. Raises ValueError when the Triton
     kernels do not cover the spec."""
-    import torch
     import triton.language as tl
 
     from miras.compiler.pipeline import compile_ir, kernel_source
@@ -249,46 +248,59 @@ def jobs(
                 )
     form = compiled.plan.chunk_form
     if exact_triton.applies(form, chunk_size):
-        from miras.kernels.templates import exact
+        out += _scan_jobs(spec, compiled, d, chunk_size, shape, precision)
+    return out
 
-        scan_source = inspect.getsource(exact)
-        rows = min(chunk_size, length) * spec.window.c
-        step = compiled.plan.linear_step
-        momentum = step is not None and step.stateful  # the scan carries S beside W
-        for per_channel in (False, True):
-            launch = exact_triton.ScanLaunch(
-                batch * heads,
-                -(-length // chunk_size),
-                rows,
-                d,
-                d,
-                has_f=True,
-                momentum=momentum,
-                per_channel=per_channel,
-                widths=(1,) * 5,
-                precision=precision,
-            )
-            meta = launch.meta(torch.empty(0, dtype=torch.float32))
-            grid = (launch.bh, launch.value_blocks)
-            variant = "per channel" if per_channel else "per head"
-            for direction in ("forward", "backward"):
-                name = f"exact_scan_{direction}"
-                for i, (warps, stages, maxnreg) in enumerate(_configs(getattr(exact, name), meta)):
-                    out.append(
-                        Job(
-                            "scan",
-                            name,
-                            exact.__name__,
-                            _sha(scan_source),
-                            _text(meta),
-                            i,
-                            warps,
-                            stages,
-                            grid,
-                            variant,
-                            maxnreg=maxnreg,
-                        )
+
+def _scan_jobs(spec, compiled, d, chunk_size, shape, precision) -> list[Job]:
+    """The exact scan's jobs, per head and per channel: each layout's autotune configs (BV
+    among their constexprs), float32 operands at tl.dot's `precision`."""
+    import torch
+
+    from miras.kernels.common.tuning import scan_layout_configs
+    from miras.kernels.templates import exact
+    from miras.runtime import exact_triton
+
+    scan_source = inspect.getsource(exact)
+    batch, length, heads = shape
+    rows = min(chunk_size, length) * spec.window.c
+    step = compiled.plan.linear_step
+    momentum = step is not None and step.stateful  # the scan carries S beside W
+    out = []
+    for per_channel in (False, True):
+        launch = exact_triton.ScanLaunch(
+            batch * heads,
+            -(-length // chunk_size),
+            rows,
+            d,
+            d,
+            has_f=True,
+            momentum=momentum,
+            per_channel=per_channel,
+            widths=(1,) * 5,
+            precision=precision,
+        )
+        meta = launch.meta(torch.empty(0, dtype=torch.float32)) | {"UPCAST": False}
+        variant = "per channel" if per_channel else "per head"
+        for direction in ("forward", "backward"):
+            kernel = getattr(exact, f"exact_scan_{direction}")
+            # config: the index among the layout's configs (0: the one a report leads with)
+            for i, config in enumerate(scan_layout_configs(kernel.configs, per_channel)):
+                out.append(
+                    Job(
+                        "scan",
+                        kernel.base_fn.__name__,
+                        exact.__name__,
+                        _sha(scan_source),
+                        _text(meta | config.kwargs),
+                        i,
+                        config.num_warps,
+                        config.num_stages,
+                        launch.grid(config.kwargs),
+                        variant,
+                        maxnreg=config.maxnreg,
                     )
+                )
     return out
 
 

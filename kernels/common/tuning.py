@@ -1,28 +1,29 @@
 """Autotune configs of the chunk kernels and of the exact scan, and which of them a launch tries.
 
-Each kernel is `@triton.autotune(configs=configs(CHUNK), key=[...], prune_configs_by=PRUNE)`,
-keyed on the chunk and the widths (CS or R, DK, DV; triton adds the dtypes). The configs vary
+Each chunk kernel is `@triton.autotune(configs=configs(CHUNK), key=[...], prune_configs_by=PRUNE)`,
+keyed on the chunk and the widths (CS or R, DK, DV; triton adds the dtypes). Their configs vary
 num_warps and num_stages only: every block size is fixed by a buffer's layout (BT the chunk,
 BK the whole feature width of the state tile, BV the value channels that the launcher sizes
-the scratch buffers and the per-block gradient parts by), so none is free to tune.
+the scratch buffers and the per-block gradient parts by), so none is free to tune. The exact
+scan's buffers do not depend on its BV, so its configs (`scan_configs`, below) tune BV too.
 
-num_stages 1: the chunk loop carries the state, and the software pipeliner's prefetch buffers
-would double the shared memory (past an H100's 227 KiB at d = 128). The compile-only checks
-(`miras.gpu_compile`) compile every config on sm_80 and sm_90.
+num_stages 1 (the chunk kernels): the chunk loop carries the state, and the software
+pipeliner's prefetch buffers would double the shared memory (past an H100's 227 KiB at
+d = 128). The compile-only checks (`miras.gpu_compile`) compile every config on sm_80 and sm_90.
 
 maxnreg 255 (the most a thread may hold): left unstated, the ptxas that triton 3.9 ships (CUDA
-13.4) gives these loop-carried kernels 32 registers a thread, the count that fills an SM with
-2048 threads, and spills the state tiles to local memory. Measured on the exact scan forward at
-d = 64 for sm_90 (`miras kernel specs/gated_deltanet.yaml --report --target sm_90 --dim 64`):
-32 registers and 19080 B of spill stores unstated, 255 registers and 7000 B stated. One block of
-8 warps at 255 registers uses 65280 of an SM's 65536, so both configs still launch.
+13.4) gave the exact scan of before its rewrite (its state one [BV, Dphi] float32 tile, FMA
+products) 32 registers a thread, the count that fills an SM with 2048 threads, and spilled the
+state tiles to local memory: at d = 64 for sm_90, 32 registers and 19080 B of spill stores
+unstated, 255 registers and 7000 B stated; the rewritten scan's "ieee" forward still gets 32
+at BV 32 on 4 warps. One block of 8 warps at 255 registers uses 65280 of an SM's 65536, so
+every config still launches.
 """
 
 import triton
 
-# (num_warps, num_stages) of the chunk kernels (general, linear) and of the exact scan.
+# (num_warps, num_stages) of the chunk kernels (general, linear).
 CHUNK = ((4, 1), (8, 1))
-SCAN = ((4, 1), (8, 1))
 MAX_REGISTERS = 255  # per thread: the hardware's limit on sm_80 and sm_90
 
 
@@ -43,3 +44,40 @@ def first_under_interpreter(configs, named_args, **kwargs) -> list:
 
 
 PRUNE = {"early_config_prune": first_under_interpreter}
+
+
+# The exact scan (kernels/templates/exact.py): (BV, num_warps, num_stages), BV the value
+# channels a program owns. Per head the state is NK key tiles [64, BV], as in fla's chunk state
+# kernels; per channel a program also holds its channels' systems [BV, BR, BR], so BV is 16.
+# Compiled at Dphi = Dv = 128, chunk 64 (docs/kernels.md, "The exact form: a Triton scan"):
+# (32, 8, 1) spills nothing on sm_80 and sm_90, with bf16 and with tf32 operands, in 72 KB of
+# shared memory or less; two stages prefetch the next chunk's tiles for more shared memory
+# (up to 160 KiB at tf32 on sm_90, of the 227 KiB a block may use); BV 64 spills on 4 warps, so it runs
+# on 8 (and still spills on sm_80 at d = 128: the autotuner weighs it).
+SCAN = ((32, 8, 1), (32, 4, 2), (64, 8, 1))
+SCAN_PER_CHANNEL = ((16, 8, 1), (16, 4, 1))  # 8 warps first: the systems spill less
+SCAN_KEY = ["R", "DK", "DV", "HAS_F", "MOMENTUM", "PER_CHANNEL"]
+
+
+def scan_configs() -> list:
+    """The scan's configs: the per-head ones, then the per-channel ones, with the register cap
+    stated (unstated, ptxas gives the "ieee" scan forward 32 registers at BV 32 on 4 warps,
+    d = 64, and 7248 B of spills)."""
+    return [
+        triton.Config({"BV": bv}, num_warps=warps, num_stages=stages, maxnreg=MAX_REGISTERS)
+        for bv, warps, stages in SCAN + SCAN_PER_CHANNEL
+    ]
+
+
+def scan_layout_configs(configs: list, per_channel: bool) -> list:
+    """The configs (of `scan_configs()`) for one layout: per head or per channel."""
+    return configs[len(SCAN) :] if per_channel else configs[: len(SCAN)]
+
+
+def scan_layout(configs, named_args, **kwargs) -> list:
+    """The configs a scan launch tries: its layout's (the first alone under the interpreter)."""
+    chosen = scan_layout_configs(configs, kwargs.get("PER_CHANNEL", False))
+    return first_under_interpreter(chosen, named_args, **kwargs)
+
+
+SCAN_PRUNE = {"early_config_prune": scan_layout}

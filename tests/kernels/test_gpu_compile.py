@@ -76,7 +76,7 @@ def test_cli_report_refuses_a_bad_target_and_width():
 def test_every_autotune_config_states_the_register_cap():
     """Left unstated, the ptxas of triton 3.9 gives these loop-carried kernels 32 registers a
     thread and spills their state tiles (kernels/common/tuning.py)."""
-    for config in tuning.configs(tuning.CHUNK) + tuning.configs(tuning.SCAN):
+    for config in tuning.configs(tuning.CHUNK) + tuning.scan_configs():
         assert config.maxnreg == tuning.MAX_REGISTERS == 255
 
 
@@ -96,19 +96,24 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
     compiled = compile_ir(spec)
     for job in found:
         meta = dict(job.constexprs)
-        configs = tuning.SCAN if job.form == "scan" else tuning.CHUNK
-        assert (job.num_warps, job.num_stages) == configs[job.config]
         assert job.maxnreg == tuning.MAX_REGISTERS
         assert meta["DOT_PRECISION"] == "ieee" and meta["ACC"] == "fp32"
-        if job.form == "scan":
-            assert meta["BR"] == 64 and meta["BK"] == 128
-            assert meta["BV"] == (16 if job.variant == "per channel" else 64)
+        if job.form == "scan":  # BV is the config's; the state in [64, BV] key tiles
+            per_channel = job.variant == "per channel"
+            config = tuning.scan_layout_configs(tuning.scan_configs(), per_channel)[job.config]
+            assert (job.num_warps, job.num_stages) == (config.num_warps, config.num_stages)
+            assert meta["BV"] == config.kwargs["BV"]
+            assert meta["BV"] == 16 if job.variant == "per channel" else meta["BV"] in (32, 64)
+            assert (meta["BR"], meta["BK"], meta["NK"], meta["DK"]) == (64, 64, 2, 128)
+            assert job.grid == (128 // meta["BV"], 8)
         else:
+            assert (job.num_warps, job.num_stages) == tuning.CHUNK[job.config]
             linear = job.form == "linear"
             block_v = triton_backend.choose_kernels(compiled, 128, 128, not linear)[1]
             assert (meta["BT"], meta["BK"], meta["BV"]) == (64, 128, block_v)
-        assert job.grid == (8, 128 // meta["BV"])
-    assert len(found) == 8 * len(tuning.CHUNK)
+            assert job.grid == (8, 128 // meta["BV"])
+    scan_configs = len(tuning.SCAN) + len(tuning.SCAN_PER_CHANNEL)
+    assert len(found) == 4 * len(tuning.CHUNK) + 2 * scan_configs
 
 
 def test_the_default_chunk_is_the_layers():
