@@ -10,6 +10,7 @@ checked afterwards to hold no NaN, so an element a kernel failed to write is an 
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 
 import torch
 
@@ -47,8 +48,10 @@ def launcher(kernel, grid):
     A grid with no programs (an empty batch, B = 0: every buffer of the launch is empty, its
     leading axis B*H) launches nothing. Launched, it would compute nothing either, but on a
     GPU the autotuner would time the empty launches and keep its pick for the key (the chunk
-    and the widths, not the batch) for every later call."""
-    if 0 in grid:
+    and the widths, not the batch) for every later call. A grid that reads the config's
+    block sizes (a callable of the launch's meta) is probed with every block size 1: a block
+    count cdiv(n, BLOCK) is 0 exactly when n is, whatever the block."""
+    if _no_programs(grid):
         return lambda *args, **meta: None
     pinned = os.environ.get(CONFIG_ENV, "")
     if pinned == "":
@@ -61,6 +64,10 @@ def launcher(kernel, grid):
         )
     pinned = configs[int(pinned)].all_kwargs()
     return lambda *args, **meta: kernel.fn[grid](*args, **meta, **pinned)
+
+
+def _no_programs(grid) -> bool:
+    return 0 in (grid(defaultdict(lambda: 1)) if callable(grid) else grid)
 
 
 def accumulator(x: torch.Tensor):
