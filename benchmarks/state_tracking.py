@@ -208,8 +208,13 @@ def main() -> None:
         for seed in args.seeds
     ]
     wall = time.time()
+    results = []
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        results = list(pool.map(train_one, runs))
+        for r in pool.map(train_one, runs):  # in order; each line as its run ends
+            results.append(r)
+            slices = ", ".join(f"T {n} {a:.3f}" for n, a in r["slices"].items())
+            print(f"# {r['run'].claim}, {r['run'].label}, seed {r['run'].seed}: valid "
+                  f"{r['valid']:.3f}, test {slices}, {r['cpu']:.0f} CPU-s", flush=True)  # fmt: skip
     cpu = sum(r["cpu"] for r in results)
     print(
         f"# {len(runs)} runs: {args.steps} steps, batch 32, lr {args.lr:g}, seeds "
