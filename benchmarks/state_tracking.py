@@ -24,6 +24,11 @@ over the two extrapolation slices, positions 32..127 never trained at) is at lea
 claim holds when the model it names solves, every other model of its table does not, and
 Welch's two-sided test over the seeds puts the named model above each other at p < 0.05.
 
+Measured 2026-12-02 (docs/claims.md, "state tracking needs negative eigenvalues"): 1052 CPU-s for
+both claims (491 parity, 561 S3), 1194 + 558 s wall on the loaded 2-core machine; neither claim
+reproduced at p < 0.05: DeltaNet (0, 2) solved parity on 2 seeds of 3, DeltaProduct n=2 (0, 2)
+S3 on 1 of 3, and no other model either task on any seed.
+
 Each run is one process-local `miras.train` (one torch thread); `--workers 2` runs two at a
 time. The table gives, per model, the valid accuracy at T 32 and the test accuracy at T 64, 128
 and their mean, each as the mean and its 95% t interval over the seeds (miras.stats), the
