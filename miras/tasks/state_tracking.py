@@ -159,8 +159,8 @@ class ModularArithmetic(StateTracking):
     """Numbers 0..m-1 and operations + - *, alternating (a0 op1 a1 op2 a2 ...), evaluated left to
     right modulo m: the label at number a_i is ((a0 op1 a1) op2 a2 ...) op_i a_i mod m, and the
     operations are unlabelled. Tokens: the numbers 0..m-1, then +, -, * as m, m+1, m+2. (Left to
-    right, without precedence: the running state is one number, a monoid word problem, not
-    the precedence-aware variant of Deletang et al. 2023's "Chomsky hierarchy" suite.)"""
+    right, without precedence: the running state is one number, a monoid word problem; not
+    checked against Deletang et al. 2023's task of the same name.)"""
 
     name: ClassVar[str] = "modular_arithmetic"
 
