@@ -150,10 +150,11 @@ class Component(BaseModel):
         """Names of the fields set to "gate": the rule takes them per token."""
         return [name for name in self.gateable if getattr(self, name) == "gate"]
 
-    @classmethod
-    def defaults_of(cls, name: str) -> GateDefaults:
-        """The declared `GateDefaults` of gate `name` (`GateDefaults()` when none is)."""
-        return cls.gate_defaults.get(name, GateDefaults())
+    def defaults_of(self, name: str) -> GateDefaults:
+        """The `GateDefaults` of gate `name` in this spec: the declared ones (`GateDefaults()`
+        when none is), which a component may adjust to its fields (a stepped optimizer's
+        `lr_max` is its step size's ceiling)."""
+        return self.gate_defaults.get(name, GateDefaults())
 
     def scalars(self) -> dict[str, sp.Symbol]:
         """The sympy symbol of every gateable field (gate or fixed)."""

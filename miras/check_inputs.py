@@ -91,10 +91,14 @@ def random_inputs(rule: Rule, sizes: Sizes, seed: int, per_channel: bool = False
         width = (sizes.d_value,) if per_channel and info.name in channels else ()
         r = torch.rand(b, length(info.name), h, *width, generator=gen, dtype=DTYPE)
         lo, hi = info.allowed.lo, info.allowed.hi
+        ceiling = info.defaults.ceiling  # where a layer keeps the gate (a step size's lr_max)
         if math.isfinite(lo) and math.isfinite(hi):
             gates[info.name] = lo + (hi - lo) * (0.1 + 0.8 * r)  # a decay, a momentum
         elif math.isfinite(lo):
-            gates[info.name] = lo + 0.1 + 0.9 * r  # a learning rate, a scale, gamma
+            # A learning rate, a scale, gamma: (lo + 0.1, lo + 1) scaled to a ceiling above 1,
+            # so a step size with lr_max 2 is checked up to 2 (the delta rule's eigenvalue -1).
+            span = max(1.0, ceiling - lo) if ceiling is not None else 1.0
+            gates[info.name] = lo + (0.1 + 0.9 * r) * span
         else:
             gates[info.name] = 2 * r - 1
     return q, k, v, gates

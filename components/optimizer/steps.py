@@ -8,11 +8,12 @@ first step of each token only, and the read follows the last.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
-from miras.components.base import Optimizer, Range, number
+from miras.components.base import POSITIVE, GateDefaults, Optimizer, Range, number
 
 # The most gradient steps a token may take (`steps`): each one is a step of the sequence the
 # runtime runs, so n multiplies its length.
@@ -30,16 +31,32 @@ class SteppedOptimizer(Optimizer):
     # "same": every step reads the token's k, v and lr; "per_step": k, v and lr carry n per
     # token, packed [B, T*n, ...] (fla's DeltaProduct packing: step j of token t at t*n + j).
     keys: Literal["same", "per_step"] = "same"
+    # The ceiling of the learned step size in a model layer: lr = lr_max sigmoid(.), so the
+    # gate spans (0, lr_max). On unit keys the l2 delta rule's transition I - lr k k^T has the
+    # eigenvalue 1 - lr along k: lr_max 1 keeps it in [0, 1), 2 lets it reach down to -1
+    # (fla's allow_neg_eigval; Grazzi et al. 2025, "Unlocking State-Tracking in Linear RNNs
+    # Through Negative Eigenvalues"), where it still contracts (|1 - lr| < 1).
+    lr_max: number(POSITIVE) = 1.0
 
     @model_serializer(mode="wrap")
     def _long_form(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """The long form leaves out `steps: 1` and `keys: same`, so a one-step spec keeps the
-        digest it had before these fields existed (compile caches, stored studies)."""
+        """The long form leaves out `steps: 1` and `keys: same`, and `lr_max: 1`, so a spec
+        without them keeps the digest it had before these fields existed (compile caches,
+        stored studies)."""
         data = handler(self)
         if data.get("steps") == 1 and data.get("keys") == "same":
             data.pop("steps")
             data.pop("keys")
+        if data.get("lr_max") == 1.0:
+            data.pop("lr_max")
         return data
+
+    def defaults_of(self, name: str) -> GateDefaults:
+        """The step size's ceiling is `lr_max` (the declared start and probe values stay)."""
+        declared = super().defaults_of(name)
+        if name != self.step_size_gate:
+            return declared
+        return dataclasses.replace(declared, ceiling=self.lr_max)
 
     def steps_per_token(self) -> int:
         return self.steps
@@ -53,6 +70,16 @@ class SteppedOptimizer(Optimizer):
         from miras.errors import Problem
 
         problems = []
+        step_size = getattr(self, self.step_size_gate or "", "gate")
+        if self.lr_max != 1.0 and step_size != "gate":
+            problems.append(
+                Problem(
+                    "optimizer.lr_max",
+                    f"lr_max bounds the learned {self.step_size_gate} gate in a model layer; "
+                    f"{self.step_size_gate} is fixed at {step_size!r}: set "
+                    f"{self.step_size_gate}: gate, or leave lr_max out",
+                )
+            )
         if self.keys == "per_step" and self.steps == 1:
             problems.append(
                 Problem(

@@ -22,6 +22,7 @@ from miras.tasks.forgetting_mqar import ForgettingMQAR
 from miras.tasks.mad import MAD
 from miras.tasks.mqar import MQAR
 from miras.tasks.niah import NIAH
+from miras.tasks.state_tracking import GroupWord, ModularArithmetic, Parity
 from miras.tasks.text import Text
 from miras.validation import translate
 
@@ -32,6 +33,9 @@ TASKS: dict[str, type[Task]] = {
     "mad": MAD,
     "niah": NIAH,
     "text": Text,
+    "parity": Parity,
+    "modular_arithmetic": ModularArithmetic,
+    "group_word": GroupWord,
 }
 
 __all__ = ["IGNORE", "SPLITS", "TASKS", "Batch", "Task", "make_task"]

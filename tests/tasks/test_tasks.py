@@ -37,6 +37,10 @@ CONFIGS = [
     ("niah", {"kind": "word", "lengths": [200]}),
     ("niah", {"kind": "uuid", "lengths": [256]}),
     ("text", {"seq_len": 64}),
+    ("parity", {}),
+    ("modular_arithmetic", {"modulus": 7}),
+    ("group_word", {"group": "S3"}),
+    ("group_word", {"group": "S5", "seq_len": 16}),
 ]
 IDS = [f"{n}-{'-'.join(str(v) for v in o.values()) or 'default'}" for n, o in CONFIGS]
 
@@ -49,7 +53,17 @@ def rows(batch: Batch) -> set[tuple[int, ...]]:
 
 
 def test_registry_lists_the_training_tasks():
-    assert list(TASKS) == ["mqar", "forgetting_mqar", "continuous_mqar", "mad", "niah", "text"]
+    assert list(TASKS) == [
+        "mqar",
+        "forgetting_mqar",
+        "continuous_mqar",
+        "mad",
+        "niah",
+        "text",
+        "parity",
+        "modular_arithmetic",
+        "group_word",
+    ]
     for name, cls in TASKS.items():
         task = make_task(name)
         assert cls.name == name and isinstance(task, cls)
