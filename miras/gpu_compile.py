@@ -678,7 +678,7 @@ def _compile_one(job: dict) -> dict:
     from triton.compiler import ASTSource
 
     _, fn = _layers(getattr(_load(job["module"]), job["kernel"]))
-    kwargs = {name: _constexpr(value) for name, value in job["constexprs"]}
+    kwargs = {name: _constexpr(_argument(value)) for name, value in job["constexprs"]}
     kwargs |= dict(num_warps=job["num_warps"], num_stages=job["num_stages"])
     if job.get("maxnreg") is not None:
         kwargs["maxnreg"] = job["maxnreg"]
