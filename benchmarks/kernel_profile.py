@@ -5,7 +5,7 @@ kernels"; fla-core 0.6.0's figures are the baseline issue 35's goals are measure
 
     python benchmarks/kernel_profile.py [--rules gated_deltanet,deltanet,retnet,linear_attention]
         [--targets sm_90,sm_80] [--dims 64,128] [--dtypes bf16,fp32] [--precision tf32]
-        [--config 0|all] [--no-ours] [--dry-run]
+        [--config 0|all] [--kernels NAME,...] [--no-ours] [--no-fla] [--dry-run]
 
 fla's side: each rule's fla op (`chunk_gated_delta_rule`, `chunk_delta_rule`, `chunk_retention`,
 `chunk_linear_attn`) runs forward and backward on meta tensors [B, T, H, D] inside
@@ -217,6 +217,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--precision", default="tf32", help="tl.dot's precision of ours")
     parser.add_argument("--config", default="0", help="an autotune config index, or all")
+    parser.add_argument("--kernels", default="", help="only kernels whose name holds one of these")
     parser.add_argument("--no-ours", action="store_true", help="fla's kernels only")
     parser.add_argument("--no-fla", action="store_true", help="our kernels only")
     parser.add_argument("--dry-run", action="store_true", help="list the jobs, compile nothing")
@@ -241,7 +242,11 @@ def main(argv=None) -> None:
     if args.config != "all" and not args.config.isdigit():
         parser.error(f"--config: expected an index or 'all', got {args.config!r}")
 
+    names = [n for n in args.kernels.split(",") if n]
+
     def chosen(job) -> bool:
+        if names and not any(n in job.kernel for n in names):
+            return False
         return args.config == "all" or job.config == int(args.config)
 
     cells = []  # (side, rule, d, dtype, target, Job or refusal)
