@@ -72,6 +72,9 @@ def test_cli_report_refuses_a_bad_target_and_width():
     result = CliRunner().invoke(app, ["kernel", spec, "--report", "--precision", "fp16"])
     assert result.exit_code == 1
     assert "precision: expected one of ieee, tf32, tf32x3, got 'fp16'" in result.output
+    result = CliRunner().invoke(app, ["kernel", spec, "--report", "--dtype", "fp16"])
+    assert result.exit_code == 1
+    assert "dtype: expected one of fp32, bf16, got 'fp16'" in result.output
 
 
 def test_every_autotune_config_states_the_register_cap():
