@@ -5,17 +5,23 @@
 
 Triton's front end and the `ptxas` its wheel ships run without a device: every kernel a spec
 runs on (`general`, `linear`, the exact `scan`; forward and backward) is compiled for the
-target with the block sizes and constexprs the launcher would pass at that width
-(`triton_backend.choose_kernels`, `Launch.meta`, `exact_triton.ScanLaunch.meta`) and with each
-of the kernel's autotune configs (num_warps, num_stages). Each row holds what ptxas reports:
-registers per thread, spill stores, shared memory per block, and the launch grid for a
-(B, T, H) shape.
+target as a launch at that width and shape would compile it. The jobs are recorded, not
+rebuilt: the launchers' own code (`triton_backend.ChunkKernels`, `exact_triton.scan`) runs on
+meta tensors inside `recording`, which captures each `kernel[grid](*args, **kwargs)`, and each
+recorded launch becomes one job per autotune config (`launched_jobs`). The worker specializes
+the arguments with Triton's own launch code (`launch_specialization`: ints equal to 1 become
+constants, multiples of 16 get `tt.divisibility`). Each row holds what ptxas reports (registers
+per thread, spill stores, shared memory per block), the PTX's instruction mix
+(`instruction_mix`: tensor-core `mma.sync` / `wgmma.mma_async`, scalar `fma.rn.f32` / `f64`),
+ptxas's seconds, and the launch grid for a (B, T, H) shape. benchmarks/kernel_profile.py
+records and compiles fla-core's kernels the same way.
 
 The interpreter (TRITON_INTERPRET=1) replaces `triton.jit` when triton is imported, and a
 Triton cache hit skips ptxas (whose log holds registers and spills), so the compiles run in a
 child process that does not interpret, with a fresh Triton cache (`python -m
-miras.gpu_compile`, one per batch of kernels). Results are cached by the kernel's
-source, constexprs, config and target: in this process, and on disk under `cache_dir`.
+miras.gpu_compile`, one per batch of kernels). Results are cached by the kernel's source,
+arguments, constexprs, config and target: in this process, and on disk under `cache_dir`
+(entries of an older CACHE_VERSION are compiled again).
 """
 
 from __future__ import annotations
