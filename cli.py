@@ -150,13 +150,20 @@ def kernel(
         str,
         typer.Option(help="With --report: tl.dot's input precision, ieee, tf32 or tf32x3."),
     ] = "ieee",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="With --report: the inputs' dtype the launches are built for, fp32 or bf16 "
+            "(a launcher that does not take it yet is named, exit 1)."
+        ),
+    ] = "fp32",
 ) -> None:
     """Print (or write) the Triton module the compiler emits for a matrix-memory spec; with
     --report, compile its kernels for a GPU and print what each uses."""
     from miras.compiler.pipeline import kernel_source
 
     if report:
-        _kernel_report(spec, target, dim, chunk_size, shape, precision)
+        _kernel_report(spec, target, dim, chunk_size, shape, precision, dtype)
         return
     try:
         source = kernel_source(load_spec(spec))
@@ -171,7 +178,13 @@ def kernel(
 
 
 def _kernel_report(
-    spec: Path, target: str, dim: int, chunk_size: int | None, shape: str, precision: str
+    spec: Path,
+    target: str,
+    dim: int,
+    chunk_size: int | None,
+    shape: str,
+    precision: str,
+    dtype: str,
 ) -> None:
     from miras import gpu_compile
     from miras.compiler.emit import cache_dir
@@ -189,6 +202,7 @@ def _kernel_report(
             raise ValueError(
                 f"precision: expected one of {', '.join(TRITON_PRECISIONS)}, got {precision!r}"
             )
+        gpu_compile.check_dtype(dtype)
         rows = gpu_compile.compile_report(
             load_spec(spec),
             target,
@@ -197,12 +211,13 @@ def _kernel_report(
             grid_shape,
             cache_dir() / "gpu_compile",
             precision,
+            dtype,
         )
     except (SpecError, DerivationError, ValueError) as error:
         raise _fail(error) from None
     title = (
         f"{load_spec(spec).name} on {found.name} ({found.gpu}): d = {dim}, chunk {chunk_size}, "
-        f"{precision}, (B, T, H) = {grid_shape}; shared limit {found.shared_limit} B, spill "
+        f"tl.dot {precision}, {dtype} inputs, (B, T, H) = {grid_shape}; shared limit {found.shared_limit} B, spill "
         f"bound {gpu_compile.SPILL_BOUND} B"
     )
     grid = Table(title=title, title_justify="left")

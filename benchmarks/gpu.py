@@ -18,15 +18,19 @@ it finishes:
    float32 and 1e-2 in bfloat16 (both backends compute in float32 from the same bfloat16
    inputs, so only roundings to bfloat16 differ; a wrong kernel is off by O(1)).
 2. timing: miras on triton against fla's Triton ops through the same call on equal shapes
-   (`miras.ops` aliases with `backend="triton"`; B = 8, T = 4096, H = 16, K = V = 128,
-   bfloat16 inputs, fp32 state on both sides, chunk 64): chunk_delta_rule,
-   chunk_gated_delta_rule, chunk_simple_gla, and chunk_gated_delta_product (2 steps per
-   token) where both miras.ops and fla have it; then titans-pytorch's NeuralMemory (an
+   (`miras.ops` aliases with `backend="triton"`), at fla's benchmark shapes (B, T, H, D) in
+   FLA_SHAPES, (8, 1024, 8, 64) to (1, 8192, 16, 128), bfloat16 inputs, fp32 state on both
+   sides, each at its default chunk (64): chunk_delta_rule, chunk_gated_delta_rule,
+   chunk_simple_gla (retnet's rule), chunk_linear_attn (normalize=False, specs/
+   linear_attention.yaml) and chunk_gated_delta_product (2 steps per token) where both
+   miras.ops and fla have it; then titans-pytorch's NeuralMemory (an
    optional import) against a MirasLayer of the same sizes (d_model 256, 4 heads of 64, chunk
    16, B = 2, T = 2048, float32): its default MLP memory against specs/titans.yaml on the
    chunk backend (Triton does not cover MLP memories), and its depth-1 (matrix) memory against
-   the matrix Titans spec on triton. Forward and forward+backward, median of 10 after 2
-   warm-ups; the delta-rule ops also in nominal TFLOP/s (below).
+   the matrix Titans spec on triton. Forward and forward+backward, each the median of
+   `triton.testing.do_bench` (fla's timer: 25 ms warm-up, 100 ms of runs, L2 flushed); the
+   linear-memory ops also in nominal TFLOP/s (below). A pair that runs past its cap (its first
+   run compiles and autotunes the kernels) skips the later shapes of its op and D.
 3. compile: the per-kernel compile report of every covered spec (registers, spills, shared
    memory and the module's own limits; `miras.gpu_compile`, imported by the child
    process that writes it: where it is not there, the output says so and the run goes on) at the device's own target, D = 128,
@@ -36,8 +40,8 @@ it finishes:
    CPU's cores from the start, alongside the GPU sections; its log and rows are
    `gpu_report.compile.log` and `.compile.json` beside `--out` (named after it).
 
-The budget (an H200; `--budget`, default 420 s, scales every figure): check 65% (273 s) then
-timing 35% (147 s) on the GPU, and the compile reports alongside for the whole 420 s. Items run
+The budget (an H200; `--budget`, default 420 s, scales every figure): check 55% (231 s) then
+timing 45% (189 s) on the GPU, and the compile reports alongside for the whole 420 s. Items run
 in order (check: T = 512 first, each T in float32 then bfloat16), each under a wall-clock cap
 (SIGALRM): a check item 60 s (the first item of a spec and form includes its Triton compile;
 later ones reuse it), a timing pair 40 s, a compile report 60 s, cut to what is left of the
@@ -96,11 +100,13 @@ LENGTHS = (512, 2048, 8192)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}  # relative RMS, triton against chunk
 CHECK_SHAPE = dict(batch=1, heads=4, dim=128)
-TIMING_SHAPE = dict(batch=8, length=4096, heads=16, dim=128, chunk=64)
+TIMING_SHAPE = dict(batch=8, length=4096, heads=16, dim=128, chunk=64)  # the compile grid's
+# (B, T, H, D) of the fla pairs: fla's own benchmark shapes, about 2^23 to 2^24 tokens x channels.
+FLA_SHAPES = ((8, 1024, 8, 64), (4, 2048, 8, 64), (2, 4096, 16, 128), (1, 8192, 16, 128))
 TITANS_SHAPE = dict(batch=2, length=2048, d_model=256, heads=4, chunk=16)
 REPS = 10
 BUDGET_S = 420.0
-SHARES = {"check": 0.65, "timing": 0.35}  # the compile reports run alongside, in a child
+SHARES = {"check": 0.55, "timing": 0.45}  # the compile reports run alongside, in a child
 ITEM_CAP_S = {"check": 60.0, "timing": 40.0, "compile": 60.0}
 MIN_START_S = 3.0
 TITANS_MATRIX = {
@@ -185,23 +191,33 @@ class TimingPair:
     miras: str  # what runs on the miras side
     other: str  # what it is timed against
     absent: str | None = None  # why the pair cannot run here, if it cannot
+    shape: tuple[int, int, int, int] | None = None  # (B, T, H, D) of a fla pair
+    op: str = ""  # the op both sides run (a fla pair), or the titans pair's name
+
+    @property
+    def family(self) -> tuple[str, int | None]:
+        """(op, D): a pair whose first run compiles the kernels that pairs of the same family
+        reuse (the kernels autotune on the chunk and the widths, not B, T, H)."""
+        return self.op, self.shape[3] if self.shape else None
 
 
 def timing_plan() -> list[TimingPair]:
     from miras import ops
 
-    fla_ops = {
+    fla_ops = {  # the rules of specs/deltanet, gated_deltanet, retnet, linear_attention
         "chunk_delta_rule": "fla.ops.delta_rule",
         "chunk_gated_delta_rule": "fla.ops.gated_delta_rule",
         "chunk_simple_gla": "fla.ops.simple_gla",
+        "chunk_linear_attn": "fla.ops.linear_attn",
         "chunk_gated_delta_product": "fla.ops.gated_delta_product",
     }
     pairs = []
     for op, module_name in fla_ops.items():
         why = f"miras.ops has no {op}" if not hasattr(ops, op) else installed(module_name)
-        pairs.append(
-            TimingPair(op, f"miras.ops.{op}(backend='triton')", f"{module_name}.{op}", why)
-        )
+        for shape in FLA_SHAPES:
+            name = f"{op} B{shape[0]} T{shape[1]} H{shape[2]} D{shape[3]}"
+            miras_side = f"miras.ops.{op}(backend='triton')"
+            pairs.append(TimingPair(name, miras_side, f"{module_name}.{op}", why, shape, op))
     why = installed("titans_pytorch")
     pairs.append(
         TimingPair(
@@ -209,6 +225,7 @@ def timing_plan() -> list[TimingPair]:
             "MirasLayer(specs/titans.yaml, backend='chunk')",
             "titans_pytorch.NeuralMemory(depth 2, expansion 4)",
             why,
+            op="titans_mlp",
         )
     )
     pairs.append(
@@ -217,6 +234,7 @@ def timing_plan() -> list[TimingPair]:
             "MirasLayer(titans matrix spec, backend='triton')",
             "titans_pytorch.NeuralMemory(depth 1)",
             why,
+            op="titans_matrix",
         )
     )
     return pairs
@@ -407,9 +425,14 @@ def check_item(spec: str, form: str, dtype_name: str, t: int, device, shape=CHEC
 
 
 def timed(fn: Callable[[], object], reps: int = REPS) -> float:
-    """Median milliseconds of fn() over `reps` runs, after two warm-ups (CUDA events; the
-    wall clock where CUDA is absent, as in the tests)."""
+    """Median milliseconds of fn(): `triton.testing.do_bench` on CUDA (fla's benchmarks' timer:
+    a flushed L2 before each run, 25 ms of warm-up, 100 ms of runs), else the wall clock over
+    `reps` runs after two warm-ups (the tests, on the CPU)."""
     cuda = torch.cuda.is_available()
+    if cuda:
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
     for _ in range(2):
         fn()
     times = []
@@ -434,11 +457,10 @@ def nominal_flops(b, t, h, d, chunk) -> float:
     return 2.0 * b * t * h * (3 * d * d + 2 * chunk * d)
 
 
-def op_inputs(op: str, device) -> tuple[list[torch.Tensor], dict]:
-    """Positional tensors (q, k, v, then the op's gates) and keyword arguments of one call,
-    bfloat16 on `device`, every tensor a leaf that requires grad."""
-    s = TIMING_SHAPE
-    b, t, h, d = s["batch"], s["length"], s["heads"], s["dim"]
+def op_inputs(op: str, device, shape=FLA_SHAPES[0]) -> tuple[list[torch.Tensor], dict]:
+    """Positional tensors (q, k, v, then the op's gates) and keyword arguments of one call at
+    `shape` = (B, T, H, D), bfloat16 on `device`, every tensor a leaf that requires grad."""
+    b, t, h, d = shape
     gen = torch.Generator().manual_seed(0)
     steps = 2 if op == "chunk_gated_delta_product" else 1
 
@@ -452,9 +474,12 @@ def op_inputs(op: str, device) -> tuple[list[torch.Tensor], dict]:
         "chunk_delta_rule": [q, k, v, beta],
         "chunk_gated_delta_rule": [q, k, v, g, beta],
         "chunk_simple_gla": [q, k, v, g],
+        "chunk_linear_attn": [q, k, v],
         "chunk_gated_delta_product": [q, k, v, g, beta],
     }[op]
     leaves = [x.to(device=device, dtype=torch.bfloat16).requires_grad_(True) for x in tensors]
+    if op == "chunk_linear_attn":  # specs/linear_attention.yaml: no normalizer
+        return leaves, {"normalize": False}
     return leaves, {"num_householder": steps} if steps > 1 else {}
 
 
@@ -481,24 +506,22 @@ def time_pair(fns: dict[str, Callable[[], torch.Tensor]], flops: float | None) -
     return row
 
 
-def fla_pair(op: str, module_name: str, device) -> dict:
+def fla_pair(op: str, module_name: str, device, shape=FLA_SHAPES[0]) -> dict:
     from miras import ops
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fla_fn = getattr(importlib.import_module(module_name), op)
     miras_fn = getattr(ops, op)
-    leaves, kwargs = op_inputs(op, device)
-    s = TIMING_SHAPE
+    leaves, kwargs = op_inputs(op, device, shape)
     fns = {  # both at their default chunk: 64 tokens (delta product: 64 // steps per token)
         "miras": lambda: miras_fn(*leaves, backend="triton", **kwargs)[0],
         "other": lambda: fla_fn(*leaves, **kwargs)[0],
     }
-    delta = op in ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_simple_gla")
-    flops = (
-        nominal_flops(s["batch"], s["length"], s["heads"], s["dim"], s["chunk"]) if delta else None
-    )
-    return time_pair(fns, flops)
+    linear = op in ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_simple_gla")
+    linear |= op == "chunk_linear_attn"
+    flops = nominal_flops(*shape, TIMING_SHAPE["chunk"]) if linear else None
+    return dict(time_pair(fns, flops), shape=list(shape))
 
 
 def miras_titans_layer(depth: int, d_model: int, heads: int, chunk: int):
@@ -672,6 +695,7 @@ def meta(budget: float) -> dict:
         "triton_precision": os.environ.get("MIRAS_TRITON_PRECISION"),
         "check_shape": CHECK_SHAPE,
         "timing_shape": TIMING_SHAPE,
+        "fla_shapes": FLA_SHAPES,
         "titans_shape": TITANS_SHAPE,
     }
 
@@ -702,15 +726,22 @@ def run_all(
             stalled[spec, form] = name
 
     timing = Section("timing", SHARES["timing"] * budget, table)
+    stalled_pairs: dict[tuple, str] = {}  # (op, D) -> its pair that timed out (its compile)
     for pair in pairs:
         if pair.absent is not None:
             timing.run(pair.name, lambda why=pair.absent: {"status": "absent", "reason": why})
+        elif pair.family in stalled_pairs:
+            timing.skip(pair.name, f"{stalled_pairs[pair.family]} timed out")
         elif pair.name.startswith("titans"):
             depth = 1 if pair.name == "titans_matrix" else 2
             timing.run(pair.name, lambda d=depth: titans_pair(d, device))
         else:
             module_name = pair.other.rsplit(".", 1)[0]
-            timing.run(pair.name, lambda p=pair, m=module_name: fla_pair(p.name, m, device))
+            row = timing.run(
+                pair.name, lambda p=pair, m=module_name: fla_pair(p.op, m, device, p.shape)
+            )
+            if row["status"] == "timed out":
+                stalled_pairs[pair.family] = pair.name
 
     compiles = Section("compile", budget, table)
     finish_compile_reports(compiles, reports, start + budget)

@@ -5,22 +5,29 @@
 
 Triton's front end and the `ptxas` its wheel ships run without a device: every kernel a spec
 runs on (`general`, `linear`, the exact `scan`; forward and backward) is compiled for the
-target with the block sizes and constexprs the launcher would pass at that width
-(`triton_backend.choose_kernels`, `Launch.meta`, `exact_triton.ScanLaunch.meta`) and with each
-of the kernel's autotune configs (num_warps, num_stages). Each row holds what ptxas reports:
-registers per thread, spill stores, shared memory per block, and the launch grid for a
-(B, T, H) shape.
+target as a launch at that width and shape would compile it. The jobs are recorded, not
+rebuilt: the launchers' own code (`triton_backend.ChunkKernels`, `exact_triton.scan`) runs on
+meta tensors inside `recording`, which captures each `kernel[grid](*args, **kwargs)`, and each
+recorded launch becomes one job per autotune config (`launched_jobs`). The worker specializes
+the arguments with Triton's own launch code (`launch_specialization`: ints equal to 1 become
+constants, multiples of 16 get `tt.divisibility`). Each row holds what ptxas reports (registers
+per thread, spill stores, shared memory per block), the PTX's instruction mix
+(`instruction_mix`: tensor-core `mma.sync` / `wgmma.mma_async`, scalar `fma.rn.f32` / `f64`),
+ptxas's seconds, and the launch grid for a (B, T, H) shape. benchmarks/kernel_profile.py
+records and compiles fla-core's kernels the same way.
 
 The interpreter (TRITON_INTERPRET=1) replaces `triton.jit` when triton is imported, and a
 Triton cache hit skips ptxas (whose log holds registers and spills), so the compiles run in a
 child process that does not interpret, with a fresh Triton cache (`python -m
-miras.gpu_compile`, one per batch of kernels). Results are cached by the kernel's
-source, constexprs, config and target: in this process, and on disk under `cache_dir`.
+miras.gpu_compile`, one per batch of kernels). Results are cached by the kernel's source,
+arguments, constexprs, config and target: in this process, and on disk under `cache_dir`
+(entries of an older CACHE_VERSION are compiled again).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import inspect
 import io
@@ -59,10 +66,9 @@ WIDTHS = (64, 128, 256)  # head widths Dk = Dv the checks cover
 # memory a thread may address: a kernel past it is one retiling away from not launching.
 SPILL_BOUND = 256 * 1024
 
-# Arguments of the kernels that are integers (sizes and strides); every other non-constexpr
-# argument is a pointer to float32 (`Launch` and `ScanLaunch` pass nothing else).
-_SIZES = {"T", "CS", "NC", "DK", "DV", "R", "BH"}
-_STRIDE = re.compile(r"^(g_\w+_(rs|sc)|(lw|ls|d|ce|te)_(w|c))$")
+# Results cached on disk before this version lack the instruction mix and ptxas's time (or were
+# compiled without the launch's integer specialization): they are compiled again, not read.
+CACHE_VERSION = 2
 
 
 def check_target(target: str) -> Target:
@@ -83,25 +89,36 @@ def check_width(d: int) -> int:
 
 @dataclass(frozen=True)
 class Job:
-    """One kernel to compile: where its module is, its constexprs and config, plain data."""
+    """One kernel to compile: where its module is, the arguments a launch passes it, its
+    config; plain data (a child process compiles it)."""
 
-    form: str  # "general", "linear" or "scan"
-    kernel: str
+    form: str  # "general", "linear", "scan" (or, for another library's kernels, its name)
+    kernel: str  # the @triton.jit function's name in `module`
     module: str  # a file path (an emitted module) or a dotted module name
     source_hash: str  # of the module's text
-    constexprs: tuple[tuple[str, object], ...]  # ACC and DOT_PRECISION as text
-    config: int  # index into the kernel's autotune configs (the scan: its layout's configs)
+    # The launch's keyword arguments as plain data (`_plain`): its constexprs, the heuristics'
+    # values and the config's own kwargs; ACC and DOT_PRECISION as text.
+    constexprs: tuple[tuple[str, object], ...]
+    config: int  # index into the configs a launch tries (the scan: its layout's, `gpu_configs`)
     num_warps: int
     num_stages: int
-    grid: tuple[int, int]
+    grid: tuple[int, ...]
     variant: str = ""  # the scan's layout: "per head" or "per channel"
     maxnreg: int | None = None  # the config's register cap per thread (None: ptxas chooses)
+    # The launch's positional arguments as plain data: ints, floats, bools and None as passed
+    # (Triton specializes on an int's value: 1 becomes a constant, a multiple of 16 is marked
+    # divisible), a tensor as ("tensor", its dtype name).
+    args: tuple = ()
+    dtype: str = "fp32"  # the inputs' dtype the launch was built for (`INPUT_DTYPES`)
 
     def key(self, target: Target) -> str:
         text = json.dumps(
             [
+                CACHE_VERSION,
                 self.source_hash,
+                self.module.rsplit("/", 1)[-1],
                 self.kernel,
+                self.args,
                 self.constexprs,
                 self.num_warps,
                 self.num_stages,
@@ -112,10 +129,16 @@ class Job:
         )
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
+    @property
+    def precision(self) -> str:
+        """tl.dot's input precision the kernel was built with ("-" when it takes none)."""
+        return str(dict(self.constexprs).get("DOT_PRECISION", "-"))
+
 
 @dataclass(frozen=True)
 class Row:
-    """What ptxas reported for one job on one target (error: the compile's message)."""
+    """What ptxas reported for one job on one target, and the instruction mix of its PTX
+    (error: the compile's message)."""
 
     form: str
     kernel: str
@@ -123,21 +146,41 @@ class Row:
     config: int
     num_warps: int
     num_stages: int
-    grid: tuple[int, int]
+    grid: tuple[int, ...]
     registers: int
     spills: int  # bytes of spill stores per thread
     stack: int  # bytes of stack frame per thread
     shared: int  # bytes of shared memory per block
     target: str
     error: str = ""
+    mma: int = 0  # mma.sync instructions in the PTX (tensor cores, sm_80 and sm_90)
+    wgmma: int = 0  # wgmma.mma_async instructions (sm_90's warp-group tensor cores)
+    fma_f32: int = 0  # scalar fma.rn.f32 instructions
+    fma_f64: int = 0  # scalar fma.rn.f64 instructions
+    # ld.local / st.local in the PTX: local arrays Triton itself placed in local memory. ptxas's
+    # register spills come later (in the SASS), so they are `spills`, not these.
+    local_loads: int = 0
+    local_stores: int = 0
+    ptxas_s: float = 0.0  # seconds ptxas took (Triton's cubin stage)
+    precision: str = "-"  # tl.dot's input precision of the job
+    dtype: str = "fp32"  # the inputs' dtype of the job
+
+    @property
+    def tensor_core(self) -> int:
+        return self.mma + self.wgmma
 
 
-def _configs(kernel, meta: dict) -> list[tuple[int, int, int | None]]:
-    """(num_warps, num_stages, maxnreg) of each autotune config of a kernel (the launch's own,
-    for a kernel without configs)."""
-    if hasattr(kernel, "configs"):
-        return [(c.num_warps, c.num_stages, c.maxnreg) for c in kernel.configs]
-    return [(meta.get("num_warps", 4), meta.get("num_stages", 3), None)]  # triton's defaults
+INPUT_DTYPES = ("fp32", "bf16")  # --dtype: the inputs' dtype a report's launches are built for
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def check_dtype(dtype: str) -> str:
+    if dtype not in INPUT_DTYPES:
+        raise ValueError(
+            f"dtype: expected one of {', '.join(INPUT_DTYPES)}, got {dtype!r}"
+            f"{did_you_mean(dtype, INPUT_DTYPES)}"
+        )
+    return dtype
 
 
 def _sha(text: str) -> str:
@@ -152,14 +195,210 @@ def _sha(text: str) -> str:
     return hashlib.sha256((text + shared + triton.__version__).encode()).hexdigest()[:16]
 
 
-def _text(meta: dict) -> tuple[tuple[str, object], ...]:
-    """Constexprs as plain data: triton dtypes by name."""
+def _plain(value):
+    """A launch argument as plain data: a tensor as ("tensor", dtype name), a triton dtype by
+    its name; ints, floats, bools, strings and None as they are."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "data_ptr") and hasattr(value, "dtype"):  # a torch tensor
+        return ("tensor", str(value.dtype).removeprefix("torch."))
+    return str(value)  # a triton dtype (tl.float32 -> "fp32")
+
+
+# Recording launches ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launched:
+    """One `kernel[grid](*args, **kwargs)` a launcher made while `recording`."""
+
+    kernel: object  # what was indexed: a jit, interpreted, autotuned or heuristics kernel
+    grid: object  # a tuple, or a callable of the launch's named arguments and constexprs
+    args: tuple
+    kwargs: dict
+
+
+@contextlib.contextmanager
+def recording():
+    """Within it, every Triton kernel launch (`kernel[grid](...)`, whatever wraps the kernel)
+    is recorded instead of run: yields the list of `Launched`. The job building runs the
+    launchers' own code on meta tensors (no memory, no device) inside it, so the jobs are the
+    kernels, arguments and grids a launch at that shape passes."""
+    from triton.runtime.jit import KernelInterface
+
+    launched: list[Launched] = []
+
+    def index(kernel, grid):
+        return lambda *args, **kwargs: launched.append(Launched(kernel, grid, args, kwargs))
+
+    original = KernelInterface.__getitem__
+    KernelInterface.__getitem__ = index
+    try:
+        yield launched
+    finally:
+        KernelInterface.__getitem__ = original
+
+
+def _layers(kernel) -> tuple[list, object]:
+    """(the autotune / heuristics wrappers of a kernel, outermost first; the jit function)."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    wrappers = []
+    while isinstance(kernel, (Autotuner, Heuristics)):
+        wrappers.append(kernel)
+        kernel = kernel.fn
+    return wrappers, kernel
+
+
+def gpu_configs(tuner, kwargs: dict) -> list:
+    """The configs a launch with these keyword arguments tries on a GPU: the exact scan's
+    layout's (`tuning.scan_layout`, its prune, also cuts to one under the interpreter, which
+    the compile checks must not), every config of any other kernel."""
+    from miras.kernels.common.tuning import scan_layout, scan_layout_configs
+
+    if tuner.early_config_prune is scan_layout:
+        return scan_layout_configs(tuner.configs, kwargs.get("PER_CHANNEL", False))
+    return list(tuner.configs)
+
+
+_OPTIONS = ("num_warps", "num_stages", "maxnreg", "num_ctas")
+_TRITON_DEFAULTS = dict(num_warps=4, num_stages=3)  # a launch's, where nothing states them
+
+
+def launched_jobs(
+    launched: list[Launched], form: str, variant: str = "", dtype: str = "fp32"
+) -> list[Job]:
+    """One Job per recorded launch and autotune config of its kernel: the constexprs a launch
+    passes, the heuristics' values computed as `triton.heuristics` computes them (from the
+    named arguments and the constexprs so far, outermost wrapper first), each config's kwargs
+    and options; the grid evaluated as the launch evaluates a callable one."""
+    from triton.runtime.autotuner import Autotuner
+
     out = []
-    for name, value in meta.items():
-        if name in ("num_warps", "num_stages"):
-            continue
-        out.append((name, str(value) if not isinstance(value, (bool, int, str)) else value))
-    return tuple(out)
+    for launch in launched:
+        wrappers, fn = _layers(launch.kernel)
+        tuners = [w for w in wrappers if isinstance(w, Autotuner)]
+        configs = gpu_configs(tuners[0], launch.kwargs) if tuners else [None]
+        raw = fn.fn  # the Python function under the jit (or interpreter) wrapper
+        module = sys.modules[raw.__module__]
+        # A module of a package is imported by name in the child; an emitted one (no package,
+        # a content-hash name) by its file.
+        where = raw.__module__ if "." in raw.__module__ else module.__file__
+        source_hash = _sha(Path(module.__file__).read_text())
+        for index, config in enumerate(configs):
+            kwargs = dict(launch.kwargs)
+            for wrapper in wrappers:
+                if isinstance(wrapper, Autotuner):
+                    kwargs.update(config.all_kwargs())
+                else:  # triton.heuristics: each value from the named arguments and kwargs
+                    named = dict(zip(wrapper.arg_names, launch.args, strict=False))
+                    for name, rule in wrapper.values.items():
+                        kwargs[name] = rule({**named, **kwargs})
+            options = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
+            options = {**_TRITON_DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
+            grid = launch.grid
+            if callable(grid):
+                grid = grid({**dict(zip(fn.arg_names, launch.args, strict=False)), **kwargs})
+            out.append(
+                Job(
+                    form,
+                    raw.__name__,
+                    where,
+                    source_hash,
+                    tuple((name, _plain(value)) for name, value in kwargs.items()),
+                    index,
+                    options["num_warps"],
+                    options["num_stages"],
+                    tuple(int(g) for g in grid),
+                    variant,
+                    maxnreg=options.get("maxnreg"),
+                    args=tuple(_plain(a) for a in launch.args),
+                    dtype=dtype,
+                )
+            )
+    return out
+
+
+def _recorded(run, form: str, variant: str, dtype: str) -> list[Job]:
+    """The jobs of every launch `run()` makes, on meta tensors; a launcher that refuses the
+    inputs' dtype (TypeError) is a ValueError naming the form and the dtype."""
+    try:
+        with recording() as launched:
+            run()
+    except TypeError as error:
+        raise ValueError(
+            f"dtype: the {form} kernels' launcher does not take {dtype} inputs yet ({error}); "
+            f"compile them for {INPUT_DTYPES[0]} inputs"
+        ) from None
+    return launched_jobs(launched, form, variant, dtype)
+
+
+def _meta(*shape, dtype="float32"):
+    """A tensor with a shape and a dtype and no memory (torch's meta device), tracking grads."""
+    import torch
+
+    return torch.empty(shape, dtype=getattr(torch, dtype), device="meta", requires_grad=True)
+
+
+def _backward(outputs) -> None:
+    import torch
+
+    outputs = [o for o in outputs if o is not None and o.requires_grad]
+    torch.autograd.backward(outputs, [torch.empty_like(o) for o in outputs])
+
+
+def _run_chunk_kernels(launch, dtype: str) -> None:
+    """`triton_backend.ChunkKernels` forward and backward at the launch's sizes: q, k, v in
+    the inputs' dtype, the valid mask, the states and the gates in float32."""
+    from miras.runtime import triton_backend
+
+    operand = _TORCH_DTYPES[dtype]
+    bh, length, d_k, d_v = launch.bh, launch.length, launch.d_k, launch.d_v
+    rows = launch.past + length
+    window = set(launch.window_gates)
+    gates = [
+        _meta(bh, rows if name in window else length, width)
+        for name, width in zip(launch.gate_names, launch.gate_widths, strict=True)
+    ]
+    q, k, v = (
+        _meta(bh, length, d_k, dtype=operand),
+        _meta(bh, rows, d_k, dtype=operand),
+        _meta(bh, rows, d_v, dtype=operand),
+    )
+    valid = _meta(bh, rows).detach()
+    w0, s0 = _meta(bh, d_v, d_k), _meta(bh, d_v, d_k)
+    _backward(triton_backend.ChunkKernels.apply(launch, q, k, v, valid, w0, s0, *gates))
+
+
+def _run_scan(batch, heads, chunks, rows, d, momentum, per_channel, precision, dtype) -> None:
+    """`exact_triton.scan` forward and backward at these sizes, every gate per head: the
+    prepared tensors in float32 (the state's dtype, as `exact_chunk.prepare` gives them) and
+    the inputs' dtype as the scan's `operand_dtype` (it casts the keys and slopes itself)."""
+    from miras.runtime import exact_triton
+
+    operand = _TORCH_DTYPES[dtype]
+    head = (batch, heads, chunks)
+    slope = (*head, d, rows, rows) if per_channel else (*head, rows, d)
+    base, keys = _meta(*head, rows, d), _meta(*head, rows, d)
+    from_w = _meta(*slope)
+    from_s = _meta(*slope) if momentum else None
+    last_w = _meta(*head, rows, 1)
+    last_s = _meta(*head, rows, 1) if momentum else None
+    d_end = _meta(*head, 1)
+    carry_end, theta_end = (_meta(*head, 1), _meta(*head, 1)) if momentum else (None, None)
+    w0 = _meta(batch, heads, d, d)
+    s0 = _meta(batch, heads, d, d) if momentum else None
+    _backward(
+        exact_triton.scan(
+            base, keys, from_w, from_s, last_w, last_s, d_end, carry_end, theta_end, w0, s0,
+            precision, operand,
+        )
+    )  # fmt: skip
+
+
+def _gpu_launch(job: Job) -> Job:
+    constexprs = tuple((k, False if k == "UPCAST" else v) for k, v in job.constexprs)
+    return dataclasses.replace(job, constexprs=constexprs)
 
 
 def default_chunk(spec) -> int:
@@ -181,20 +420,22 @@ def jobs(
     chunk_size: int | None = None,
     shape: tuple[int, int, int] = (1, 2048, 8),
     precision: str = "ieee",
+    dtype: str = "fp32",
 ):
     """Every kernel `spec` runs on at head width d (Dk = Dv = d) and this chunk size (None: the
     spec's default, `default_chunk`), in every form it covers, with every autotune config, under
-    tl.dot's input `precision` (ieee, tf32, tf32x3): [Job]. Raises ValueError when the Triton
-    kernels do not cover the spec."""
-    import triton.language as tl
-
+    tl.dot's input `precision` (ieee, tf32, tf32x3), for inputs of `dtype` (INPUT_DTYPES):
+    [Job]. The launchers' own code runs on meta tensors (`recording`), so each job holds the
+    kernel, arguments, constexprs and grid of a real launch at `shape` = (B, T, H). Raises
+    ValueError when the Triton kernels do not cover the spec, or a launcher refuses `dtype`."""
     from miras.compiler.pipeline import compile_ir, kernel_source
     from miras.compiler.triton_kernels import gate_plan, load_kernels
     from miras.runtime import exact_triton, triton_backend
     from miras.spec import load_spec
 
+    check_dtype(dtype)
     spec = load_spec(spec)
-    source = kernel_source(spec)  # raises when not covered
+    kernel_source(spec)  # raises when not covered
     compiled = compile_ir(spec)
     if chunk_size is None:
         chunk_size = default_chunk(spec)
@@ -227,80 +468,19 @@ def jobs(
             window_gates=plan.window,
             precision=precision,
         )
-        meta = launch.meta(tl.float32)
-        grid = (launch.bh, launch.n_value_blocks)
-        for direction in ("forward", "backward"):
-            name = f"{form}_{direction}"
-            for i, (warps, stages, maxnreg) in enumerate(_configs(getattr(module, name), meta)):
-                out.append(
-                    Job(
-                        form,
-                        name,
-                        module.__file__,
-                        _sha(source),
-                        _text(meta),
-                        i,
-                        warps,
-                        stages,
-                        grid,
-                        maxnreg=maxnreg,
-                    )
-                )
-    form = compiled.plan.chunk_form
-    if exact_triton.applies(form, chunk_size):
-        out += _scan_jobs(spec, compiled, d, chunk_size, shape, precision)
-    return out
-
-
-def _scan_jobs(spec, compiled, d, chunk_size, shape, precision) -> list[Job]:
-    """The exact scan's jobs, per head and per channel: each layout's autotune configs (BV
-    among their constexprs), float32 operands at tl.dot's `precision`."""
-    import torch
-
-    from miras.kernels.common.tuning import scan_layout_configs
-    from miras.kernels.templates import exact
-    from miras.runtime import exact_triton
-
-    scan_source = inspect.getsource(exact)
-    batch, length, heads = shape
-    rows = min(chunk_size, length) * spec.window.c
-    step = compiled.plan.linear_step
-    momentum = step is not None and step.stateful  # the scan carries S beside W
-    out = []
-    for per_channel in (False, True):
-        launch = exact_triton.ScanLaunch(
-            batch * heads,
-            -(-length // chunk_size),
-            rows,
-            d,
-            d,
-            has_f=True,
-            momentum=momentum,
-            per_channel=per_channel,
-            widths=(1,) * 5,
-            precision=precision,
-        )
-        meta = launch.meta(torch.empty(0, dtype=torch.float32)) | {"UPCAST": False}
-        variant = "per channel" if per_channel else "per head"
-        for direction in ("forward", "backward"):
-            kernel = getattr(exact, f"exact_scan_{direction}")
-            # config: the index among the layout's configs (0: the one a report leads with)
-            for i, config in enumerate(scan_layout_configs(kernel.configs, per_channel)):
-                out.append(
-                    Job(
-                        "scan",
-                        kernel.base_fn.__name__,
-                        exact.__name__,
-                        _sha(scan_source),
-                        _text(meta | config.kwargs),
-                        i,
-                        config.num_warps,
-                        config.num_stages,
-                        launch.grid(config.kwargs),
-                        variant,
-                        maxnreg=config.maxnreg,
-                    )
-                )
+        out += _recorded(lambda launch=launch: _run_chunk_kernels(launch, dtype), form, "", dtype)
+    if exact_triton.applies(compiled.plan.chunk_form, chunk_size):
+        rows = min(chunk_size, length) * spec.window.c
+        step = compiled.plan.linear_step
+        momentum = step is not None and step.stateful  # the scan carries S beside W
+        chunks = -(-length // chunk_size)
+        for per_channel in (False, True):
+            variant = "per channel" if per_channel else "per head"
+            sizes = (batch, heads, chunks, rows, d, momentum, per_channel, precision, dtype)
+            scan_jobs = _recorded(lambda sizes=sizes: _run_scan(*sizes), "scan", variant, dtype)
+            # UPCAST is the interpreter's bf16 workaround (exact_triton.ScanLaunch.meta), set
+            # when job building runs under TRITON_INTERPRET=1; a GPU launch passes False.
+            out += [_gpu_launch(job) for job in scan_jobs]
     return out
 
 
@@ -319,6 +499,8 @@ def _row(job: Job, target: Target, found: dict) -> Row:
         job.num_stages,
         job.grid,
         target=target.name,
+        precision=job.precision,
+        dtype=job.dtype,
         **found,
     )
 
@@ -388,11 +570,14 @@ def start_compiles(
 
 def _cached(path: Path) -> dict | None:
     """A compile's result from the disk cache, or None. An entry without ptxas's counts (-1:
-    written before the worker forced every compile, from a Triton cache hit) is compiled
-    again."""
+    written before the worker forced every compile, from a Triton cache hit), or without a
+    field of this version's results (the instruction mix and ptxas's time, CACHE_VERSION 2),
+    is compiled again: a missing count is never reported as 0."""
     if not path.exists():
         return None
     found = json.loads(path.read_text())
+    if any(field not in found for field in _FOUND):
+        return None
     return found if _has_counts(found) else None
 
 
@@ -444,7 +629,10 @@ class Compiles:
             self.files = None
 
 
-_FOUND = ("registers", "spills", "stack", "shared", "error")
+_FOUND = (
+    "registers", "spills", "stack", "shared", "error",
+    "mma", "wgmma", "fma_f32", "fma_f64", "local_loads", "local_stores", "ptxas_s",
+)  # fmt: skip
 
 
 def _load(module: str):
@@ -463,49 +651,90 @@ def _load(module: str):
     return loaded
 
 
-_DTYPES = {"fp32": lambda tl: tl.float32, "fp64": lambda tl: tl.float64}
+def _argument(value):
+    """A job's argument back from plain data: a tensor as a `MockTensor` of its dtype (what
+    `kernel.warmup` passes: its data_ptr is 0, 16-byte aligned as every torch allocation)."""
+    import torch
+    from triton.runtime.jit import MockTensor
+
+    if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == "tensor":
+        return MockTensor(getattr(torch, value[1]))
+    return value
+
+
+def _constexpr(value):
+    import triton.language as tl
+
+    names = {"fp32": tl.float32, "fp64": tl.float64, "bf16": tl.bfloat16, "fp16": tl.float16}
+    return names.get(value, value) if isinstance(value, str) else value
+
+
+def launch_specialization(fn, args: list, kwargs: dict, capability: int):
+    """(options, signature, constexprs, attrs) of a launch of the jit function `fn` with these
+    positional arguments and keyword arguments (constexprs and options) on a CUDA target:
+    Triton's own binder and `_pack_args`, the code `JITFunction.run` calls before it compiles.
+    So an int equal to 1 becomes a constant, one divisible by 16 gets `tt.divisibility = 16`
+    (as an aligned pointer does), and `do_not_specialize` is honoured, as at a launch."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(GPUTarget("cuda", capability, 32))
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    return fn._pack_args(backend, kwargs, bound, specialization, options)
+
+
+# Instructions counted in the PTX: tensor-core products, scalar FMAs, local-memory traffic.
+_INSTRUCTIONS = {
+    "mma": r"\bmma\.sync\.",
+    "wgmma": r"\bwgmma\.mma_async\.",
+    "fma_f32": r"\bfma\.rn\.f32\b",
+    "fma_f64": r"\bfma\.rn\.f64\b",
+    "local_loads": r"\bld\.local\.",
+    "local_stores": r"\bst\.local\.",
+}
+
+
+def instruction_mix(ptx: str) -> dict[str, int]:
+    """How many of each counted instruction the PTX text holds (static counts, not executed)."""
+    return {name: len(re.findall(pattern, ptx)) for name, pattern in _INSTRUCTIONS.items()}
 
 
 def _compile_one(job: dict) -> dict:
     """Compile one job in this (non-interpreting) process; what ptxas said about it."""
     import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernel = getattr(_load(job["module"]), job["kernel"])
-    fn = kernel.fn if hasattr(kernel, "configs") else kernel  # under the autotuner
-    constexprs = {}
-    for name, value in job["constexprs"]:
-        constexprs[name] = _DTYPES[value](tl) if value in _DTYPES else value
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in _SIZES or _STRIDE.match(name):
-            signature[name] = "i32"
-        else:  # torch allocations are 16-byte aligned, which the launch specializes on
-            signature[name] = "*fp32"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    target = GPUTarget("cuda", job["capability"], 32)
-    options = dict(num_warps=job["num_warps"], num_stages=job["num_stages"])
+    _, fn = _layers(getattr(_load(job["module"]), job["kernel"]))
+    kwargs = {name: _constexpr(_argument(value)) for name, value in job["constexprs"]}
+    kwargs |= dict(num_warps=job["num_warps"], num_stages=job["num_stages"])
     if job.get("maxnreg") is not None:
-        options["maxnreg"] = job["maxnreg"]
-    log = io.StringIO()
+        kwargs["maxnreg"] = job["maxnreg"]
+    args = [_argument(a) for a in job["args"]]
+    failed = dict(registers=0, spills=0, stack=0, shared=0, ptxas_s=0.0)
+    failed |= {name: 0 for name in _INSTRUCTIONS}
+    log, stages = io.StringIO(), {}
+
+    def listen(*, times, **_):  # Triton's compile listener: microseconds per lowering stage
+        stages.update(dict(times.lowering_stages))
+
     triton.knobs.nvidia.dump_ptxas_log = True
+    triton.knobs.compilation.listener = listen
     try:
+        options, signature, constexprs, attrs = launch_specialization(
+            fn, args, kwargs, job["capability"]
+        )
         with contextlib.redirect_stdout(log):
             compiled = triton.compile(
-                ASTSource(fn, signature, constexprs, attrs), target=target, options=options
+                ASTSource(fn, signature, constexprs, attrs),
+                target=triton.backends.compiler.GPUTarget("cuda", job["capability"], 32),
+                options=options.__dict__,
             )
     except Exception as error:  # a compile error is the finding: report it, do not raise
-        return dict(
-            registers=0,
-            spills=0,
-            stack=0,
-            shared=0,
-            error=f"{type(error).__name__}: {error}"[:2000],
-        )
+        return dict(failed, error=f"{type(error).__name__}: {error}"[:2000])
+    finally:
+        triton.knobs.compilation.listener = None
     text = log.getvalue()
 
     def number(pattern: str) -> int:
@@ -518,6 +747,8 @@ def _compile_one(job: dict) -> dict:
         stack=number(r"(\d+) bytes stack frame"),
         shared=int(compiled.metadata.shared),
         error="",
+        ptxas_s=round(stages.get("cubin", 0) / 1e6, 2),
+        **instruction_mix(compiled.asm["ptx"]),
     )
     if not _has_counts(found):  # never a silent pass
         found["error"] = f"ptxas printed no register, spill or stack count: {text[-500:]!r}"
@@ -556,13 +787,14 @@ def compile_report(
     shape=(1, 2048, 8),
     cache_dir=None,
     precision: str = "ieee",
+    dtype: str = "fp32",
 ) -> list[Row]:
     """Every kernel of `spec` compiled for `target` at head width d and chunk size (None: the
-    spec's default, `default_chunk`) under tl.dot's input `precision`: one Row per kernel and
-    autotune config."""
+    spec's default, `default_chunk`) under tl.dot's input `precision`, for inputs of `dtype`:
+    one Row per kernel and autotune config."""
     found = check_target(target)
     check_width(d)
-    return compile_jobs(jobs(spec, d, chunk_size, shape, precision), found, cache_dir)
+    return compile_jobs(jobs(spec, d, chunk_size, shape, precision, dtype), found, cache_dir)
 
 
 def over_limits(rows: list[Row]) -> list[str]:
@@ -587,36 +819,45 @@ def over_limits(rows: list[Row]) -> list[str]:
     return problems
 
 
-COLUMNS = ("kernel", "layout", "warps", "stages", "grid", "registers", "spills", "shared", "fits")
+COLUMNS = (
+    "kernel", "layout", "dot", "warps", "stages", "grid", "registers", "spills", "shared",
+    "mma / wgmma", "fma.f32", "ptxas s", "fits",
+)  # fmt: skip
+
+
+def fits(r: Row) -> str:
+    """'yes', or why a row does not fit its target."""
+    limit = TARGETS[r.target].shared_limit
+    if r.error:
+        return "compile error"
+    if r.shared > limit:
+        return f"no: shared > {limit}"
+    if r.spills > SPILL_BOUND:
+        return f"no: spills > {SPILL_BOUND}"
+    return "yes"
 
 
 def table(rows: list[Row]) -> list[tuple[str, ...]]:
-    """The report as text cells, one tuple per row, in COLUMNS' order."""
-    out = []
-    for r in rows:
-        limit = TARGETS[r.target].shared_limit
-        if r.error:
-            fits = "compile error"
-        elif r.shared > limit:
-            fits = f"no: shared > {limit}"
-        elif r.spills > SPILL_BOUND:
-            fits = f"no: spills > {SPILL_BOUND}"
-        else:
-            fits = "yes"
-        out.append(
-            (
-                r.kernel,
-                r.variant or "-",
-                str(r.num_warps),
-                str(r.num_stages),
-                f"{r.grid[0]} x {r.grid[1]}",
-                str(r.registers),
-                f"{r.spills} B",
-                f"{r.shared} B",
-                fits,
-            )
+    """The report as text cells, one tuple per row, in COLUMNS' order: "dot" is tl.dot's input
+    precision, the instruction counts are static counts in the PTX."""
+    return [
+        (
+            r.kernel,
+            r.variant or "-",
+            r.precision,
+            str(r.num_warps),
+            str(r.num_stages),
+            " x ".join(str(g) for g in r.grid),
+            str(r.registers),
+            f"{r.spills} B",
+            f"{r.shared} B",
+            f"{r.mma} / {r.wgmma}",
+            str(r.fma_f32),
+            f"{r.ptxas_s:.1f}",
+            fits(r),
         )
-    return out
+        for r in rows
+    ]
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:

@@ -39,8 +39,13 @@ def test_dry_run_lists_every_item_and_exits_0(capsys):
         label = gpu.spec_label(path)
         assert label in checked or f"not checked  {label}: Triton does not cover it" in out
     assert ("deltanet", "exact") in plan.forms and ("deltanet", "start") in plan.forms
-    for op in ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_simple_gla", "titans_mlp"):
-        assert f"time  {op}: " in out
+    # Each rule against fla's op at fla's benchmark shapes, (8, 1024, 8, 64) to (1, 8192, 16, 128).
+    ops = ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_simple_gla", "chunk_linear_attn")
+    for op in ops:
+        for b, t, h, d in gpu.FLA_SHAPES:
+            assert f"time  {op} B{b} T{t} H{h} D{d}: " in out
+    assert gpu.FLA_SHAPES[0] == (8, 1024, 8, 64) and gpu.FLA_SHAPES[-1] == (1, 8192, 16, 128)
+    assert "time  titans_mlp: " in out
     assert "compile  deltanet" in out
 
 
@@ -110,12 +115,13 @@ def test_the_miras_side_of_each_timing_pair_runs_and_binds_fla_s_signature(monke
 
     from miras import ops
 
-    monkeypatch.setattr(gpu, "TIMING_SHAPE", dict(batch=1, length=20, heads=2, dim=16, chunk=64))
+    seen = set()
     for pair in gpu.timing_plan():
-        if pair.name.startswith("titans") or pair.absent is not None:
+        if pair.name.startswith("titans") or pair.absent is not None or pair.op in seen:
             continue
-        leaves, kwargs = gpu.op_inputs(pair.name, "cpu")
-        o, _ = getattr(ops, pair.name)(*leaves, backend="triton", **kwargs)
+        seen.add(pair.op)  # one small shape per op
+        leaves, kwargs = gpu.op_inputs(pair.op, "cpu", (1, 20, 2, 16))
+        o, _ = getattr(ops, pair.op)(*leaves, backend="triton", **kwargs)
         assert o.shape == (1, 20, 2, 16), pair.name
         module_name, op = pair.other.rsplit(".", 1)
         with warnings.catch_warnings():
@@ -125,6 +131,28 @@ def test_the_miras_side_of_each_timing_pair_runs_and_binds_fla_s_signature(monke
     for depth in (1, 2):
         layer = gpu.miras_titans_layer(depth, 16, 2, 4)
         assert layer(torch.randn(1, 8, 16))[0].shape == (1, 8, 16)
+
+
+def test_an_op_and_width_that_timed_out_skips_its_later_shapes(tmp_path, monkeypatch):
+    """A fla pair past its cap (its first run compiles the kernels) skips the later shapes of
+    the same op and D, naming it; another D of the op still runs."""
+    monkeypatch.setattr(gpu, "COMPILE_MODULES", ("miras.compiler.no_such_module",))
+    monkeypatch.setitem(gpu.ITEM_CAP_S, "timing", 0.3)
+
+    def fake_pair(op, module_name, device, shape):
+        if shape[3] == 64:
+            time.sleep(5)
+        return {"status": "ok"}
+
+    monkeypatch.setattr(gpu, "fla_pair", fake_pair)
+    pairs = [
+        gpu.TimingPair(f"op {s}", "miras", "fla.ops.x.op", None, s, "op")
+        for s in ((8, 1024, 8, 64), (4, 2048, 8, 64), (2, 4096, 16, 128))
+    ]
+    out = tmp_path / "report.json"
+    assert gpu.run_all("cpu", gpu.CheckPlan(forms=[]), pairs, 600.0, out, shape=TINY) == 0
+    rows = [r["status"] for r in json.loads(out.read_text())["sections"]["timing"]["rows"]]
+    assert rows == ["timed out", "skipped", "ok"]
 
 
 def test_a_spec_and_form_that_timed_out_is_not_run_again(tmp_path, monkeypatch):

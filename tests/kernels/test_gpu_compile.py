@@ -19,6 +19,7 @@ import os
 
 import pytest
 import torch
+import triton.language as tl
 from gpu_compile_support import (
     COVERED,
     EARLY,
@@ -71,6 +72,9 @@ def test_cli_report_refuses_a_bad_target_and_width():
     result = CliRunner().invoke(app, ["kernel", spec, "--report", "--precision", "fp16"])
     assert result.exit_code == 1
     assert "precision: expected one of ieee, tf32, tf32x3, got 'fp16'" in result.output
+    result = CliRunner().invoke(app, ["kernel", spec, "--report", "--dtype", "fp16"])
+    assert result.exit_code == 1
+    assert "dtype: expected one of fp32, bf16, got 'fp16'" in result.output
 
 
 def test_every_autotune_config_states_the_register_cap():
@@ -153,6 +157,92 @@ def test_the_general_kernels_are_refused_above_128_by_128():
     assert "general" in {j.form for j in gpu_compile.jobs(rule.spec, d=128)}
 
 
+def test_jobs_hold_the_launchs_integer_arguments():
+    """The jobs are recorded from the launchers' own code on meta tensors: the sizes and gate
+    strides a launch at (B, T, H) = (2, 100, 3), chunk 16, passes, and pointers by dtype."""
+    spec = load_spec(ROOT / "specs" / "gated_deltanet.yaml")
+    found = {
+        (j.kernel, j.variant): j
+        for j in gpu_compile.jobs(spec, d=64, chunk_size=16, shape=(2, 100, 3))
+        if j.config == 0
+    }
+    forward = found[("linear_forward", "")]
+    assert forward.args[-5:] == (100, 16, 7, 64, 64)  # T, CS, NC = ceil(100 / 16), DK, DV
+    assert forward.args[6:8] == (1, 0)  # a per-head gate: width 1, channel stride 0
+    assert forward.args[0] == ("tensor", "float32") and forward.grid == (6, 1)
+    scan = found[("exact_scan_backward", "per channel")]
+    assert scan.args[-1] == 7  # NC, its one integer argument: R, DK, DV are constexprs
+    assert {k: dict(scan.constexprs)[k] for k in ("R", "DK", "DV", "BV")} == dict(
+        R=16, DK=64, DV=64, BV=16
+    )
+    assert scan.grid == (4, 6)  # (value blocks, B*H)
+
+
+def _tiny(x_ptr, n, stride, width, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offsets * stride, tl.load(x_ptr + offsets, mask=offsets < n) * width)
+
+
+def test_the_compile_specializes_integers_as_a_launch_does():
+    """`launch_specialization` is Triton's own binder: each argument gets what Triton's
+    `native_specialize_impl` gives it at a launch (an int equal to 1 a constant, a multiple
+    of 16, or 0, `tt.divisibility = 16`, an aligned pointer the same), where the checks used to
+    give the hint to pointers only."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import JITFunction, MockTensor
+
+    fn = JITFunction(_tiny)  # compiled, not interpreted, whatever TRITON_INTERPRET says
+    args = [MockTensor(torch.float32), 4096, 1, 17]
+    _, signature, constexprs, attrs = gpu_compile.launch_specialization(
+        fn, args, {"BLOCK": 64, "num_warps": 4}, 90
+    )
+    assert signature == {"x_ptr": "*fp32", "n": "i32", "stride": "constexpr", "width": "i32",
+                         "BLOCK": "constexpr"}  # fmt: skip
+    assert constexprs == {(2,): 1, (4,): 64}
+    divisible = [["tt.divisibility", 16]]
+    assert attrs == {(0,): divisible, (1,): divisible, (2,): [], (3,): [], (4,): []}
+    for i, value in enumerate(args):  # the same as Triton's per-argument rule
+        kind, mark = native_specialize_impl(BaseBackend, value, False, True, True)
+        assert signature[fn.arg_names[i]] == kind
+        if kind != "constexpr":
+            assert attrs[(i,)] == ([["tt.divisibility", 16]] if mark == "D" else [])
+
+
+def test_the_instruction_mix_counts_ptx_instructions():
+    ptx = """
+    mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%f1, %f2}, {%r1}, {%r2}, {%f3};
+    @%p1 mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f3};
+    wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%f1}, %rd1, %rd2, p, 1, 1;
+    wgmma.fence.sync.aligned;
+    fma.rn.f32 %f4, %f5, %f6, %f7;
+    fma.rn.ftz.f32 %f4, %f5, %f6, %f7;
+    fma.rn.f64 %fd1, %fd2, %fd3, %fd4;
+    ld.local.f32 %f8, [%rd3];
+    st.local.v2.f32 [%rd3], {%f8, %f9};
+    ld.global.f32 %f8, [%rd4];
+    """
+    assert gpu_compile.instruction_mix(ptx) == dict(
+        mma=2, wgmma=1, fma_f32=1, fma_f64=1, local_loads=1, local_stores=1
+    )
+
+
+def test_bf16_inputs_are_refused_where_a_launcher_does_not_take_them():
+    """--dtype bf16 builds the launches from bf16 q, k, v; a launcher that refuses them says so
+    (today's casts bf16 to float32 before the kernels) instead of compiling float32 kernels
+    under a bf16 label."""
+    spec = load_spec(ROOT / "specs" / "deltanet.yaml")
+    with pytest.raises(ValueError, match=r"dtype: expected one of fp32, bf16, got 'fp8'"):
+        gpu_compile.jobs(spec, d=64, dtype="fp8")
+    try:
+        found = gpu_compile.jobs(spec, d=64, dtype="bf16")
+    except ValueError as error:
+        assert "kernels' launcher does not take bf16 inputs yet" in str(error)
+    else:  # a launcher that takes them: its pointers are bf16
+        assert all(j.dtype == "bf16" for j in found)
+        assert all(("tensor", "bfloat16") in j.args for j in found)
+
+
 def test_limits_flag_errors_shared_memory_and_spills():
     def row(**found):
         base = dict(registers=96, spills=0, stack=0, shared=1024, error="", target="sm_80")
@@ -176,13 +266,15 @@ def test_cached_results_are_read_and_countless_ones_compiled_again(tmp_path, mon
     spec = load_spec(ROOT / "specs" / "deltanet.yaml")
     job = gpu_compile.jobs(spec, d=64, chunk_size=16)[0]
     target = gpu_compile.TARGETS["sm_90"]
-    good = dict(registers=200, spills=8, stack=16, shared=4096, error="")
+    good = dict(registers=200, spills=8, stack=16, shared=4096, error="", ptxas_s=1.5)
+    good |= dict(mma=4, wgmma=2, fma_f32=10, fma_f64=0, local_loads=3, local_stores=5)
     (tmp_path / f"{job.key(target)}.json").write_text(json.dumps(good))
     monkeypatch.setattr(gpu_compile, "_DONE", {})  # this process's results, kept apart
     compiles = gpu_compile.start_compiles([(job, target)], tmp_path)
     assert compiles.process is None and compiles.todo == []
     (row,) = compiles.rows()
     assert (row.registers, row.spills, row.shared, row.target) == (200, 8, 4096, "sm_90")
+    assert (row.tensor_core, row.fma_f32, row.local_stores, row.ptxas_s) == (6, 10, 5, 1.5)
 
     other = gpu_compile.TARGETS["sm_80"]
     countless = dict(good, registers=-1, spills=-1, stack=-1)
@@ -193,6 +285,14 @@ def test_cached_results_are_read_and_countless_ones_compiled_again(tmp_path, mon
     assert compiles.process.poll() is None and (files / "jobs.json").exists()
     compiles.cancel()
     assert compiles.process is None and not files.exists()
+
+    # An entry of the previous version (no instruction mix, no ptxas time) is compiled again:
+    # its missing counts are never reported as 0.
+    old = {k: good[k] for k in ("registers", "spills", "stack", "shared", "error")}
+    (tmp_path / f"{job.key(other)}.json").write_text(json.dumps(old))
+    compiles = gpu_compile.start_compiles([(job, other)], tmp_path)
+    assert [key for key, _, _ in compiles.todo] == [job.key(other)]
+    compiles.cancel()
 
 
 def test_a_failed_worker_is_an_error_with_its_message(tmp_path, monkeypatch):
