@@ -180,14 +180,18 @@ def jobs(
     d: int,
     chunk_size: int | None = None,
     shape: tuple[int, int, int] = (1, 2048, 8),
-    precision: str = "ieee",
+    precision: str | None = None,
 ):
     """Every kernel `spec` runs on at head width d (Dk = Dv = d) and this chunk size (None: the
     spec's default, `default_chunk`), in every form it covers, with every autotune config, under
-    tl.dot's input `precision` (ieee, tf32, tf32x3): [Job]. Raises ValueError when the Triton
-    kernels do not cover the spec."""
+    tl.dot's input `precision` (ieee, tf32, tf32x3; None: the launcher's default, tf32): [Job].
+    Raises ValueError when the Triton kernels do not cover the spec."""
     import torch
     import triton.language as tl
+
+    from miras.runtime.inputs import DEFAULT_TRITON_PRECISION
+
+    precision = precision or DEFAULT_TRITON_PRECISION
 
     from miras.compiler.pipeline import compile_ir, kernel_source
     from miras.compiler.triton_kernels import gate_plan, load_kernels
@@ -543,11 +547,11 @@ def compile_report(
     chunk_size: int | None = None,
     shape=(1, 2048, 8),
     cache_dir=None,
-    precision: str = "ieee",
+    precision: str | None = None,
 ) -> list[Row]:
     """Every kernel of `spec` compiled for `target` at head width d and chunk size (None: the
-    spec's default, `default_chunk`) under tl.dot's input `precision`: one Row per kernel and
-    autotune config."""
+    spec's default, `default_chunk`) under tl.dot's input `precision` (None: the launcher's
+    default): one Row per kernel and autotune config."""
     found = check_target(target)
     check_width(d)
     return compile_jobs(jobs(spec, d, chunk_size, shape, precision), found, cache_dir)

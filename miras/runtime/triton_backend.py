@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from miras.runtime.core import State, Tokens
+from miras.runtime.inputs import DEFAULT_TRITON_PRECISION
 from miras.runtime.triton_launch import (
     CHECK_ENV,
     CONFIG_ENV,
@@ -81,7 +82,7 @@ class Launch:
     chunk_size: int
     block_v: int  # BV: value channels per program
     window_gates: tuple[str, ...]  # those read at the window's rows (PAST + T)
-    precision: str = "ieee"  # tl.dot's input precision on float32 tiles (inputs.TRITON_PRECISIONS)
+    precision: str = DEFAULT_TRITON_PRECISION  # tl.dot's input precision on float32 tiles (inputs.TRITON_PRECISIONS)
 
     @property
     def n_value_blocks(self) -> int:
@@ -232,7 +233,11 @@ class ChunkKernels(torch.autograd.Function):
 
 
 def choose_kernels(
-    compiled, d_v: int, d_k: int, per_channel_decay: bool, precision: str = "ieee"
+    compiled,
+    d_v: int,
+    d_k: int,
+    per_channel_decay: bool,
+    precision: str = DEFAULT_TRITON_PRECISION,
 ) -> tuple[bool, int]:
     """(linear, BV): whether a call runs the linear kernels, and the value channels per
     program, for a compiled rule (anything with the IR's `spec`, `plan` and `bias`: a
@@ -263,7 +268,7 @@ def forward(
     seq: Tokens,
     state: State,
     chunk_size: int,
-    precision: str = "ieee",
+    precision: str = DEFAULT_TRITON_PRECISION,
     operand_dtype: torch.dtype | None = None,
 ):
     """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum).

@@ -99,7 +99,7 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
         configs = tuning.SCAN if job.form == "scan" else tuning.CHUNK
         assert (job.num_warps, job.num_stages) == configs[job.config]
         assert job.maxnreg == tuning.MAX_REGISTERS
-        assert meta["DOT_PRECISION"] == "ieee" and meta["ACC"] == "fp32"
+        assert meta["DOT_PRECISION"] == "tf32" and meta["ACC"] == "fp32"  # the default
         if job.form == "scan":
             assert meta["BR"] == 64 and meta["BK"] == 128
             assert meta["BV"] == (16 if job.variant == "per channel" else 64)

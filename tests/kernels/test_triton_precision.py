@@ -25,7 +25,11 @@ import miras
 from miras.compiler.pipeline import kernel_source
 from miras.compiler.triton_kernels import load_kernels
 from miras.runtime import triton_backend, triton_launch
-from miras.runtime.inputs import TRITON_PRECISION_ENV, check_triton_precision
+from miras.runtime.inputs import (
+    DEFAULT_TRITON_PRECISION,
+    TRITON_PRECISION_ENV,
+    check_triton_precision,
+)
 
 TOL = 1e-5  # relative RMS, float32, as tests/kernels/test_triton.py
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +111,8 @@ def test_no_half_precision_in_the_kernels(path):
 
 
 def test_the_choice_is_checked(monkeypatch):
-    assert check_triton_precision(None) == "ieee"
+    # The default is fla's: TF32 tensor-core products on float32 tiles (it was "ieee").
+    assert check_triton_precision(None) == DEFAULT_TRITON_PRECISION == "tf32"
     assert check_triton_precision("tf32x3") == "tf32x3"
     with pytest.raises(ValueError, match=r"triton_precision: expected one of 'ieee', 'tf32', "):
         check_triton_precision("fp32")
@@ -116,6 +121,8 @@ def test_the_choice_is_checked(monkeypatch):
         check_triton_precision(None)
     assert TRITON_PRECISION_ENV in str(err.value) and "did you mean 'tf32'" in str(err.value)
     monkeypatch.setenv(TRITON_PRECISION_ENV, "")  # empty: unset
+    assert check_triton_precision(None) == "tf32"
+    monkeypatch.setenv(TRITON_PRECISION_ENV, "ieee")  # the accuracy option
     assert check_triton_precision(None) == "ieee"
 
 
@@ -165,8 +172,8 @@ GDN = {"name": "precision-gdn", "bias": "l2", "retention": {"kind": "l2", "grad_
 @pytest.mark.parametrize(
     ("argument", "environment", "dtype", "launched"),
     [
-        (None, None, torch.float32, "ieee"),
-        (None, "tf32", torch.float32, "tf32"),
+        (None, None, torch.float32, "tf32"),
+        (None, "ieee", torch.float32, "ieee"),
         ("tf32x3", "tf32", torch.float32, "tf32x3"),  # the argument wins
         ("tf32", None, torch.float64, "ieee"),  # float64 tiles multiply in float64
     ],
@@ -324,17 +331,18 @@ print(json.dumps(counts))
 
 def test_compiled_ptx_follows_the_precision(tmp_path):
     """gated_deltanet's linear_backward (every product of the template, the decay's VJP) for
-    sm_80: under tf32 its products are TF32 tensor-core mma; under ieee there is no TF32 mma
-    (float32 products on the FMA units)."""
+    sm_80: under the default (tf32) its products are TF32 tensor-core mma; under the accuracy
+    option ieee there is no TF32 mma (float32 products on the FMA units)."""
     path = tmp_path / "gated_deltanet.py"
     path.write_text(kernel_source(ROOT / "specs" / "gated_deltanet.yaml"))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     done = subprocess.run(
-        [sys.executable, "-c", COMPILE, str(path), "ieee", "tf32"],
+        [sys.executable, "-c", COMPILE, str(path), "ieee", DEFAULT_TRITON_PRECISION],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     assert counts["ieee"][1] == 0, counts
-    assert counts["tf32"][0] > 0 and counts["tf32"][1] == counts["tf32"][0], counts
+    default = counts[DEFAULT_TRITON_PRECISION]
+    assert default[0] > 0 and default[1] == default[0], counts
