@@ -93,7 +93,7 @@ class Job:
     config: int  # index into the kernel's autotune configs
     num_warps: int
     num_stages: int
-    grid: tuple[int, int]
+    grid: tuple[int, ...]  # the launch grid: 2 or 3 dimensions
     variant: str = ""  # the scan's layout: "per head" or "per channel"
     maxnreg: int | None = None  # the config's register cap per thread (None: ptxas chooses)
 
@@ -123,7 +123,7 @@ class Row:
     config: int
     num_warps: int
     num_stages: int
-    grid: tuple[int, int]
+    grid: tuple[int, ...]
     registers: int
     spills: int  # bytes of spill stores per thread
     stack: int  # bytes of stack frame per thread
@@ -234,20 +234,29 @@ def jobs(
         )
         meta = launch.meta(tl.float32)
         grid = (launch.bh, launch.n_value_blocks)
-        for direction in ("forward", "backward"):
-            name = f"{form}_{direction}"
-            for i, (warps, stages, maxnreg) in enumerate(_configs(getattr(module, name), meta)):
+        # The launcher's kernels (triton_backend._forward, _backward) and grids: the linear
+        # forward is a sequential state kernel and a chunk-parallel output kernel.
+        kernels = {f"{form}_forward": (grid, meta), f"{form}_backward": (grid, meta)}
+        if linear:
+            kernels = {
+                "linear_state": (grid, meta | launch.state_meta),
+                "linear_output": (launch.output_grid, meta),
+                "linear_backward": (grid, meta),
+            }
+        for name, (kernel_grid, kernel_meta) in kernels.items():
+            kernel = getattr(module, name)
+            for i, (warps, stages, maxnreg) in enumerate(_configs(kernel, kernel_meta)):
                 out.append(
                     Job(
                         form,
                         name,
                         module.__file__,
                         _sha(source),
-                        _text(meta),
+                        _text(kernel_meta),
                         i,
                         warps,
                         stages,
-                        grid,
+                        kernel_grid,
                         maxnreg=maxnreg,
                     )
                 )
@@ -601,7 +610,7 @@ def table(rows: list[Row]) -> list[tuple[str, ...]]:
                 r.variant or "-",
                 str(r.num_warps),
                 str(r.num_stages),
-                f"{r.grid[0]} x {r.grid[1]}",
+                " x ".join(str(n) for n in r.grid),
                 str(r.registers),
                 f"{r.spills} B",
                 f"{r.shared} B",

@@ -572,7 +572,9 @@ from miras.kernels.common.math import (
     acosh, asinh, atanh, cosh, expm1, hypot, log1p, logaddexp, sign, sinh, soft_threshold,
     softplus, tanh,
 )
-from miras.kernels.common.state import lq_read, lq_read_vjp, row_softmax, row_softmax_vjp
+from miras.kernels.common.state import (
+    load_tile, lq_read, lq_read_vjp, row_softmax, row_softmax_vjp, store_tile,
+)
 from miras.kernels.common.tuning import CHUNK, PRUNE, configs"""
 
 

@@ -89,7 +89,7 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
     kernels = {(j.kernel, j.variant) for j in found}
     assert kernels == {
         ("general_forward", ""), ("general_backward", ""),
-        ("linear_forward", ""), ("linear_backward", ""),
+        ("linear_state", ""), ("linear_output", ""), ("linear_backward", ""),
         ("exact_scan_forward", "per head"), ("exact_scan_backward", "per head"),
         ("exact_scan_forward", "per channel"), ("exact_scan_backward", "per channel"),
     }  # fmt: skip
@@ -107,8 +107,12 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
             linear = job.form == "linear"
             block_v = triton_backend.choose_kernels(compiled, 128, 128, not linear)[1]
             assert (meta["BT"], meta["BK"], meta["BV"]) == (64, 128, block_v)
-        assert job.grid == (8, 128 // meta["BV"])
-    assert len(found) == 8 * len(tuning.CHUNK)
+        blocks = 128 // meta["BV"]
+        if job.kernel == "linear_output":  # every chunk at once
+            assert job.grid == (-(-1000 // 64), 8, blocks)
+        else:
+            assert job.grid == (8, blocks)
+    assert len(found) == 9 * len(tuning.CHUNK)  # 9 kernels: the linear forward is two
 
 
 def test_the_default_chunk_is_the_layers():
