@@ -102,7 +102,7 @@ class Job:
     config: int  # index into the configs a launch tries (the scan: its layout's, `gpu_configs`)
     num_warps: int
     num_stages: int
-    grid: tuple[int, ...]
+    grid: tuple[int, ...]  # the launch grid: 2 or 3 dimensions
     variant: str = ""  # the scan's layout: "per head" or "per channel"
     maxnreg: int | None = None  # the config's register cap per thread (None: ptxas chooses)
     # The launch's positional arguments as plain data: ints, floats, bools and None as passed
@@ -419,19 +419,23 @@ def jobs(
     d: int,
     chunk_size: int | None = None,
     shape: tuple[int, int, int] = (1, 2048, 8),
-    precision: str = "ieee",
+    precision: str | None = None,
     dtype: str = "fp32",
 ):
     """Every kernel `spec` runs on at head width d (Dk = Dv = d) and this chunk size (None: the
     spec's default, `default_chunk`), in every form it covers, with every autotune config, under
-    tl.dot's input `precision` (ieee, tf32, tf32x3), for inputs of `dtype` (INPUT_DTYPES):
-    [Job]. The launchers' own code runs on meta tensors (`recording`), so each job holds the
-    kernel, arguments, constexprs and grid of a real launch at `shape` = (B, T, H). Raises
-    ValueError when the Triton kernels do not cover the spec, or a launcher refuses `dtype`."""
+    tl.dot's input `precision` (ieee, tf32, tf32x3; None: the launcher's default, tf32), for
+    inputs of `dtype` (INPUT_DTYPES): [Job]. The launchers' own code runs on meta tensors
+    (`recording`), so each job holds the kernel, arguments, constexprs and grid of a real launch
+    at `shape` = (B, T, H). Raises ValueError when the Triton kernels do not cover the spec, or
+    a launcher refuses `dtype`."""
     from miras.compiler.pipeline import compile_ir, kernel_source
     from miras.compiler.triton_kernels import gate_plan, load_kernels
     from miras.runtime import exact_triton, triton_backend
+    from miras.runtime.inputs import DEFAULT_TRITON_PRECISION
     from miras.spec import load_spec
+
+    precision = precision or DEFAULT_TRITON_PRECISION
 
     check_dtype(dtype)
     spec = load_spec(spec)
@@ -786,11 +790,11 @@ def compile_report(
     chunk_size: int | None = None,
     shape=(1, 2048, 8),
     cache_dir=None,
-    precision: str = "ieee",
+    precision: str | None = None,
     dtype: str = "fp32",
 ) -> list[Row]:
     """Every kernel of `spec` compiled for `target` at head width d and chunk size (None: the
-    spec's default, `default_chunk`) under tl.dot's input `precision`, for inputs of `dtype`:
+    spec's default, `default_chunk`) under tl.dot's input `precision` (None: the launcher's default), for inputs of `dtype`:
     one Row per kernel and autotune config."""
     found = check_target(target)
     check_width(d)

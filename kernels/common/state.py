@@ -51,3 +51,23 @@ def lq_read_vjp(a, mask, power, slope, dw, Q: tl.constexpr, FLOOR: tl.constexpr)
     inner = tl.sum(tl.sum(tl.where(mask, dw * a, 0.0), axis=1), axis=0)
     coeff = tl.where(raw > FLOOR, (2.0 - Q) * tl.exp((2.0 - 2.0 * Q) * log_norm) * inner, 0.0)
     return tl.where(mask, tl.exp((2.0 - Q) * log_norm) * dw + coeff * slope, 0.0)
+
+
+@triton.jit
+def load_tile(ptr, cv, mv, col0, ckt, DK, ACC: tl.constexpr):
+    """[KT, BV] key tile of a row-major [DV, DK] state, transposed: W[cv, col0 + ckt]^T (fla's
+    [K, V] state layout); padded entries read 0. The linear state kernel holds W as such
+    tiles, one per KT = 64 key channels (`linear_state`), so both of its products with the
+    keys, X W^T = X Wt and Wt -= X^T Ghat, have 64 rows (a Hopper wgmma's M) and no [BV, DK]
+    block (nor its pointer tensor) is ever live."""
+    cols = col0 + ckt
+    mask = (cols < DK)[:, None] & mv[None, :]
+    return tl.load(ptr + cols[:, None] + cv[None, :] * DK, mask=mask, other=0.0).to(ACC)
+
+
+@triton.jit
+def store_tile(ptr, cv, mv, col0, ckt, DK, value):
+    """ptr[cv, col0 + ckt] = value^T for a [KT, BV] key tile (`load_tile`'s layout)."""
+    cols = col0 + ckt
+    mask = (cols < DK)[:, None] & mv[None, :]
+    tl.store(ptr + cols[:, None] + cv[None, :] * DK, value.to(ptr.dtype.element_ty), mask=mask)

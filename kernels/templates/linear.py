@@ -18,36 +18,63 @@ same expressions; the decay's gradient is d log a_j, summed over the factors tha
 (`log_decay_vjp`), divided by a_j.
 """
 
+# The forward as fla's chunk kernels split it: the state recurrence alone in a sequential
+# kernel (grid (BH, NVB): W_S -> Y_j = X_j W_S^T -> Ghat_j -> W_end, storing each chunk-start
+# state and every Ghat_j), then the outputs in a chunk-parallel kernel (grid (NC, BH, NVB)) from
+# the stored states and Ghat: o = D (Q W_S^T) - sum_j (L * Q X_j^T) Ghat_j, whose decay
+# matrices and masked Q X_j^T products depend on no state and are computed there, per chunk.
+# Ghat depends on W_S (through Y_j), so it must come from the state kernel.
 FORWARD = '''
 @triton.autotune(configs=configs(CHUNK), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
-def linear_forward(
-    q, k, v, valid, w0,
+def linear_state(
+    k, v, valid, w0,
     $gate_params
-    o, w_out, w_chunks,
+    ghat, w_out, w_chunks,
     T, CS, NC, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KT: tl.constexpr,
 ):
-    """q [BH, T, DK]; k [BH, PAST+T, DK]; v [BH, PAST+T, DV]; valid [BH, PAST+T]; w0
-    [BH, DV, DK]. Writes o [BH, T, DV], the final state and the state at each chunk start.
+    """The sequential half of the forward. k [BH, PAST+T, DK]; v [BH, PAST+T, DV]; valid
+    [BH, PAST+T]; w0 [BH, DV, DK]. Writes the error signals ghat [BH, WINDOW, T, DV] (Ghat_j
+    at each token), the final state and the state at each chunk start [BH, NC, DV, DK].
     Grid (BH, NVB): with an elementwise bias the rows of W evolve independently, so each
-    program may own a block of BV value channels (NVB = 1 otherwise)."""
+    program may own a block of BV value channels (NVB = 1 otherwise).
+
+    W is held transposed as up to four [KT, BV] key tiles w1..w4 (KT = min(BK, 64); BK <=
+    4 KT; fla's state layout), each a variable of its own under a constexpr branch, updated in
+    place by Wt_i -= X_i^T (k_last Ghat_j); the keys are read tile by tile as well: a [BV, BK]
+    block and the [BT, BK] keys with their per-element pointers do not fit a thread's
+    registers at BK = 128."""
+    tl.static_assert(BK <= 4 * KT, "the linear state kernel holds at most four key tiles")
+    OP: tl.constexpr = k.dtype.element_ty  # products' operands: the inputs' dtype (fla's)
     pid = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)  # the block of value channels (rows of W) this program owns
     NR = T + PAST
     rows = tl.arange(0, BT)
     cv = iv * BV + tl.arange(0, BV)
-    ck = tl.arange(0, BK)
+    ckt = tl.arange(0, KT)
     mv = cv < DV
-    mk = ck < DK
-    m2 = mv[:, None] & mk[None, :]
     cmask = mv[None, :]
-    st = cv[:, None] * DK + ck[None, :]
-    w = tl.load(w0 + pid * DV * DK + st, mask=m2, other=0.0).to(ACC)
+    base = pid * DV * DK
+    w1 = load_tile(w0 + base, cv, mv, 0, ckt, DK, ACC)
+    w2 = tl.zeros([KT, BV], dtype=ACC)
+    w3 = tl.zeros([KT, BV], dtype=ACC)
+    w4 = tl.zeros([KT, BV], dtype=ACC)
+    if BK > KT:
+        w2 = load_tile(w0 + base, cv, mv, KT, ckt, DK, ACC)
+    if BK > 2 * KT:
+        w3 = load_tile(w0 + base, cv, mv, 2 * KT, ckt, DK, ACC)
+        w4 = load_tile(w0 + base, cv, mv, 3 * KT, ckt, DK, ACC)
     for ic in range(0, NC):
         start = ic * CS
-        tl.store(w_chunks + (pid * NC + ic) * DV * DK + st, w.to(w_chunks.dtype.element_ty), mask=m2)
+        chunk = w_chunks + (pid * NC + ic) * DV * DK
+        store_tile(chunk, cv, mv, 0, ckt, DK, w1)
+        if BK > KT:
+            store_tile(chunk, cv, mv, KT, ckt, DK, w2)
+        if BK > 2 * KT:
+            store_tile(chunk, cv, mv, 2 * KT, ckt, DK, w3)
+            store_tile(chunk, cv, mv, 3 * KT, ckt, DK, w4)
         tok = start + rows
         mt = (rows < CS) & (tok < T)
         $load_scale_block
@@ -55,32 +82,107 @@ def linear_forward(
         if DECAY:
             $load_decay_vector
             log_a = tl.log(a)
-        cs = tl.cumsum(log_a, axis=0)
         cs_last = tl.sum(log_a, axis=0)
-        decay = tl.exp(cs)
-        mix = decay_matrix(log_a, rows)  # exp of segment sums, not of cs_t - cs_s
-        k_last = decay_to_end(log_a, rows)
-        qb = load_rows(q + pid * T * DK, tok, mt, ck, mk, DK, 1, 0.0, ACC)
-        ob = decay[:, None] * tl.dot(qb, tl.trans(w), input_precision=DOT_PRECISION, out_dtype=ACC)
-        w_new = tl.exp(cs_last) * w
+        k_last = decay_to_end(log_a, rows)  # exp of segment sums, not of cs_t - cs_s
+        decay = tl.exp(tl.cumsum(log_a, axis=0))  # D_t, for grad_at: retained
+        # Two passes, so one copy of the state is live at a time: every Ghat_j at W_S (stored),
+        # then W_S updated in place from them (W_e = D_last W_S - sum_j (k_last Ghat_j)^T X_j).
         for j in range(0, WINDOW):
             wi = tok + PAST - j
-            x = load_rows(k + pid * NR * DK, wi, mt, ck, mk, DK, 1, 0.0, ACC)
-            vj = load_rows(v + pid * NR * DV, wi, mt, cv, mv, DV, 1, 0.0, ACC)
-            y = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION, out_dtype=ACC)
+            keys = k + pid * NR * DK
+            x = load_rows(keys, wi, mt, ckt, ckt < DK, DK, 1, 0.0, OP)
+            y = tl.dot(x, w1.to(OP), input_precision=DOT_PRECISION, out_dtype=ACC)
+            if BK > KT:
+                x = load_rows(keys + KT, wi, mt, ckt, KT + ckt < DK, DK, 1, 0.0, OP)
+                y = tl.dot(x, w2.to(OP), y, input_precision=DOT_PRECISION, out_dtype=ACC)
+            if BK > 2 * KT:
+                x = load_rows(keys + 2 * KT, wi, mt, ckt, 2 * KT + ckt < DK, DK, 1, 0.0, OP)
+                y = tl.dot(x, w3.to(OP), y, input_precision=DOT_PRECISION, out_dtype=ACC)
+                x = load_rows(keys + 3 * KT, wi, mt, ckt, 3 * KT + ckt < DK, DK, 1, 0.0, OP)
+                y = tl.dot(x, w4.to(OP), y, input_precision=DOT_PRECISION, out_dtype=ACC)
             if RETAINED:
                 y = decay[:, None] * y
+            vj = load_rows(v + pid * NR * DV, wi, mt, cv, mv, DV, 1, 0.0, ACC)
             $load_window_block
             g = bias_grad(y - vj, vj, cmask$bias_args) * g_gamma
             if PAST > 0:
                 g = g * tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)[:, None]
             gh = tl.where(mt[:, None] & cmask, g * scale, 0.0)
-            scores = mix * tl.dot(qb, tl.trans(x), input_precision=DOT_PRECISION, out_dtype=ACC)
-            ob -= tl.dot(scores, gh, input_precision=DOT_PRECISION, out_dtype=ACC)
-            w_new -= tl.dot(tl.trans(gh * k_last[:, None]), x, input_precision=DOT_PRECISION, out_dtype=ACC)
-        store_rows(o + pid * T * DV, tok, mt, cv, mv, DV, ob)
-        w = tl.where(m2, w_new, 0.0)
-    tl.store(w_out + pid * DV * DK + st, w.to(w_out.dtype.element_ty), mask=m2)
+            store_rows(ghat + (pid * WINDOW + j) * T * DV, tok, mt, cv, mv, DV, gh)
+        tl.debug_barrier()  # this program's Ghat stores are read back below
+        last = tl.exp(cs_last)
+        w1 = last * w1
+        if BK > KT:
+            w2 = last * w2
+        if BK > 2 * KT:
+            w3 = last * w3
+            w4 = last * w4
+        for j in range(0, WINDOW):
+            wi = tok + PAST - j
+            keys = k + pid * NR * DK
+            gh = load_rows(ghat + (pid * WINDOW + j) * T * DV, tok, mt, cv, mv, DV, 1, 0.0, ACC)
+            ghk = (-gh * k_last[:, None]).to(OP)  # [BT, BV], an operand
+            xt = tl.trans(load_rows(keys, wi, mt, ckt, ckt < DK, DK, 1, 0.0, OP))
+            w1 = tl.dot(xt, ghk, w1, input_precision=DOT_PRECISION, out_dtype=ACC)
+            if BK > KT:
+                xt = tl.trans(load_rows(keys + KT, wi, mt, ckt, KT + ckt < DK, DK, 1, 0.0, OP))
+                w2 = tl.dot(xt, ghk, w2, input_precision=DOT_PRECISION, out_dtype=ACC)
+            if BK > 2 * KT:
+                xt = tl.trans(load_rows(keys + 2 * KT, wi, mt, ckt, 2 * KT + ckt < DK, DK, 1, 0.0, OP))
+                w3 = tl.dot(xt, ghk, w3, input_precision=DOT_PRECISION, out_dtype=ACC)
+                xt = tl.trans(load_rows(keys + 3 * KT, wi, mt, ckt, 3 * KT + ckt < DK, DK, 1, 0.0, OP))
+                w4 = tl.dot(xt, ghk, w4, input_precision=DOT_PRECISION, out_dtype=ACC)
+    store_tile(w_out + base, cv, mv, 0, ckt, DK, w1)
+    if BK > KT:
+        store_tile(w_out + base, cv, mv, KT, ckt, DK, w2)
+    if BK > 2 * KT:
+        store_tile(w_out + base, cv, mv, 2 * KT, ckt, DK, w3)
+        store_tile(w_out + base, cv, mv, 3 * KT, ckt, DK, w4)
+
+
+@triton.autotune(configs=configs(CHUNK), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
+@triton.jit
+def linear_output(
+    q, k, w_chunks, ghat,
+    $gate_params
+    o,
+    T, CS, NC, DK, DV,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The chunk-parallel half of the forward: o [BH, T, DV] of one chunk from its start
+    state w_chunks [BH, NC, DV, DK] and the error signals ghat [BH, WINDOW, T, DV] (both from
+    `linear_state`); q [BH, T, DK], k [BH, PAST+T, DK]. Grid (NC, BH, NVB)."""
+    OP: tl.constexpr = q.dtype.element_ty  # products' operands: the inputs' dtype (fla's)
+    ic = tl.program_id(0)
+    pid = tl.program_id(1).to(tl.int64)
+    iv = tl.program_id(2)
+    NR = T + PAST
+    rows = tl.arange(0, BT)
+    cv = iv * BV + tl.arange(0, BV)
+    ck = tl.arange(0, BK)
+    mv = cv < DV
+    mk = ck < DK
+    m2 = mv[:, None] & mk[None, :]
+    st = cv[:, None] * DK + ck[None, :]
+    w = tl.load(w_chunks + (pid * NC + ic) * DV * DK + st, mask=m2, other=0.0).to(ACC)
+    start = ic * CS
+    tok = start + rows
+    mt = (rows < CS) & (tok < T)
+    log_a = tl.zeros([BT], dtype=ACC)
+    if DECAY:
+        $load_decay_vector
+        log_a = tl.log(a)
+    decay = tl.exp(tl.cumsum(log_a, axis=0))
+    mix = decay_matrix(log_a, rows)  # exp of segment sums, not of cs_t - cs_s
+    qb = load_rows(q + pid * T * DK, tok, mt, ck, mk, DK, 1, 0.0, OP)
+    ob = decay[:, None] * tl.dot(qb, tl.trans(w.to(OP)), input_precision=DOT_PRECISION, out_dtype=ACC)
+    for j in range(0, WINDOW):
+        x = load_rows(k + pid * NR * DK, tok + PAST - j, mt, ck, mk, DK, 1, 0.0, OP)
+        gh = load_rows(ghat + (pid * WINDOW + j) * T * DV, tok, mt, cv, mv, DV, 1, 0.0, OP)
+        scores = mix * tl.dot(qb, tl.trans(x), input_precision=DOT_PRECISION, out_dtype=ACC)
+        ob -= tl.dot(scores.to(OP), gh, input_precision=DOT_PRECISION, out_dtype=ACC)
+    store_rows(o + pid * T * DV, tok, mt, cv, mv, DV, ob)
 '''
 
 BACKWARD = '''

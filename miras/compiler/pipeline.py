@@ -138,7 +138,7 @@ def triton(c: CompiledRule[Spec]) -> str:
     )
     if c.triton_source is None:
         return f"not covered: {c.triton_refusal}"
-    linear = "def linear_forward(" in c.triton_source
+    linear = "def linear_state(" in c.triton_source
     return "kernels: general" + (" and linear" if linear else "") + ", forward and backward"
 
 

@@ -12,7 +12,8 @@ grad_at, decay), the spec's elementwise pieces printed by the strict `TritonPrin
 and read around the step; every derivative taken by sympy), then the chunk templates of
 `miras.kernels.templates` with the spec's gates and the optimizer's lines (printed from the
 compiled linear step: `OptimizerStep`) filled in: `general_forward/backward` always,
-`linear_forward/backward` when the retention is none or l2 and the update u_t = lr_t g_t.
+`linear_state`, `linear_output` (the forward) and `linear_backward` when the retention is
+none or l2 and the update u_t = lr_t g_t.
 Every `tl.dot` of the templates states `input_precision=DOT_PRECISION`, a constexpr argument
 of each kernel that the launcher passes (the backend's precision choice, docs/kernels.md).
 
@@ -572,7 +573,9 @@ from miras.kernels.common.math import (
     acosh, asinh, atanh, cosh, expm1, hypot, log1p, logaddexp, sign, sinh, soft_threshold,
     softplus, tanh,
 )
-from miras.kernels.common.state import lq_read, lq_read_vjp, row_softmax, row_softmax_vjp
+from miras.kernels.common.state import (
+    load_tile, lq_read, lq_read_vjp, row_softmax, row_softmax_vjp, store_tile,
+)
 from miras.kernels.common.tuning import CHUNK, PRUNE, configs"""
 
 

@@ -9,7 +9,7 @@ q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates name -> [B, T, H] or [B, T, H, Dv], n
 or a Python float (a constant gate). The state is float32 (float64 when the inputs are); the
 output has the inputs' dtype. `cu_seqlens` [N + 1] packs N sequences along T (B = 1): the state
 restarts at each boundary, the initial and final states are per sequence, [N, ...].
-`triton_precision` ("ieee", "tf32", "tf32x3"; default MIRAS_TRITON_PRECISION, else "ieee") is
+`triton_precision` ("ieee", "tf32", "tf32x3"; default MIRAS_TRITON_PRECISION, else "tf32") is
 the triton backend's tl.dot input precision on float32 tiles.
 """
 
@@ -197,7 +197,7 @@ def run(
             + (" with cu_seqlens" if cu_seqlens is not None else "")
         )
     # tl.dot's input precision on float32 tiles: the argument, else MIRAS_TRITON_PRECISION
-    # (read only on the triton backend), else "ieee" (docs/kernels.md, "Precision").
+    # (read only on the triton backend), else "tf32" (docs/kernels.md, "Precision").
     if triton_precision is not None or backend == "triton":
         triton_precision = check_triton_precision(triton_precision)
     if cu_seqlens is not None:

@@ -15,6 +15,10 @@ BACKENDS = ("recurrent", "chunk", "triton")
 # tl.dot's input precision for float32 tiles on the triton backend (docs/kernels.md, "Precision").
 TRITON_PRECISIONS = ("ieee", "tf32", "tf32x3")
 TRITON_PRECISION_ENV = "MIRAS_TRITON_PRECISION"
+# tl.dot's input precision on float32 tiles unless asked otherwise: TF32 tensor cores, as fla's
+# kernels (and torch's own matmuls under allow_tf32) multiply float32; "ieee" and "tf32x3" are
+# the accuracy options (docs/kernels.md, "Precision").
+DEFAULT_TRITON_PRECISION = "tf32"
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -209,12 +213,12 @@ def check_backend(backend: str) -> str:
 
 def check_triton_precision(precision: str | None) -> str:
     """The triton backend's tl.dot input precision for float32 tiles: `precision`, else the
-    environment variable MIRAS_TRITON_PRECISION (unset or empty: "ieee"). Either must be one of
-    TRITON_PRECISIONS; the error names which one was read."""
+    environment variable MIRAS_TRITON_PRECISION (unset or empty: DEFAULT_TRITON_PRECISION, "tf32",
+    fla's choice). Either must be one of TRITON_PRECISIONS; the error names which one was read."""
     where = "triton_precision"
     if precision is None:
         where = f"the environment variable {TRITON_PRECISION_ENV}"
-        precision = os.environ.get(TRITON_PRECISION_ENV) or "ieee"
+        precision = os.environ.get(TRITON_PRECISION_ENV) or DEFAULT_TRITON_PRECISION
     if not isinstance(precision, str) or precision not in TRITON_PRECISIONS:
         hint = did_you_mean(str(precision).lower(), TRITON_PRECISIONS)
         raise ValueError(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from miras.runtime.core import State, Tokens
+from miras.runtime.inputs import DEFAULT_TRITON_PRECISION
 from miras.runtime.triton_launch import (
     CHECK_ENV,
     CONFIG_ENV,
@@ -45,6 +46,11 @@ if TYPE_CHECKING:
 # state tile per program, and more programs. Tests lower it to exercise the split.
 LINEAR_BLOCK_V = 64
 TF32_LINEAR_BLOCK_V = 32  # the same under tf32 and tf32x3 at Dphi >= 128 (choose_kernels)
+# The linear state kernel holds W as [BV, 64] key tiles, at most four (Dphi <= 256), as fla's
+# state kernel does; wider features run on the general kernels (which refuse them on a GPU).
+LINEAR_KEY_TILE = 64
+LINEAR_KEY_TILES = 4
+HALF = (torch.bfloat16, torch.float16)  # input dtypes the linear kernels take as operands
 
 # The general kernels keep a program's whole state tile W [Dv, Dphi] (their value channels
 # are not split), staged through shared memory for the block phase's products: compiled for
@@ -81,7 +87,7 @@ class Launch:
     chunk_size: int
     block_v: int  # BV: value channels per program
     window_gates: tuple[str, ...]  # those read at the window's rows (PAST + T)
-    precision: str = "ieee"  # tl.dot's input precision on float32 tiles (inputs.TRITON_PRECISIONS)
+    precision: str = DEFAULT_TRITON_PRECISION  # tl.dot's input precision on float32 tiles (inputs.TRITON_PRECISIONS)
 
     @property
     def n_value_blocks(self) -> int:
@@ -94,6 +100,21 @@ class Launch:
     @property
     def bh(self) -> int:
         return self.batch * self.heads
+
+    @property
+    def window(self) -> int:
+        return self.past + 1
+
+    @property
+    def state_meta(self) -> dict:
+        """The linear state kernel's own constexpr: KT, the width of its key tiles (64, or
+        the whole feature block below 64; at most LINEAR_KEY_TILES of them)."""
+        return dict(KT=min(pow2(self.d_k), LINEAR_KEY_TILE))
+
+    @property
+    def output_grid(self) -> tuple[int, int, int]:
+        """The linear output kernel's grid: every chunk, head and value block at once."""
+        return (self.n_chunks, self.bh, self.n_value_blocks)
 
     def meta(self, acc) -> dict:
         return dict(
@@ -119,29 +140,38 @@ class Launch:
 
 def _forward(launch: Launch, q, k, v, valid, w0, s0, gates):
     bh, nc, dv, dk = launch.bh, launch.n_chunks, launch.d_v, launch.d_k
-    o = poisoned(bh, launch.length, dv, like=q)
-    w_out = poisoned(bh, dv, dk, like=q)
-    w_chunks = poisoned(bh, nc, dv, dk, like=q)
-    meta = launch.meta(accumulator(q))
+    o = poisoned(bh, launch.length, dv, like=v)
+    w_out = poisoned(bh, dv, dk, like=v)
+    w_chunks = poisoned(bh, nc, dv, dk, like=v)
+    meta = launch.meta(accumulator(v))
     grid = (bh, launch.n_value_blocks)
     if launch.linear:
-        launcher(launch.module.linear_forward, grid)(
-            q, k, v, valid, w0, *launch.gate_args(gates), o, w_out, w_chunks,
-            *launch.sizes(), **meta,
+        # fla's split: the state recurrence alone in a sequential kernel over (BH, blocks),
+        # then every chunk's outputs at once, from the stored states and error signals.
+        ghat = poisoned(bh, launch.window, launch.length, dv, like=v)
+        gate_args = launch.gate_args(gates)
+        launcher(launch.module.linear_state, grid)(
+            k, v, valid, w0, *gate_args, ghat, w_out, w_chunks, *launch.sizes(), **meta,
+            **launch.state_meta,
+        )  # fmt: skip
+        launcher(launch.module.linear_output, launch.output_grid)(
+            q, k, w_chunks, ghat, *gate_args, o, *launch.sizes(), **meta,
         )  # fmt: skip
         s_out = torch.zeros_like(w_out)
-        s_chunks = torch.zeros(1, dtype=q.dtype, device=q.device)
-        check_written({"o": o, "the final state": w_out, "the chunk states": w_chunks})
+        s_chunks = torch.zeros(1, dtype=v.dtype, device=v.device)
+        check_written(
+            {"o": o, "the final state": w_out, "the chunk states": w_chunks, "ghat": ghat}
+        )
         return o, w_out, s_out, w_chunks, s_chunks
     momentum = launch.module.MOMENTUM.value
     if momentum:
-        s_out = poisoned(bh, dv, dk, like=q)
-        s_chunks = poisoned(bh, nc, dv, dk, like=q)
+        s_out = poisoned(bh, dv, dk, like=v)
+        s_chunks = poisoned(bh, nc, dv, dk, like=v)
     else:  # never read or written by the kernels
         s_out = torch.zeros_like(w_out)
-        s_chunks = torch.zeros(1, dtype=q.dtype, device=q.device)
+        s_chunks = torch.zeros(1, dtype=v.dtype, device=v.device)
     g_scratch = torch.empty(
-        bh, launch.past + 1, meta["BT"], meta["BV"], dtype=q.dtype, device=q.device
+        bh, launch.past + 1, meta["BT"], meta["BV"], dtype=v.dtype, device=v.device
     )
     launcher(launch.module.general_forward, grid)(
         q, k, v, valid, w0, s0, *launch.gate_args(gates), o, w_out, s_out, w_chunks, s_chunks,
@@ -159,16 +189,16 @@ def _backward(launch: Launch, saved, do, dw_out, ds_out):
     bh, dv, dk = launch.bh, launch.d_v, launch.d_k
     rows_window = launch.past + launch.length
     parts = launch.n_value_blocks  # dq and dk: one part per block of value channels
-    dq = poisoned(parts, bh, launch.length, dk, like=q)
-    dk_ = poisoned(parts, bh, rows_window, dk, like=q)
-    dv_ = poisoned(bh, rows_window, dv, like=q)
-    dw0 = poisoned(bh, dv, dk, like=q)
+    dq = poisoned(parts, bh, launch.length, dk, like=v)
+    dk_ = poisoned(parts, bh, rows_window, dk, like=v)
+    dv_ = poisoned(bh, rows_window, dv, like=v)
+    dw0 = poisoned(bh, dv, dk, like=v)
     window = set(launch.window_gates)
     gate_grads = [
-        poisoned(bh, rows_window if name in window else launch.length, dv, like=q)
+        poisoned(bh, rows_window if name in window else launch.length, dv, like=v)
         for name in launch.gate_names
     ]
-    meta = launch.meta(accumulator(q))
+    meta = launch.meta(accumulator(v))
     grid = (bh, parts)
     if launch.linear:
         launcher(launch.module.linear_backward, grid)(
@@ -178,9 +208,9 @@ def _backward(launch: Launch, saved, do, dw_out, ds_out):
         ds0 = torch.zeros_like(dw0)
     else:
         momentum = launch.module.MOMENTUM.value
-        ds0 = poisoned(bh, dv, dk, like=q) if momentum else torch.zeros_like(dw0)
+        ds0 = poisoned(bh, dv, dk, like=v) if momentum else torch.zeros_like(dw0)
         bt, bv, bk = meta["BT"], meta["BV"], meta["BK"]
-        scratch = dict(dtype=q.dtype, device=q.device)
+        scratch = dict(dtype=v.dtype, device=v.device)
         g_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
         dg_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
         w_scratch = torch.empty(bh, bt, bv, bk, **scratch)
@@ -223,16 +253,20 @@ class ChunkKernels(torch.autograd.Function):
                 else x.contiguous()
             )
 
-        q = ctx.saved_tensors[0]
-        do = dense(do, (launch.bh, launch.length, launch.d_v), q)
-        dw_out = dense(dw_out, (launch.bh, launch.d_v, launch.d_k), q)
-        ds_out = dense(ds_out, (launch.bh, launch.d_v, launch.d_k), q)
+        v = ctx.saved_tensors[2]  # the state's dtype (q and k may be half-precision operands)
+        do = dense(do, (launch.bh, launch.length, launch.d_v), v)
+        dw_out = dense(dw_out, (launch.bh, launch.d_v, launch.d_k), v)
+        ds_out = dense(ds_out, (launch.bh, launch.d_v, launch.d_k), v)
         dq, dk, dv, dw0, ds0, gate_grads = _backward(launch, ctx.saved_tensors, do, dw_out, ds_out)
         return None, dq, dk, dv, None, dw0, ds0, *gate_grads
 
 
 def choose_kernels(
-    compiled, d_v: int, d_k: int, per_channel_decay: bool, precision: str = "ieee"
+    compiled,
+    d_v: int,
+    d_k: int,
+    per_channel_decay: bool,
+    precision: str = DEFAULT_TRITON_PRECISION,
 ) -> tuple[bool, int]:
     """(linear, BV): whether a call runs the linear kernels, and the value channels per
     program, for a compiled rule (anything with the IR's `spec`, `plan` and `bias`: a
@@ -247,6 +281,7 @@ def choose_kernels(
         linear_applies(compiled)
         and not per_channel_decay
         and not (whole_rows and pow2(d_v) > LINEAR_BLOCK_V)
+        and pow2(d_k) <= LINEAR_KEY_TILE * LINEAR_KEY_TILES
     )
     split = linear and not whole_rows
     block = LINEAR_BLOCK_V
@@ -263,7 +298,7 @@ def forward(
     seq: Tokens,
     state: State,
     chunk_size: int,
-    precision: str = "ieee",
+    precision: str = DEFAULT_TRITON_PRECISION,
     operand_dtype: torch.dtype | None = None,
 ):
     """Returns o [B, H, T, Dv] and the final memory state (W, and S.W with momentum).
@@ -318,10 +353,18 @@ def forward(
         if "S.W" in state
         else torch.zeros_like(w0)
     )
+    # On a GPU the linear forward multiplies in the inputs' own dtype, as fla's kernels do:
+    # bf16 or fp16 q and k are its products' operands (accumulated in float32; every other
+    # buffer is the state's float32, and the backward loads q and k into float32). Triton's
+    # interpreter multiplies half-precision tiles wrongly (as integers), so there, and on the
+    # general kernels, q and k stay float32.
+    operands = seq.phi_q.dtype
+    if linear and operand_dtype in HALF and operands == torch.float32 and not runs_on_cpu():
+        operands = operand_dtype
     o, w_out, s_out = ChunkKernels.apply(
         launch,
-        flat(seq.phi_q, t),
-        flat(seq.phi_k, rows),
+        flat(seq.phi_q, t).to(operands),
+        flat(seq.phi_k, rows).to(operands),
         flat(seq.v, rows),
         seq.valid.reshape(b * h, rows).contiguous(),
         w0,

@@ -88,7 +88,8 @@ def test_the_triton_pass_emits_the_kernels_or_names_why_not():
     covered = miras.compile(ROOT / "specs/gated_deltanet.yaml").ir
     assert covered.triton_refusal is None
     assert "def general_forward(" in covered.triton_source
-    assert "def linear_forward(" in covered.triton_source
+    assert "def linear_state(" in covered.triton_source
+    assert "def linear_output(" in covered.triton_source
     assert pipeline.kernel_source(ROOT / "specs/gated_deltanet.yaml") == covered.triton_source
     deep = miras.compile(ROOT / "specs/yaad.yaml").ir  # an MLP memory
     assert deep.triton_source is None and "mlp memory" in deep.triton_refusal

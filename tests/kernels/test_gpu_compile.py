@@ -93,7 +93,7 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
     kernels = {(j.kernel, j.variant) for j in found}
     assert kernels == {
         ("general_forward", ""), ("general_backward", ""),
-        ("linear_forward", ""), ("linear_backward", ""),
+        ("linear_state", ""), ("linear_output", ""), ("linear_backward", ""),
         ("exact_scan_forward", "per head"), ("exact_scan_backward", "per head"),
         ("exact_scan_forward", "per channel"), ("exact_scan_backward", "per channel"),
     }  # fmt: skip
@@ -101,7 +101,7 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
     for job in found:
         meta = dict(job.constexprs)
         assert job.maxnreg == tuning.MAX_REGISTERS
-        assert meta["DOT_PRECISION"] == "ieee" and meta["ACC"] == "fp32"
+        assert meta["DOT_PRECISION"] == "tf32" and meta["ACC"] == "fp32"  # the default
         if job.form == "scan":  # BV is the config's; the state in [64, BV] key tiles
             per_channel = job.variant == "per channel"
             config = tuning.scan_layout_configs(tuning.scan_configs(), per_channel)[job.config]
@@ -115,9 +115,14 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
             linear = job.form == "linear"
             block_v = triton_backend.choose_kernels(compiled, 128, 128, not linear)[1]
             assert (meta["BT"], meta["BK"], meta["BV"]) == (64, 128, block_v)
-            assert job.grid == (8, 128 // meta["BV"])
+            blocks = 128 // meta["BV"]
+            if job.kernel == "linear_output":  # every chunk at once
+                assert job.grid == (-(-1000 // 64), 8, blocks)
+            else:
+                assert job.grid == (8, blocks)
     scan_configs = len(tuning.SCAN) + len(tuning.SCAN_PER_CHANNEL)
-    assert len(found) == 4 * len(tuning.CHUNK) + 2 * scan_configs
+    # 5 chunk kernels (general fwd / bwd; linear state, output, bwd: the linear forward is two)
+    assert len(found) == 5 * len(tuning.CHUNK) + 2 * scan_configs
 
 
 def test_the_default_chunk_is_the_layers():
@@ -166,10 +171,11 @@ def test_jobs_hold_the_launchs_integer_arguments():
         for j in gpu_compile.jobs(spec, d=64, chunk_size=16, shape=(2, 100, 3))
         if j.config == 0
     }
-    forward = found[("linear_forward", "")]
-    assert forward.args[-5:] == (100, 16, 7, 64, 64)  # T, CS, NC = ceil(100 / 16), DK, DV
-    assert forward.args[6:8] == (1, 0)  # a per-head gate: width 1, channel stride 0
-    assert forward.args[0] == ("tensor", "float32") and forward.grid == (6, 1)
+    state = found[("linear_state", "")]  # the linear forward's sequential half
+    assert state.args[-5:] == (100, 16, 7, 64, 64)  # T, CS, NC = ceil(100 / 16), DK, DV
+    assert state.args[5:7] == (1, 0)  # a per-head gate after its pointer: width 1, stride 0
+    assert state.args[0] == ("tensor", "float32") and state.grid == (6, 1)
+    assert found[("linear_output", "")].grid == (7, 6, 1)  # (chunks, B*H, value blocks)
     scan = found[("exact_scan_backward", "per channel")]
     assert scan.args[-1] == 7  # NC, its one integer argument: R, DK, DV are constexprs
     assert {k: dict(scan.constexprs)[k] for k in ("R", "DK", "DV", "BV")} == dict(

@@ -289,6 +289,34 @@ def test_two_pieces_equal_one_pass():
         assert _rel_rms(final2[name], final[name]) <= TOL, name
 
 
+@pytest.mark.parametrize("dk", [80, 150], ids=["two_key_tiles", "four_key_tiles"])
+def test_wide_keys_run_the_linear_state_kernels_key_tiles(dk, monkeypatch):
+    """Above 64 key channels the linear state kernel holds W as [64, BV] key tiles (two at
+    Dphi = 80, four at 150: BK 256, the last tiles partly and wholly padding), with a window
+    (two passes over the offsets) and an odd value width split into blocks; outputs, final
+    state and every gradient equal the chunk backend's."""
+    monkeypatch.setattr(triton_backend, "LINEAR_BLOCK_V", 16)
+    fields = dict(bias="l2", retention={"kind": "l2", "grad_at": "retained"}, window={"c": 2})
+    rule = miras.compile({"name": "wide-keys", **fields})
+    b, h, dv = 1, 2, 19
+    q, k, v, gates = random_inputs(rule, b=b, t=37, h=h, dk=dk, dv=dv, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(5)
+    init = 0.1 * torch.randn(rule.initial_state(b, h, dk, dv, torch.float32).shape, generator=gen)
+    inputs = _to_device((q, k, v, gates, init, rule.default_params(torch.float32)))
+    seen = []
+    real = triton_backend.ChunkKernels.apply
+    monkeypatch.setattr(
+        triton_backend.ChunkKernels,
+        "apply",
+        lambda launch, *a: seen.append(launch) or real(launch, *a),
+    )
+    want = _run(rule, "chunk", inputs, 16)
+    got = _run(rule, "triton", inputs, 16)
+    assert [(s.linear, s.state_meta["KT"], s.n_value_blocks) for s in seen] == [(True, 64, 2)]
+    bad = _mismatches(got, want, TOL)
+    assert not bad, f"above {TOL}: {bad}"
+
+
 # What the kernels do not cover ------------------------------------------------------------
 
 

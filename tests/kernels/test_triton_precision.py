@@ -25,7 +25,11 @@ import miras
 from miras.compiler.pipeline import kernel_source
 from miras.compiler.triton_kernels import load_kernels
 from miras.runtime import triton_backend, triton_launch
-from miras.runtime.inputs import TRITON_PRECISION_ENV, check_triton_precision
+from miras.runtime.inputs import (
+    DEFAULT_TRITON_PRECISION,
+    TRITON_PRECISION_ENV,
+    check_triton_precision,
+)
 
 TOL = 1e-5  # relative RMS, float32, as tests/kernels/test_triton.py
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +113,8 @@ def test_no_half_precision_in_the_kernels(path):
 
 
 def test_the_choice_is_checked(monkeypatch):
-    assert check_triton_precision(None) == "ieee"
+    # The default is fla's: TF32 tensor-core products on float32 tiles (it was "ieee").
+    assert check_triton_precision(None) == DEFAULT_TRITON_PRECISION == "tf32"
     assert check_triton_precision("tf32x3") == "tf32x3"
     with pytest.raises(ValueError, match=r"triton_precision: expected one of 'ieee', 'tf32', "):
         check_triton_precision("fp32")
@@ -118,6 +123,8 @@ def test_the_choice_is_checked(monkeypatch):
         check_triton_precision(None)
     assert TRITON_PRECISION_ENV in str(err.value) and "did you mean 'tf32'" in str(err.value)
     monkeypatch.setenv(TRITON_PRECISION_ENV, "")  # empty: unset
+    assert check_triton_precision(None) == "tf32"
+    monkeypatch.setenv(TRITON_PRECISION_ENV, "ieee")  # the accuracy option
     assert check_triton_precision(None) == "ieee"
 
 
@@ -140,7 +147,13 @@ class _Recorder:
 def _record_launches(monkeypatch, rule) -> list:
     log: list = []
     module = load_kernels(rule.ir)
-    for name in ("linear_forward", "linear_backward", "general_forward", "general_backward"):
+    for name in (
+        "linear_state",
+        "linear_output",
+        "linear_backward",
+        "general_forward",
+        "general_backward",
+    ):
         if hasattr(module, name):
             monkeypatch.setattr(module, name, _Recorder(getattr(module, name), log))
     from miras.kernels.templates import exact
@@ -167,8 +180,8 @@ GDN = {"name": "precision-gdn", "bias": "l2", "retention": {"kind": "l2", "grad_
 @pytest.mark.parametrize(
     ("argument", "environment", "dtype", "launched"),
     [
-        (None, None, torch.float32, "ieee"),
-        (None, "tf32", torch.float32, "tf32"),
+        (None, None, torch.float32, "tf32"),
+        (None, "ieee", torch.float32, "ieee"),
         ("tf32x3", "tf32", torch.float32, "tf32x3"),  # the argument wins
         ("tf32", None, torch.float64, "ieee"),  # float64 tiles multiply in float64
     ],
@@ -186,8 +199,9 @@ def test_the_choice_reaches_every_launch(
     log = _record_launches(monkeypatch, rule)
     options = {} if argument is None else {"triton_precision": argument}
     _forward_backward(rule, dtype, chunk_mode, **options)
-    assert len(log) == 2  # one forward, one backward
-    assert [precision for precision, _ in log] == [launched, launched]
+    # The linear forward is two kernels (the state, then the outputs); the scan's one.
+    launches = 3 if chunk_mode == "start" else 2
+    assert [precision for precision, _ in log] == [launched] * launches
 
 
 def test_a_bad_choice_is_refused_before_any_launch(monkeypatch):
@@ -216,8 +230,70 @@ def test_half_inputs_launch_float32_buffers(dtype, spec, monkeypatch):
     rule = miras.compile(spec)
     log = _record_launches(monkeypatch, rule)
     _forward_backward(rule, dtype)
-    assert len(log) == 2
+    assert len(log) == (3 if spec is GDN else 2)  # the linear forward: state, then outputs
     assert all(dtypes == {torch.float32} for _, dtypes in log), log
+
+
+# fla's conventions for half-precision inputs: relative RMS against the float32 reference.
+HALF_TOL = {"o": 5e-3, "grad": 8e-3}
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "cu_seqlens"])
+@pytest.mark.parametrize(
+    "spec",
+    [GDN, {"name": "precision-kl", "bias": "l2", "retention": "kl", "optimizer": "momentum"}],
+    ids=["linear", "general"],
+)
+def test_bf16_inputs_match_the_float32_reference(spec, packed, monkeypatch):
+    """bf16 q, k, v and gates through the triton backend against the chunk backend on the
+    same values in float32: outputs, final state and every gradient (q, k, v, gates, initial
+    state) within fla's half-precision tolerances, at an odd length, odd value width and
+    Dphi = 80 (two of the linear state kernel's key tiles), per batch and packed. In the
+    interpreter q and k reach the kernels as float32 (`triton_backend.forward`): what is held
+    here is the rounding of the inputs, the float32 state and the gradients' cast back."""
+    monkeypatch.setattr(triton_backend, "LINEAR_BLOCK_V", 16)
+    rule = miras.compile(spec)
+    b, h, t, dk, dv = (1, 2, 37, 80, 19) if spec is GDN else (1, 2, 21, 16, 13)
+    q, k, v, gates = random_inputs(rule, b=b, t=t, h=h, dk=dk, dv=dv, dtype=torch.float32)
+    values = [x.bfloat16().float() for x in (q, k, v, *gates.values())]  # bf16's own values
+    init = _initial_state(rule, b, h, dk) if spec is GDN else None
+    if spec is GDN:
+        gen = torch.Generator().manual_seed(4)
+        init = 0.1 * torch.randn(
+            rule.initial_state(b, h, dk, dv, torch.float32).shape, generator=gen
+        )
+    options = dict(chunk_size=16, chunk_mode="start", output_final_state=True)
+    if packed:
+        options["cu_seqlens"] = torch.tensor([0, 11, t])
+        if init is not None:
+            init = torch.cat([init, 0.5 * init])  # one per sequence
+
+    def run(dtype, backend):
+        leaves = [x.to(dtype).to(DEVICE).requires_grad_(True) for x in values]
+        state = None if init is None else init.to(DEVICE).requires_grad_(True)
+        q_, k_, v_, *g = leaves
+        o, final = rule(
+            q_, k_, v_, dict(zip(gates, g, strict=True)), backend=backend,
+            initial_state=state, **options,
+        )  # fmt: skip
+        final = final if isinstance(final, dict) else {"W": final}
+        outputs = [o.float(), *(x.float() for x in final.values())]
+        gen = torch.Generator().manual_seed(9)
+        weights = [torch.randn(x.shape, generator=gen).to(DEVICE) for x in outputs]
+        loss = sum((x * w).sum() for x, w in zip(outputs, weights, strict=True))
+        wrt = leaves + ([state] if state is not None else [])
+        grads = torch.autograd.grad(loss, wrt)
+        names = ["o", *(f"final {n}" for n in final), "dq", "dk", "dv", *(f"d {n}" for n in gates)]
+        names += ["d init"] if state is not None else []
+        return dict(zip(names, [*outputs, *grads], strict=True))
+
+    want = run(torch.float32, "chunk")
+    got = run(torch.bfloat16, "triton")
+    assert got["dq"].dtype == torch.bfloat16  # gradients in the inputs' own dtype
+    for name in want:
+        tol = HALF_TOL["grad"] if name.startswith("d") else HALF_TOL["o"]
+        bad = _mismatches({name: got[name]}, {name: want[name]}, tol)
+        assert not bad, f"above {tol}: {bad}"
 
 
 def test_the_launcher_refuses_half_tensors():
@@ -326,17 +402,18 @@ print(json.dumps(counts))
 
 def test_compiled_ptx_follows_the_precision(tmp_path):
     """gated_deltanet's linear_backward (every product of the template, the decay's VJP) for
-    sm_80: under tf32 its products are TF32 tensor-core mma; under ieee there is no TF32 mma
-    (float32 products on the FMA units)."""
+    sm_80: under the default (tf32) its products are TF32 tensor-core mma; under the accuracy
+    option ieee there is no TF32 mma (float32 products on the FMA units)."""
     path = tmp_path / "gated_deltanet.py"
     path.write_text(kernel_source(ROOT / "specs" / "gated_deltanet.yaml"))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     done = subprocess.run(
-        [sys.executable, "-c", COMPILE, str(path), "ieee", "tf32"],
+        [sys.executable, "-c", COMPILE, str(path), "ieee", DEFAULT_TRITON_PRECISION],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     assert counts["ieee"][1] == 0, counts
-    assert counts["tf32"][0] > 0 and counts["tf32"][1] == counts["tf32"][0], counts
+    default = counts[DEFAULT_TRITON_PRECISION]
+    assert default[0] > 0 and default[1] == default[0], counts
