@@ -174,6 +174,12 @@ INPUT_DTYPES = ("fp32", "bf16")  # --dtype: the inputs' dtype a report's launche
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
+def _torch_dtype(dtype: str):
+    import torch
+
+    return getattr(torch, _TORCH_DTYPES[dtype])
+
+
 def check_dtype(dtype: str) -> str:
     if dtype not in INPUT_DTYPES:
         raise ValueError(
@@ -348,11 +354,14 @@ def _backward(outputs) -> None:
 
 
 def _run_chunk_kernels(launch, dtype: str) -> None:
-    """`triton_backend.ChunkKernels` forward and backward at the launch's sizes: q, k, v in
-    the inputs' dtype, the valid mask, the states and the gates in float32."""
+    """`triton_backend.ChunkKernels` forward and backward at the launch's sizes, with the
+    tensors a GPU launch of `triton_backend.forward` hands them for inputs of `dtype`: q and k
+    in a half dtype for the linear kernels (their products' operands), everything else
+    float32 (the general kernels take the runtime's float32 copy of half inputs)."""
     from miras.runtime import triton_backend
 
-    operand = _TORCH_DTYPES[dtype]
+    half = _torch_dtype(dtype) in triton_backend.HALF
+    operand = _TORCH_DTYPES[dtype] if launch.linear and half else _TORCH_DTYPES["fp32"]
     bh, length, d_k, d_v = launch.bh, launch.length, launch.d_k, launch.d_v
     rows = launch.past + length
     window = set(launch.window_gates)
@@ -363,7 +372,7 @@ def _run_chunk_kernels(launch, dtype: str) -> None:
     q, k, v = (
         _meta(bh, length, d_k, dtype=operand),
         _meta(bh, rows, d_k, dtype=operand),
-        _meta(bh, rows, d_v, dtype=operand),
+        _meta(bh, rows, d_v),
     )
     valid = _meta(bh, rows).detach()
     w0, s0 = _meta(bh, d_v, d_k), _meta(bh, d_v, d_k)
@@ -376,7 +385,7 @@ def _run_scan(batch, heads, chunks, rows, d, momentum, per_channel, precision, d
     the inputs' dtype as the scan's `operand_dtype` (it casts the keys and slopes itself)."""
     from miras.runtime import exact_triton
 
-    operand = _TORCH_DTYPES[dtype]
+    operand = _torch_dtype(dtype)
     head = (batch, heads, chunks)
     slope = (*head, d, rows, rows) if per_channel else (*head, rows, d)
     base, keys = _meta(*head, rows, d), _meta(*head, rows, d)
