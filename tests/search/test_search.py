@@ -553,16 +553,18 @@ def test_workers_end_with_the_search_process_and_their_trials_run_again(tmp_path
     if kill == signal.SIGTERM:
         assert search_process.returncode == 143, stderr
         assert "interrupted (SIGTERM)" in stderr and "Traceback" not in stderr
-        reason = "interrupted (SIGTERM)"
+        reasons = {"interrupted (SIGTERM)"}
     else:
-        assert stderr.count("exited: worker") == 2, stderr
-        reason = "interrupted (the search process exited)"
+        # The parent-death signal is SIGTERM; it can come while the dying process still holds
+        # its pid (its other threads exit after), so the worker may not see it gone yet.
+        assert search_process.returncode == -signal.SIGKILL
+        reasons = {"interrupted (SIGTERM)", "interrupted (the search process exited)"}
     assert len(running) == 2
     trials = trials_of(storage, "tiny")
     by_number = {t.number: t for t in trials}
     for victim in running:
         assert by_number[victim.number].state == TrialState.FAIL
-        assert by_number[victim.number].user_attrs["reason"] == reason
+        assert by_number[victim.number].user_attrs["reason"] in reasons
         (queued,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
         assert queued.state == TrialState.WAITING and queued.params == victim.params
 
