@@ -630,6 +630,7 @@ def search(
     from miras.search import SearchError, StudyError, load_study
     from miras.search import search as run_search
     from miras.search.progress import SearchProgress
+    from miras.search.run import Terminated
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -643,13 +644,15 @@ def search(
             )  # fmt: skip
     except (StudyError, SearchError) as error:
         raise _fail(error) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, Terminated)
         err.print(
-            "interrupted: the running trial is marked failed and the storage is consistent; "
-            "re-run the same command to resume",
+            f"interrupted{' (SIGTERM)' if terminated else ''}: the running trials are marked "
+            "failed and queued again, the storage is consistent; re-run the same command to "
+            "resume",
             highlight=False,
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(143 if terminated else 130) from None
     c = summary.counts
     out.print(
         f"study {summary.name}: {c.finished} finished ({c.complete} complete, {c.pruned} pruned"

@@ -8,6 +8,11 @@ kernels on the CPU (tests/kernels/test_triton.py). Nothing else in the suite lau
 Emitted sources go to a fresh temporary MIRAS_CACHE_DIR for the session (removed at the end),
 so the tests neither write to the user's ~/.cache/miras nor read stale modules from it.
 
+The tests in tests/runtime, tests/ops, tests/models and tests/kernels run with every
+`torch.empty` / `empty_like` / `empty_strided` / `Tensor.new_empty` result filled with NaN (the
+largest value for integers; tests/poison.py), through setup, call and teardown: a buffer read
+before it is written shows up as NaN rather than as the allocator's leftovers.
+
 Markers (registered in pyproject.toml): `services` for tests that start PostgreSQL or headless
 Chromium, `slow` for the longest ones. `pytest -m "not slow and not services"` is the fast
 suite; a plain `pytest` (and `make test`) runs everything.
@@ -19,6 +24,7 @@ folder, for helpers.py and search_support.py); pytest would add a folder only on
 a file there, too late for a folder collected earlier or a single file run on its own.
 """
 
+import contextlib
 import os
 import shutil
 import sys
@@ -27,6 +33,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from poison import POISONED_FOLDERS, poisoned_empty
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -56,6 +63,16 @@ def pytest_collection_finish(session):
     support = sys.modules.get("gpu_compile_support")
     if support is not None and any(map(support.is_early, session.items)):
         support.start_early(session.config)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The poison is on for the item's whole protocol, so the fixtures it sets up (of any scope)
+    are poisoned too, not only the test's body."""
+    path = Path(item.path)
+    folder = path.relative_to(_TESTS).parts[0] if path.is_relative_to(_TESTS) else ""
+    with poisoned_empty() if folder in POISONED_FOLDERS else contextlib.nullcontext():
+        yield
 
 
 def pytest_unconfigure(config):

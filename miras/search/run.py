@@ -1,4 +1,4 @@
-"""Running a study: workers, the trial budget, heartbeats and retries, Ctrl-C.
+"""Running a study: workers, the trial budget, heartbeats and retries, Ctrl-C and SIGTERM.
 
     summary = search("studies/quickstart.yaml", trials=12, workers=2)
 
@@ -13,6 +13,10 @@ worker and every run: re-running the same command resumes and stops at the same 
 start a trial only while fewer than `trials` are finished, running or queued, and a trial checks
 its rank among those when it starts, so two workers that race for the last slot cannot both run
 it: the loser is marked failed with reason 'over budget' before it samples anything.
+
+Ctrl-C, SIGTERM and the end of the search process (by any signal, SIGKILL included) stop the
+workers of `--workers N`: each marks its running trial failed ('interrupted (...)') and queues
+it again with its parameters, so the next run of the command runs it and nothing is lost.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from miras.search.storage import (
     make_sampler,
     open_storage,
     open_study,
+    queue_again,
     quiet,
 )
 from miras.search.study import StudyDef, load_study, objective_order, resolve_directions
@@ -56,6 +61,11 @@ log = logging.getLogger("miras.search")
 
 class OverBudget(Exception):
     """Another worker took the last slot of the budget first; this trial does not run."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, or the search process gone: the search stops as on Ctrl-C (the running trial is
+    marked failed and queued again), and the command exits with status 143 instead of 130."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,8 +134,9 @@ class WorkerOptions:
 def run_worker(options: WorkerOptions, on_trial: Callable[[], None] | None = None) -> Counts:
     """Run trials until the study holds `trials` finished ones, or `timeout` s have passed.
 
-    A KeyboardInterrupt (Ctrl-C) inside a trial marks it failed with reason 'interrupted' and
-    propagates; the storage stays consistent and the next run fills the gap."""
+    A KeyboardInterrupt (Ctrl-C) or a SIGTERM (`Terminated`) inside a trial marks it failed
+    with reason 'interrupted (...)', queues it again with its parameters and propagates; the
+    storage stays consistent and the next run of the command runs the queued trial."""
     import torch
 
     # Small models train fastest on one thread; more threads per worker than cores / workers
@@ -133,51 +144,57 @@ def run_worker(options: WorkerOptions, on_trial: Callable[[], None] | None = Non
     previous = torch.get_num_threads()
     torch.set_num_threads(options.threads)
     try:
-        with _CtrlC() as ctrl_c:
-            return _run_worker(options, on_trial, ctrl_c)
+        with _Interrupts() as interrupts:
+            return _run_worker(options, on_trial, interrupts)
     finally:
         torch.set_num_threads(previous)  # an in-process search leaves the caller's setting
 
 
-class _CtrlC:
-    """Ctrl-C still raises KeyboardInterrupt at once, and is also remembered (`seen`): Python
-    drops an exception raised while it runs a weakref callback or a `__del__` (SQLAlchemy's
-    class registry has one), so a Ctrl-C that lands there would let the trial run on to the
-    end. The worker checks `seen` after each trial and between trials. Python prints such a
-    dropped exception as an "Exception ignored in ..." traceback; that one is not printed (the
-    Ctrl-C is not lost: `seen` holds it). Active only in the main thread, under Python's
-    default handler."""
+class _Interrupts:
+    """Ctrl-C and SIGTERM raise at once (KeyboardInterrupt, `Terminated`) and are also
+    remembered (`seen`, the signal's number): Python drops an exception raised while it runs a
+    weakref callback or a `__del__` (SQLAlchemy's class registry has one), so an interrupt that
+    lands there would let the trial run on to the end. The worker checks `seen` after each trial
+    and between trials. Python prints such a dropped exception as an "Exception ignored in ..."
+    traceback; that one is not printed (the interrupt is not lost: `seen` holds it). Active
+    only in the main thread, for each signal still under Python's default handling."""
 
     def __init__(self):
-        self.seen = False
-        self.previous: Any = None
+        self.seen: int | None = None
+        self.previous: dict[int, Any] = {}
         self.unraisable: Any = None
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.seen = True
-        raise KeyboardInterrupt
+    def error(self) -> KeyboardInterrupt:
+        return Terminated() if self.seen == signal.SIGTERM else KeyboardInterrupt()
 
-    def _drop_ctrl_c(self, unraisable: Any) -> None:
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.seen = signum
+        raise self.error()
+
+    def _drop_interrupt(self, unraisable: Any) -> None:
         if not isinstance(unraisable.exc_value, KeyboardInterrupt):
             self.unraisable(unraisable)
 
-    def __enter__(self) -> _CtrlC:
-        if (
-            threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        ):
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-            self.unraisable, sys.unraisablehook = sys.unraisablehook, self._drop_ctrl_c
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+        for signum, default in defaults.items():
+            if signal.getsignal(signum) is default:
+                self.previous[signum] = signal.signal(signum, self._handle)
+        if self.previous:
+            self.unraisable, sys.unraisablehook = sys.unraisablehook, self._drop_interrupt
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)
+        if self.previous:
             sys.unraisablehook = self.unraisable
 
 
 def _run_worker(
-    options: WorkerOptions, on_trial: Callable[[], None] | None, ctrl_c: _CtrlC
+    options: WorkerOptions, on_trial: Callable[[], None] | None, interrupts: _Interrupts
 ) -> Counts:
     study = resolve_directions(load_study(options.study))
     storage = open_storage(options.storage, study.heartbeat.interval, study.heartbeat.grace)
@@ -194,11 +211,15 @@ def _run_worker(
             raise OverBudget(f"trial {trial.number} is over the budget of {options.trials}")
         try:
             value = run_trial(study, task, trial)
-            if ctrl_c.seen:  # a Ctrl-C whose KeyboardInterrupt Python dropped
-                raise KeyboardInterrupt
+            if interrupts.seen:  # an interrupt whose exception Python dropped
+                raise interrupts.error()
             return value
-        except KeyboardInterrupt:
-            trial.set_user_attr("reason", _interrupt_reason())
+        except KeyboardInterrupt as stop:
+            try:
+                _queue_again_if_sampled(handle, trial.number)
+            except Exception as err:  # the interrupt goes on; a re-run samples a new trial
+                log.warning("trial %d could not be queued again: %s", trial.number, err)
+            trial.set_user_attr("reason", _interrupt_reason(stop))
             raise
         except optuna.TrialPruned:
             raise
@@ -208,8 +229,8 @@ def _run_worker(
 
     failures = 0
     while True:
-        if ctrl_c.seen:
-            raise KeyboardInterrupt
+        if interrupts.seen:
+            raise interrupts.error()
         with quiet():
             fail_stale_trials(handle)  # a dead worker's trial: failed and re-queued
         counts = count(handle.get_trials(deepcopy=False))
@@ -290,17 +311,53 @@ def _worker_seed(study: StudyDef, handle: optuna.Study, options: WorkerOptions) 
     return zlib.crc32(where.encode())
 
 
+def _queue_again_if_sampled(handle: optuna.Study, number: int) -> None:
+    """Trial `number`, interrupted while running, is queued again with its parameters (a trial
+    interrupted before it sampled any has nothing to keep: its slot is simply not counted)."""
+    running = handle.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for frozen in running:
+        if frozen.number == number and frozen.params:
+            queue_again(handle, frozen)
+
+
+# The search process that started this worker process (worker_main), None in the search's own.
+_search_process: int | None = None
+
+
+def _search_process_gone() -> bool:
+    """An orphan's parent is its adopter (init, or a subreaper): another pid than its own."""
+    return _search_process is not None and os.getppid() != _search_process
+
+
+def _interrupt_reason(stop: KeyboardInterrupt) -> str:
+    if _search_process_gone():
+        return "interrupted (the search process exited)"
+    return "interrupted (SIGTERM)" if isinstance(stop, Terminated) else "interrupted (Ctrl-C)"
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _signal_on_parent_death(signum: int) -> bool:
+    """Linux: ask the kernel to send `signum` to this process when the thread that started it
+    exits, however it ends (SIGKILL included). False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 class _ParentWatch:
-    """Interrupts this worker, as Ctrl-C would, once the process that started it is gone.
-
-    A search killed by SIGTERM or SIGKILL gets no chance to stop its workers; without this
-    they would run on as orphans (adopted by init), training and holding the storage. The
-    watch polls the parent's pid every `interval` s: an orphan's parent changes to its adopter.
-    Python drops a KeyboardInterrupt raised inside a finalizer or a callback, so the interrupt
-    is repeated, `patience` s apart, `repeats` times; a worker still alive then exits at once
-    and leaves its trial to the heartbeat's grace period."""
-
-    gone = False  # set in the worker process once its parent has exited
+    """Interrupts this worker, as SIGTERM would, once the process that started it is gone: the
+    portable check (every `interval` s) beside Linux's parent-death signal. Python drops an
+    interrupt raised inside a finalizer or a callback (`_Interrupts` then stops the worker at
+    the end of its trial), so it is repeated, `patience` s apart, `repeats` times; a worker
+    still alive then exits at once and leaves its trial to the heartbeat's grace period."""
 
     def __init__(self, parent: int, interval: float = 1.0, repeats: int = 3, patience=5.0):
         self.parent, self.interval, self.repeats, self.patience = (
@@ -323,32 +380,36 @@ class _ParentWatch:
         while os.getppid() == self.parent:
             if self.stopped.wait(self.interval):
                 return
-        _ParentWatch.gone = True
-        log.error("the search process %d exited: this worker stops", self.parent)
         for _ in range(self.repeats):
-            _thread.interrupt_main(signal.SIGINT)  # the Ctrl-C path: trial marked, exit 130
+            _thread.interrupt_main(signal.SIGTERM)  # the SIGTERM path: trial queued, exit 143
             if self.stopped.wait(self.patience):
                 return
         log.error("worker %d did not stop after %d interrupts: exiting", os.getpid(), self.repeats)
-        os._exit(130)
-
-
-def _interrupt_reason() -> str:
-    if _ParentWatch.gone:
-        return "interrupted (the search process exited)"
-    return "interrupted (Ctrl-C)"
+        os._exit(143)
 
 
 def worker_main(options: WorkerOptions, parent: int | None = None) -> None:
     """The entry point of a worker process (`--workers N`): quiet, one share of the CPU.
-    `parent`: the pid of the search process, watched so that the worker never outlives it."""
+
+    `parent`: the pid of the search process; the worker never outlives it. On Linux the kernel
+    sends it SIGTERM when the search process ends (PR_SET_PDEATHSIG, set here, as soon as the
+    worker runs Python code); a search process that died before that is seen at once, in
+    os.getppid(); and a thread checks the parent every second everywhere. SIGTERM stops the
+    worker as Ctrl-C does: its running trial is marked failed and queued again, exit 143."""
+    global _search_process
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         if parent is not None:
+            _signal_on_parent_death(signal.SIGTERM)
+            _search_process = parent
+            if _search_process_gone():  # it died before the prctl: no signal will come
+                raise Terminated
             _ParentWatch(parent).start()
         run_worker(options)
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as stop:
+        if _search_process_gone():
+            log.error("the search process %d exited: worker %d stopped", parent, options.index)
+        raise SystemExit(143 if isinstance(stop, Terminated) else 130) from None
     except SearchError as err:
         logging.getLogger("miras.search").error("worker %d: %s", options.index, err)
         raise SystemExit(1) from None
@@ -432,31 +493,55 @@ def search(
 
 def _run_processes(options: list[WorkerOptions], report: Callable[[], None]) -> None:
     """N worker processes (spawned: torch does not survive fork well), watched every second.
-    Ctrl-C reaches every process of the terminal's group: each marks its trial and exits."""
+
+    Ctrl-C reaches every process of the terminal's group: each marks its trial and exits.
+    SIGTERM reaches this process alone: it is forwarded to the workers, which do the same, and
+    the search raises `Terminated` once they are gone. A worker still running 30 s later is
+    killed (its trial is then retried through the heartbeat). Should this process die without
+    a word (SIGKILL), the workers see it and stop (worker_main)."""
     context = multiprocessing.get_context("spawn")
     parent = os.getpid()
     processes = [
         context.Process(target=worker_main, args=(o, parent), daemon=False) for o in options
     ]
-    for process in processes:
-        process.start()
-    try:
-        while any(p.is_alive() for p in processes):
-            report()
-            for p in processes:
-                p.join(timeout=1.0 / len(processes))
-    except KeyboardInterrupt:
-        for p in processes:
-            p.join(timeout=30)  # they are marking their trials failed
-            if p.is_alive():
-                p.terminate()
-        raise
+    with _Interrupts() as interrupts:
+        try:
+            for process in processes:
+                process.start()
+            while any(p.is_alive() for p in processes):
+                if interrupts.seen:  # an interrupt whose exception Python dropped
+                    raise interrupts.error()
+                report()
+                for p in processes:
+                    p.join(timeout=1.0 / len(processes))
+        except KeyboardInterrupt as stop:
+            _stop_workers(processes, forward=isinstance(stop, Terminated))
+            raise
     report()
     codes = [p.exitcode for p in processes]
-    if any(code == 130 for code in codes):
+    if 143 in codes:
+        raise Terminated
+    if 130 in codes:
         raise KeyboardInterrupt
     if any(code != 0 for code in codes):
         raise SearchError(
             f"worker exit codes {codes}: see the messages above; finished trials are kept, "
             "re-run the same command to resume"
         )
+
+
+def _stop_workers(processes: list[Any], forward: bool, grace: float = 30.0) -> None:
+    """Wait up to `grace` s for the started workers to mark their trials and exit (`forward`:
+    send them SIGTERM first); kill any still running then."""
+    started = [p for p in processes if p.pid is not None]
+    if forward:
+        for p in started:
+            if p.is_alive():
+                p.terminate()  # SIGTERM
+    deadline = time.monotonic() + grace
+    for p in started:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in started:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)

@@ -133,14 +133,28 @@ def _schema_lock(path: Path | None) -> Iterator[None]:
         yield
 
 
-def _retry_callback() -> dict[str, Any]:
-    """Re-queue a stale trial with its parameters. Optuna 4.9 renamed RetryFailedTrialCallback
-    and its keyword; both spellings are supported."""
+def _retry() -> Any:
+    """Optuna's callback that queues a trial again (WAITING) with its parameters, its user
+    attributes and `failed_trial` / `retry_history` in its system attributes, at most MAX_RETRY
+    times. Optuna 4.9 renamed RetryFailedTrialCallback; both names are supported."""
     storages = optuna.storages
-    if hasattr(storages, "RetryHeartbeatStaleTrialCallback"):
-        callback = storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
-        return {"heartbeat_stale_trial_callback": callback}
-    return {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=MAX_RETRY)}
+    callback = getattr(storages, "RetryHeartbeatStaleTrialCallback", None)
+    return (callback or storages.RetryFailedTrialCallback)(max_retry=MAX_RETRY)
+
+
+def _retry_callback() -> dict[str, Any]:
+    """Re-queue a stale trial with its parameters (the keyword was renamed with the class)."""
+    if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
+        return {"heartbeat_stale_trial_callback": _retry()}
+    return {"failed_trial_callback": _retry()}
+
+
+def queue_again(handle: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue `trial` again as a stale trial is: an interrupted trial (Ctrl-C, SIGTERM, the
+    search process gone) was not judged, so a re-run of the command runs it with the same
+    parameters, counted once, and shown as its retry (`retry_of`)."""
+    with quiet():
+        _retry()(handle, trial)
 
 
 def _importable(module: str) -> bool:

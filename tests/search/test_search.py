@@ -9,6 +9,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -457,24 +458,37 @@ def test_ctrl_c_marks_the_running_trial_and_keeps_the_storage(tmp_path):
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
-def test_a_worker_whose_parent_is_gone_interrupts_itself_as_ctrl_c_would():
+def test_a_worker_whose_parent_is_gone_interrupts_itself_as_sigterm_would(monkeypatch):
     """The watch compares os.getppid() with the pid it was given: a different one means the
     search process exited and the worker was adopted."""
     from miras.search import run
 
     watch = run._ParentWatch(parent=os.getppid() + 1_000_000, interval=0.01, patience=60)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(run.Terminated), run._Interrupts():
             watch.start()
             time.sleep(5)  # interrupted long before this ends
-        assert run._ParentWatch.gone
-        assert run._interrupt_reason() == "interrupted (the search process exited)"
     finally:
         watch.stop()
         watch.thread.join(timeout=5)
-        run._ParentWatch.gone = False
     assert not watch.thread.is_alive()
-    assert run._interrupt_reason() == "interrupted (Ctrl-C)"
+    assert run._interrupt_reason(run.Terminated()) == "interrupted (SIGTERM)"
+    assert run._interrupt_reason(KeyboardInterrupt()) == "interrupted (Ctrl-C)"
+    monkeypatch.setattr(run, "_search_process", os.getppid() + 1_000_000)
+    assert run._interrupt_reason(run.Terminated()) == "interrupted (the search process exited)"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_the_parent_death_signal_is_set_on_linux():
+    """PR_SET_PDEATHSIG, read back with PR_GET_PDEATHSIG in a child that sets it."""
+    code = (
+        "import ctypes, signal; from miras.search.run import _signal_on_parent_death as s; "
+        "assert s(signal.SIGTERM); got = ctypes.c_int(); "
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(got), 0, 0, 0); print(got.value)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == signal.SIGTERM
 
 
 def _workers_of(pid: int) -> list[int]:
@@ -499,36 +513,70 @@ def _alive(pid: int) -> bool:
     return "\nState:\tZ" not in status  # a zombie has exited
 
 
-@pytest.mark.slow  # worker processes, 30 s or more on 2 cores
+@pytest.mark.slow  # worker processes, about 40 s on 2 cores
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
-def test_workers_stop_when_the_search_process_is_killed(tmp_path):
-    """SIGKILL of `miras search --workers 2` leaves no orphan training on: each worker sees
-    its parent gone, marks its running trial and exits."""
-    study = write_study(tmp_path, train={**TINY["train"], "steps": 2000})
+@pytest.mark.parametrize("kill", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_workers_end_with_the_search_process_and_their_trials_run_again(tmp_path, kill):
+    """`miras search --workers 2` killed with SIGTERM (forwarded to the workers) or SIGKILL
+    (the workers get the parent-death signal): no worker is left, each running trial is failed
+    and queued again with its parameters, and a second run completes the study with them."""
+    study = write_study(tmp_path, train={**TINY["train"], "steps": 60}, pruner="none")
     storage = f"sqlite:///{tmp_path / 'orphan.db'}"
-    search_process = start_worker(study, storage, 4, "--workers", "2")
+    search_process = start_worker(study, storage, 2, "--workers", "2")
+    workers: list[int] = []
     try:
         deadline = time.monotonic() + 120
         while len(workers := _workers_of(search_process.pid)) < 2:
             assert time.monotonic() < deadline, "the workers did not start"
             time.sleep(0.1)
-        victim = wait_for_running_trial(storage, "tiny", workers[0])
-        search_process.kill()
-        # The workers share the killed process's pipes: reading them to their end (every
-        # writer gone) both keeps the workers from blocking on a full pipe and waits for them.
+        for worker in workers:
+            wait_for_running_trial(storage, "tiny", worker)
+        running = [t for t in trials_of(storage, "tiny") if t.state == TrialState.RUNNING]
+        search_process.send_signal(kill)
+        # The workers share the search process's pipes: reading them to their end (every writer
+        # gone) both keeps the workers from blocking on a full pipe and waits for them.
         try:
             _, stderr = search_process.communicate(timeout=90)
         except subprocess.TimeoutExpired:
-            raise AssertionError("orphaned workers kept running") from None
-        assert not [w for w in workers if _alive(w)]
-        assert stderr.count("exited: this worker stops") == 2, stderr
+            raise AssertionError("the workers outlived the search process") from None
+        deadline = time.monotonic() + 10  # closed pipes; the exit itself follows at once
+        while [w for w in workers if _alive(w)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [w for w in workers if _alive(w)], "workers left running"
     finally:
-        for w in _workers_of(search_process.pid) + workers:
+        if search_process.poll() is None:
+            search_process.kill()
+            search_process.communicate(timeout=30)
+        for w in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(w, signal.SIGKILL)
-    trial = {t.number: t for t in trials_of(storage, "tiny")}[victim.number]
-    assert trial.state == TrialState.FAIL
-    assert trial.user_attrs["reason"] == "interrupted (the search process exited)"
+    if kill == signal.SIGTERM:
+        assert search_process.returncode == 143, stderr
+        assert "interrupted (SIGTERM)" in stderr and "Traceback" not in stderr
+        reasons = {"interrupted (SIGTERM)"}
+    else:
+        # The parent-death signal is SIGTERM; it can come while the dying process still holds
+        # its pid (its other threads exit after), so the worker may not see it gone yet.
+        assert search_process.returncode == -signal.SIGKILL
+        reasons = {"interrupted (SIGTERM)", "interrupted (the search process exited)"}
+    assert len(running) == 2
+    trials = trials_of(storage, "tiny")
+    by_number = {t.number: t for t in trials}
+    for victim in running:
+        assert by_number[victim.number].state == TrialState.FAIL
+        assert by_number[victim.number].user_attrs["reason"] in reasons
+        (queued,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+        assert queued.state == TrialState.WAITING and queued.params == victim.params
+
+    summary = search(study, storage=storage, trials=2, threads=1)
+    assert summary.counts.complete == 2 and summary.counts.retried == 2
+    retries = [t for t in summary.trials if t.state == TrialState.COMPLETE]
+    assert sorted(t.system_attrs["failed_trial"] for t in retries) == sorted(
+        v.number for v in running
+    )
+    for retry in retries:
+        assert retry.params == by_number[retry.system_attrs["failed_trial"]].params
+    assert not [t for t in summary.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
 
 
 # --- bad input at the command line ----------------------------------------------------------

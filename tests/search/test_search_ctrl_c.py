@@ -1,4 +1,5 @@
-"""A Ctrl-C that Python drops still stops the search worker (miras.search.run._CtrlC).
+"""A Ctrl-C that Python drops still stops the search worker (miras.search.run._Interrupts), and
+an interrupted trial is queued again with its parameters (SIGTERM in the worker's process).
 
 Python ignores an exception raised while it runs a `__del__` or a weakref callback ("Exception
 ignored in ..."); SQLAlchemy's class registry runs such callbacks, and a Ctrl-C that landed in
@@ -64,10 +65,45 @@ def test_a_dropped_ctrl_c_prints_no_traceback_and_other_errors_still_do(monkeypa
     # "Exception ignored in ..." with a traceback; the worker's own Ctrl-C is not printed.
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(unraisable))
-    with search_run._CtrlC():
+    with search_run._Interrupts():
         _RaisesWhileCollected(KeyboardInterrupt())
         _RaisesWhileCollected(RuntimeError("kept"))
     assert [type(u.exc_value) for u in seen] == [RuntimeError]
-    assert sys.unraisablehook is not search_run._CtrlC._drop_ctrl_c
+    assert sys.unraisablehook is not search_run._Interrupts._drop_interrupt
     _RaisesWhileCollected(KeyboardInterrupt())  # outside: reported as before
     assert [type(u.exc_value) for u in seen] == [RuntimeError, KeyboardInterrupt]
+
+
+def test_sigterm_marks_the_trial_queues_it_again_and_the_next_run_completes_it(
+    tmp_path, monkeypatch
+):
+    """SIGTERM inside a sampled trial: the trial is failed 'interrupted (SIGTERM)', a WAITING
+    copy with its parameters is queued (retry_of it), `Terminated` propagates, the handlers are
+    restored, and a second run runs the queued copy first, to the budget."""
+    storage = f"sqlite:///{tmp_path / 'term.db'}"
+    study = load_study(write_study(tmp_path))
+
+    def trial_killed_after_sampling(study, task, trial):
+        trial.suggest_float("lr", 1.0e-3, 1.0e-2, log=True)
+        trial.suggest_categorical("bias", ["l2", "dot"])
+        signal.raise_signal(signal.SIGTERM)
+        raise AssertionError("SIGTERM did not interrupt the trial")
+
+    monkeypatch.setattr(search_run, "run_trial", trial_killed_after_sampling)
+    options = search_run.WorkerOptions(study.model_dump(mode="json"), storage, "tiny", trials=2)
+    with pytest.raises(search_run.Terminated):
+        search_run.run_worker(options)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    killed, queued = optuna.load_study(study_name="tiny", storage=storage).get_trials()
+    assert killed.state == TrialState.FAIL
+    assert killed.user_attrs["reason"] == "interrupted (SIGTERM)"
+    assert queued.state == TrialState.WAITING and queued.params == killed.params
+    assert queued.system_attrs["failed_trial"] == killed.number
+    assert "reason" not in queued.user_attrs
+
+    monkeypatch.setattr(search_run, "run_trial", lambda study, task, trial: 0.5)
+    counts = search_run.run_worker(options)
+    assert counts.finished == 2 and counts.retried == 1
+    trials = optuna.load_study(study_name="tiny", storage=storage).get_trials()
+    retry = {t.number: t for t in trials}[queued.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == killed.params
