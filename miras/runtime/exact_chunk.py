@@ -146,7 +146,7 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
     # transposed, T*X numbers per head): every factor and [n, n] matrix built from them takes
     # their layout, and a matmul then copies each such operand into the [B, H, N] order again.
     def steps(component, name: str) -> torch.Tensor:
-        g = _gate(component, name, seq.step_gates, seq.phi_q)
+        g = step_gate(component, name, seq.step_gates, seq.phi_q)
         return _pad_tokens(g, pad, 1.0).unflatten(2, (chunks, n)).contiguous()
 
     step = rt.linear_step  # the compiled LinearStep: its coefficients read these gates
@@ -156,7 +156,7 @@ def prepare(rt: Runtime, seq: Tokens, chunk_size: int, form: ChunkForm) -> Prepa
     # Window terms [B, H, P+T, .] -> [B, H, N, n*c, .], row t*c + j is token t's offset j.
     # Keys and queries contiguous once (they arrive as [B, T, H, D] transposed): every batched
     # matmul below would copy a strided operand again.
-    slope, offset = _signals(rt, form, seq)
+    slope, offset = bias_signals(rt, form, seq)
     keys = _window_rows(seq.phi_k, past, c, chunks, n, pad).contiguous()
     slope, offset = (_window_rows(z, past, c, chunks, n, pad) for z in (slope, offset))
     queries = _pad_tokens(seq.phi_q, pad).unflatten(2, (chunks, n)).contiguous()
@@ -599,7 +599,7 @@ class _UnitLowerInverse(torch.autograd.Function):
 # Helpers. Token-major tensors are [B, H, N, n, X]; matrices over a chunk [B, H, N, X, n, n].
 
 
-def _gate(component, name: str, gates: dict[str, torch.Tensor], like: torch.Tensor):
+def step_gate(component, name: str, gates: dict[str, torch.Tensor], like: torch.Tensor):
     """A gate [B, H, L, X], or the spec's fixed value as [B, H, L, 1]."""
     value = getattr(component, name)
     if value != "gate":
@@ -607,7 +607,7 @@ def _gate(component, name: str, gates: dict[str, torch.Tensor], like: torch.Tens
     return gates[name]
 
 
-def _signals(rt: Runtime, form: ChunkForm, seq: Tokens):
+def bias_signals(rt: Runtime, form: ChunkForm, seq: Tokens):
     """dL/dy = slope * y + offset per window token, times gamma, zero where no token exists:
     slope [B, H, P+T, 1 or Dv], offset [B, H, P+T, Dv]. y = 0 makes e = -v exactly."""
     args = [seq.window_gates[name] for name in rt.bias_gates]
@@ -635,7 +635,7 @@ def _signals(rt: Runtime, form: ChunkForm, seq: Tokens):
 
 
 def _constant_slope(rt: Runtime, form: ChunkForm, seq: Tokens) -> float | None:
-    """The slope of `_signals` as a number where it is one for every window slot: a constant
+    """The slope of `bias_signals` as a number where it is one for every window slot: a constant
     d2L/dy2 times a constant gamma, with no empty slot; else None."""
     gamma = rt.spec.window.gamma
     if form.slope is None or gamma == "gate" or seq.past:

@@ -37,7 +37,7 @@ import torch
 
 from miras.ir import ChunkForm
 from miras.runtime.core import Runtime, State, Tokens
-from miras.runtime.exact_chunk import _gate, _signals
+from miras.runtime.exact_chunk import bias_signals, step_gate
 
 
 def refusal(rt: Runtime) -> str | None:
@@ -77,9 +77,9 @@ def forward(rt: Runtime, seq: Tokens, state: State, chunk_size: int, form: Chunk
         return z.unflatten(2, (chunks, n))
 
     like = seq.phi_q
-    decay = _gate(spec.retention, spec.retention.decay_gate, seq.step_gates, like)
-    lr = _gate(spec.optimizer, spec.optimizer.step_size_gate, seq.step_gates, like)
-    slope, offset = _signals(rt, form, seq)  # [B, H, T, X], [B, H, T, Dv]
+    decay = step_gate(spec.retention, spec.retention.decay_gate, seq.step_gates, like)
+    lr = step_gate(spec.optimizer, spec.optimizer.step_size_gate, seq.step_gates, like)
+    slope, offset = bias_signals(rt, form, seq)  # [B, H, T, X], [B, H, T, Dv]
     real = chunked(torch.ones_like(like[..., :1]))  # 1 on real tokens, 0 on the padding
     alpha = chunked(lr * slope) * real  # [B, H, N, n, X]
     beta = chunked(lr * offset) * real  # [B, H, N, n, Dv]

@@ -146,7 +146,7 @@ def test_other_study_fields():
     found = problems_of({**TINY, "task": {"name": "mqarr"}})
     assert found == [
         "task: unknown task 'mqarr'; allowed: mqar, forgetting_mqar, continuous_mqar, mad, "
-        "niah, text (did you mean 'mqar'?)"
+        "niah, text, parity, modular_arithmetic, group_word (did you mean 'mqar'?)"
     ]
 
 
