@@ -44,9 +44,20 @@ def decay_to_end(log_a, rows):
 
 
 @triton.jit
-def log_decay_vjp(pm, pk, pd, p_all, rows):
-    """[BT] d log a_j from the factors' gradients times the factors: pm = dL * L [BT, BT],
-    pk = d k_last * k_last [BT], pd = dD * D [BT] and p_all (a scalar, for prod_j a_j):
+def decay_matrix_vjp(pm, rows):
+    """[BT] the decay matrix's part of d log a_j, from pm = dL * L [BT, BT]:
+    sum_{t>=j} sum_{s<j} pm[t, s], the factors L[t, s] that hold a_j. Linear in pm, so a
+    kernel may reduce each product's pm as it comes instead of keeping a [BT, BT] sum."""
+    before = rows[:, None] > rows[None, :]  # [j, s]: s < j
+    below = tl.cumsum(pm, axis=0, reverse=True)  # [j, s]: sum_{t>=j} pm[t, s]
+    return tl.sum(tl.where(before, below, 0.0), axis=1)
+
+
+@triton.jit
+def log_decay_vjp(d_mix, pk, pd, p_all, rows):
+    """[BT] d log a_j from the factors' gradients times the factors: d_mix the decay matrix's
+    part (`decay_matrix_vjp`), pk = d k_last * k_last [BT], pd = dD * D [BT] and p_all (a
+    scalar, for prod_j a_j):
 
         d log a_j = sum_{t>=j} sum_{s<j} pm[t, s] + sum_{s<j} pk[s] + sum_{t>=j} pd[t] + p_all
 
@@ -54,7 +65,5 @@ def log_decay_vjp(pm, pk, pd, p_all, rows):
     a_j, d log a_j = a_j dLoss/da_j stays accurate, and so does da_j = d log a_j / a_j (row
     sums minus column sums of pm would leave float32's rounding of O(1) terms, divided by a_j)."""
     before = rows[:, None] > rows[None, :]  # [j, s]: s < j
-    below = tl.cumsum(pm, axis=0, reverse=True)  # [j, s]: sum_{t>=j} pm[t, s]
-    inner = tl.sum(tl.where(before, below, 0.0), axis=1)
     ends = tl.sum(tl.where(before, pk[None, :], 0.0), axis=1)
-    return inner + ends + reverse_cumsum(pd) + p_all
+    return d_mix + ends + reverse_cumsum(pd) + p_all

@@ -8,6 +8,8 @@ normalization, else the identity). `mask` [BV, BK] marks the real entries of a p
 import triton
 import triton.language as tl
 
+from miras.kernels.common.io import load_rows
+
 
 @triton.jit
 def row_softmax(z, mask, SCALE: tl.constexpr):
@@ -71,3 +73,37 @@ def store_tile(ptr, cv, mv, col0, ckt, DK, value):
     cols = col0 + ckt
     mask = (cols < DK)[:, None] & mv[None, :]
     tl.store(ptr + cols[:, None] + cv[None, :] * DK, value.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rows_by_tiles(
+    ptr, rows, row_mask, ckt, DK, t1, t2, t3, t4,
+    BK: tl.constexpr, KT: tl.constexpr, OP: tl.constexpr, ACC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """[BR, BV] = X T: X the rows `rows` of a row-major [*, DK] tensor, read as [BR, KT] key
+    tiles in the operand dtype OP, times the [KT, BV] key tiles t1..t4 (`load_tile`'s layout;
+    those past BK are not read). The state kernels' products of keys with a tiled state."""
+    x = load_rows(ptr, rows, row_mask, ckt, ckt < DK, DK, 1, 0.0, OP)
+    out = tl.dot(x, t1.to(OP), input_precision=DOT_PRECISION, out_dtype=ACC)
+    if BK > KT:
+        x = load_rows(ptr + KT, rows, row_mask, ckt, KT + ckt < DK, DK, 1, 0.0, OP)
+        out = tl.dot(x, t2.to(OP), out, input_precision=DOT_PRECISION, out_dtype=ACC)
+    if BK > 2 * KT:
+        x = load_rows(ptr + 2 * KT, rows, row_mask, ckt, 2 * KT + ckt < DK, DK, 1, 0.0, OP)
+        out = tl.dot(x, t3.to(OP), out, input_precision=DOT_PRECISION, out_dtype=ACC)
+        x = load_rows(ptr + 3 * KT, rows, row_mask, ckt, 3 * KT + ckt < DK, DK, 1, 0.0, OP)
+        out = tl.dot(x, t4.to(OP), out, input_precision=DOT_PRECISION, out_dtype=ACC)
+    return out
+
+
+@triton.jit
+def tile_plus_rows_t(
+    tile, ptr, rows, row_mask, col0, ckt, DK, block,
+    OP: tl.constexpr, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """[KT, BV] tile + X^T block: X the [BR, KT] key tile at column col0 of the rows `rows` of
+    a row-major [*, DK] tensor, block [BR, BV] (already in OP). The state kernels' in-place
+    update of one key tile, fla's `b_h = tl.dot(b_k, b_v, b_h)`."""
+    x = load_rows(ptr + col0, rows, row_mask, ckt, col0 + ckt < DK, DK, 1, 0.0, OP)
+    return tl.dot(tl.trans(x), block, tile, input_precision=DOT_PRECISION, out_dtype=ACC)

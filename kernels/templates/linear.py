@@ -185,117 +185,285 @@ def linear_output(
     store_rows(o + pid * T * DV, tok, mt, cv, mv, DV, ob)
 '''
 
+# The backward as fla's chunk kernels split it (chunk_bwd_dh, then dq/dk/dv per chunk): the
+# gradient of the carried state alone in a sequential kernel over (BH, NVB) that walks the chunks
+# in reverse with dW as [KT, BV] key tiles updated in place and stores dW at every chunk's end,
+# then every other gradient in a chunk-parallel kernel over (NC, BH, NVB) from the stored
+# states and their gradients. The carried gradient is
+#
+#     dW_S = D_last dW_e + (D dO)^T Q + sum_j dY_j^T X_j
+#
+# (dW_e at the chunk's end, dW_S at its start): dY_j is the bias VJP's gradient in the
+# prediction, zero for a bias whose gradient does not depend on it (CURVED false: dot), where
+# the kernel is fla's chunk_bwd_dh. Otherwise it needs the chunk's own
+# dGhat_j = -(L * Q X_j^T)^T dO - k_last (X_j dW_e^T), so the sequential kernel computes it
+# there, storing dY_j in a scratch buffer between its two passes (one copy of the state's
+# gradient is live at a time, as in `linear_state`).
 BACKWARD = '''
 @triton.autotune(configs=configs(CHUNK), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
-def linear_backward(
+def linear_state_backward(
     q, k, v, valid, w_chunks, do, dw_out,
     $gate_params
-    $gate_grad_params
-    dq, dk, dv, dw0,
+    dy_scratch, dw_chunks, dw0,
     T, CS, NC, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KT: tl.constexpr,
 ):
-    """Gradients of o and the final state with respect to q, k, v, every gate and the
-    initial state. dq [NVB, BH, T, DK] and dk [NVB, BH, PAST+T, DK] hold one part per channel
-    block, gate gradients are written per channel [BH, rows, DV] (the decay's, a per-head gate
-    here, in each block's first channel); the caller sums parts and channels."""
+    """The sequential half of the backward. q [BH, T, DK], k [BH, PAST+T, DK] (the forward's
+    operands), v [BH, PAST+T, DV], w_chunks [BH, NC, DV, DK] (the forward's chunk-start
+    states), do [BH, T, DV], dw_out [BH, DV, DK] (the final state's gradient). Writes dW at
+    every chunk's end, dw_chunks [BH, NC, DV, DK], and the initial state's, dw0 [BH, DV, DK];
+    dy_scratch [BH, WINDOW, T, DV] holds dY_j between the two passes (CURVED only).
+    Grid (BH, NVB); dW^T as up to four [KT, BV] key tiles d1..d4 (`linear_state`'s layout)."""
+    tl.static_assert(BK <= 4 * KT, "the linear state kernels hold at most four key tiles")
+    OP: tl.constexpr = q.dtype.element_ty  # products' operands: the inputs' dtype (fla's)
     pid = tl.program_id(0).to(tl.int64)
     iv = tl.program_id(1)  # the block of value channels (rows of W) this program owns
     NR = T + PAST
     rows = tl.arange(0, BT)
     cv = iv * BV + tl.arange(0, BV)
+    ckt = tl.arange(0, KT)
     ck = tl.arange(0, BK)
     mv = cv < DV
     mk = ck < DK
-    m2 = mv[:, None] & mk[None, :]
     cmask = mv[None, :]
-    st = cv[:, None] * DK + ck[None, :]
-    dw = tl.load(dw_out + pid * DV * DK + st, mask=m2, other=0.0).to(ACC)
-    # Window rows collect gradients from up to WINDOW tokens: zero them first.
-    # dq and dk are sums over the channel blocks: each block writes its own part.
-    part = iv * tl.num_programs(0) + pid
-    zero_block(dk + part * NR * DK, NR, DK, ck, mk, BT)
-    zero_block(dv + pid * NR * DV, NR, DV, cv, mv, BT)
-    $zero_window_grads
-    tl.debug_barrier()
+    base = pid * DV * DK
+    d1 = load_tile(dw_out + base, cv, mv, 0, ckt, DK, ACC)
+    d2 = tl.zeros([KT, BV], dtype=ACC)
+    d3 = tl.zeros([KT, BV], dtype=ACC)
+    d4 = tl.zeros([KT, BV], dtype=ACC)
+    if BK > KT:
+        d2 = load_tile(dw_out + base, cv, mv, KT, ckt, DK, ACC)
+    if BK > 2 * KT:
+        d3 = load_tile(dw_out + base, cv, mv, 2 * KT, ckt, DK, ACC)
+        d4 = load_tile(dw_out + base, cv, mv, 3 * KT, ckt, DK, ACC)
+    queries = q + pid * T * DK
+    keys = k + pid * NR * DK
     for r in range(0, NC):
         ic = NC - 1 - r
         start = ic * CS
-        w = tl.load(w_chunks + (pid * NC + ic) * DV * DK + st, mask=m2, other=0.0).to(ACC)
+        chunk = (pid * NC + ic) * DV * DK
+        store_tile(dw_chunks + chunk, cv, mv, 0, ckt, DK, d1)
+        if BK > KT:
+            store_tile(dw_chunks + chunk, cv, mv, KT, ckt, DK, d2)
+        if BK > 2 * KT:
+            store_tile(dw_chunks + chunk, cv, mv, 2 * KT, ckt, DK, d3)
+            store_tile(dw_chunks + chunk, cv, mv, 3 * KT, ckt, DK, d4)
         tok = start + rows
         mt = (rows < CS) & (tok < T)
-        $load_scale_block
-        a = tl.zeros([BT], dtype=ACC) + 1.0
+        log_a = tl.zeros([BT], dtype=ACC)
         if DECAY:
             $load_decay_vector
-        log_a = tl.log(a)
-        cs = tl.cumsum(log_a, axis=0)
+            log_a = tl.log(a)
         cs_last = tl.sum(log_a, axis=0)
-        decay = tl.exp(cs)
-        mix = decay_matrix(log_a, rows)
-        k_last = decay_to_end(log_a, rows)
-        qb = load_rows(q + pid * T * DK, tok, mt, ck, mk, DK, 1, 0.0, ACC)
+        decay = tl.exp(tl.cumsum(log_a, axis=0))  # D_t
         dob = load_rows(do + pid * T * DV, tok, mt, cv, mv, DV, 1, 0.0, ACC)
-        # o = D (Q W^T) - ...; W_e = D_last W - ...
-        dod = decay[:, None] * dob
-        dqb = tl.dot(dod, w, input_precision=DOT_PRECISION, out_dtype=ACC)
-        dw_s = tl.exp(cs_last) * dw + tl.dot(tl.trans(dod), qb, input_precision=DOT_PRECISION, out_dtype=ACC)
-        qw = tl.dot(qb, tl.trans(w), input_precision=DOT_PRECISION, out_dtype=ACC)
-        d_cs = decay * tl.sum(dob * qw, axis=1)
-        d_last = tl.exp(cs_last) * tl.sum(tl.sum(tl.where(m2, dw * w, 0.0), axis=1), axis=0)
-        d_mix = tl.zeros([BT, BT], dtype=ACC)
-        d_k_last = tl.zeros([BT], dtype=ACC)
-        d_scale = tl.zeros([BT, BV], dtype=ACC)
-        for j in range(0, WINDOW):
-            wi = tok + PAST - j
-            x = load_rows(k + pid * NR * DK, wi, mt, ck, mk, DK, 1, 0.0, ACC)
-            vj = load_rows(v + pid * NR * DV, wi, mt, cv, mv, DV, 1, 0.0, ACC)
-            y0 = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION, out_dtype=ACC)
-            y = y0
-            if RETAINED:
-                y = decay[:, None] * y0
-            $load_window_block
-            live = tl.zeros([BT], dtype=ACC) + 1.0
-            if PAST > 0:
-                live = tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)
-            mb = mt[:, None] & cmask
-            bg = tl.where(mb, bias_grad(y - vj, vj, cmask$bias_args) * live[:, None], 0.0)
-            gh = bg * g_gamma * scale
-            qx = tl.dot(qb, tl.trans(x), input_precision=DOT_PRECISION, out_dtype=ACC)
-            d_scores = -tl.dot(dob, tl.trans(gh), input_precision=DOT_PRECISION, out_dtype=ACC)
-            xdw = tl.dot(x, tl.trans(dw), input_precision=DOT_PRECISION, out_dtype=ACC)
-            dgh = -tl.dot(tl.trans(mix * qx), dob, input_precision=DOT_PRECISION, out_dtype=ACC) - k_last[:, None] * xdw
-            dqx = mix * d_scores
-            dqb += tl.dot(dqx, x, input_precision=DOT_PRECISION, out_dtype=ACC)
-            dx = tl.dot(tl.trans(dqx), qb, input_precision=DOT_PRECISION, out_dtype=ACC)
-            dx -= k_last[:, None] * tl.dot(gh, dw, input_precision=DOT_PRECISION, out_dtype=ACC)
-            d_mix += d_scores * qx
-            d_k_last -= tl.sum(gh * xdw, axis=1)
-            d_scale += dgh * g_gamma * bg
-            dg = tl.where(mb, scale * dgh, 0.0)
-            $add_gamma_grad
-            dy, dvj$bias_grads = bias_vjp(y - vj, vj, cmask$bias_args, dg * g_gamma * live[:, None])
-            dy = tl.where(mb, dy, 0.0)
-            add_rows(dv + pid * NR * DV, wi, mt, cv, mv, DV, dvj)
-            $add_bias_grads
-            if RETAINED:
-                d_cs += decay * tl.sum(dy * y0, axis=1)
-                dy = decay[:, None] * dy
-            dw_s += tl.dot(tl.trans(dy), x, input_precision=DOT_PRECISION, out_dtype=ACC)
-            dx += tl.dot(dy, w, input_precision=DOT_PRECISION, out_dtype=ACC)
-            add_rows(dk + part * NR * DK, wi, mt, ck, mk, DK, dx)
-            tl.debug_barrier()
-        store_rows(dq + part * T * DK, tok, mt, ck, mk, DK, dqb)
-        $store_scale_grad
+        if CURVED:
+            # Pass 1, at dW_e: every dY_j, stored.
+            $load_scale_block
+            mix = decay_matrix(log_a, rows)
+            k_last = decay_to_end(log_a, rows)
+            qb = load_rows(queries, tok, mt, ck, mk, DK, 1, 0.0, OP)
+            w1 = load_tile(w_chunks + chunk, cv, mv, 0, ckt, DK, ACC)
+            w2 = tl.zeros([KT, BV], dtype=ACC)
+            w3 = tl.zeros([KT, BV], dtype=ACC)
+            w4 = tl.zeros([KT, BV], dtype=ACC)
+            if BK > KT:
+                w2 = load_tile(w_chunks + chunk, cv, mv, KT, ckt, DK, ACC)
+            if BK > 2 * KT:
+                w3 = load_tile(w_chunks + chunk, cv, mv, 2 * KT, ckt, DK, ACC)
+                w4 = load_tile(w_chunks + chunk, cv, mv, 3 * KT, ckt, DK, ACC)
+            for j in range(0, WINDOW):
+                wi = tok + PAST - j
+                y = rows_by_tiles(keys, wi, mt, ckt, DK, w1, w2, w3, w4, BK, KT, OP, ACC, DOT_PRECISION)
+                if RETAINED:
+                    y = decay[:, None] * y
+                xdw = rows_by_tiles(keys, wi, mt, ckt, DK, d1, d2, d3, d4, BK, KT, OP, ACC, DOT_PRECISION)
+                x = load_rows(keys, wi, mt, ck, mk, DK, 1, 0.0, OP)
+                qx = tl.dot(qb, tl.trans(x), input_precision=DOT_PRECISION, out_dtype=ACC)
+                dgh = -tl.dot(tl.trans(mix * qx), dob, input_precision=DOT_PRECISION, out_dtype=ACC)
+                dgh -= k_last[:, None] * xdw
+                vj = load_rows(v + pid * NR * DV, wi, mt, cv, mv, DV, 1, 0.0, ACC)
+                $load_window_block
+                live = tl.zeros([BT], dtype=ACC) + 1.0
+                if PAST > 0:
+                    live = tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)
+                mb = mt[:, None] & cmask
+                dg = tl.where(mb, scale * dgh, 0.0)
+                dy, dvj$bias_grads = bias_vjp(y - vj, vj, cmask$bias_args, dg * g_gamma * live[:, None])
+                dy = tl.where(mb, dy, 0.0)
+                if RETAINED:
+                    dy = decay[:, None] * dy
+                store_rows(dy_scratch + (pid * WINDOW + j) * T * DV, tok, mt, cv, mv, DV, dy)
+            tl.debug_barrier()  # this program's dY stores are read back below
+        # Pass 2: dW_S = D_last dW_e + (D dO)^T Q + sum_j dY_j^T X_j, in place.
+        last = tl.exp(cs_last)
+        dod = (decay[:, None] * dob).to(OP)
+        d1 = tile_plus_rows_t(last * d1, queries, tok, mt, 0, ckt, DK, dod, OP, ACC, DOT_PRECISION)
+        if BK > KT:
+            d2 = tile_plus_rows_t(last * d2, queries, tok, mt, KT, ckt, DK, dod, OP, ACC, DOT_PRECISION)
+        if BK > 2 * KT:
+            d3 = tile_plus_rows_t(last * d3, queries, tok, mt, 2 * KT, ckt, DK, dod, OP, ACC, DOT_PRECISION)
+            d4 = tile_plus_rows_t(last * d4, queries, tok, mt, 3 * KT, ckt, DK, dod, OP, ACC, DOT_PRECISION)
+        if CURVED:
+            for j in range(0, WINDOW):
+                wi = tok + PAST - j
+                dy = load_rows(dy_scratch + (pid * WINDOW + j) * T * DV, tok, mt, cv, mv, DV, 1, 0.0, OP)
+                d1 = tile_plus_rows_t(d1, keys, wi, mt, 0, ckt, DK, dy, OP, ACC, DOT_PRECISION)
+                if BK > KT:
+                    d2 = tile_plus_rows_t(d2, keys, wi, mt, KT, ckt, DK, dy, OP, ACC, DOT_PRECISION)
+                if BK > 2 * KT:
+                    d3 = tile_plus_rows_t(d3, keys, wi, mt, 2 * KT, ckt, DK, dy, OP, ACC, DOT_PRECISION)
+                    d4 = tile_plus_rows_t(d4, keys, wi, mt, 3 * KT, ckt, DK, dy, OP, ACC, DOT_PRECISION)
+            tl.debug_barrier()  # the next chunk's dY stores reuse nothing, but keep the order
+    store_tile(dw0 + base, cv, mv, 0, ckt, DK, d1)
+    if BK > KT:
+        store_tile(dw0 + base, cv, mv, KT, ckt, DK, d2)
+    if BK > 2 * KT:
+        store_tile(dw0 + base, cv, mv, 2 * KT, ckt, DK, d3)
+        store_tile(dw0 + base, cv, mv, 3 * KT, ckt, DK, d4)
+
+
+@triton.autotune(configs=configs(CHUNK_BACKWARD), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
+@triton.jit
+def linear_backward(
+    q, k, v, valid, w_chunks, dw_chunks, do,
+    $gate_params
+    $gate_grad_params
+    dq, dk, dv,
+    T, CS, NC, DK, DV,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KT: tl.constexpr,
+):
+    """The chunk-parallel half of the backward: every gradient but the state's, for one
+    chunk, from its start state w_chunks and the gradient at its end dw_chunks (both
+    [BH, NC, DV, DK]). Grid (NC, BH, NVB). Each program writes only its own chunk's rows:
+    dq [NVB, BH, T, DK] one part per value block; dk [NVB, WINDOW, BH, T, DK], dv
+    [WINDOW, BH, T, DV] and the window gates' gradients [WINDOW, BH, T, DV] one part per
+    window offset j at the token t that reads row t + PAST - j (the caller adds them there); the
+    step gates' [BH, T, DV] per channel (the decay's, a per-head gate, in each block's first
+    channel). The caller sums parts and channels.
+
+    The key axis is walked in [*, KT] tiles twice per window offset: once to contract it
+    (Q W^T, X W^T, X dW^T, Q X^T), once to write dq and dk a tile at a time, so no [BT, BK]
+    or [BV, BK] block is ever live (at BK = 128 they spilled)."""
+    OP: tl.constexpr = q.dtype.element_ty  # products' operands: the inputs' dtype (fla's)
+    ic = tl.program_id(0)
+    pid = tl.program_id(1).to(tl.int64)
+    iv = tl.program_id(2)  # the block of value channels (rows of W) this program owns
+    BH = tl.num_programs(1)
+    NR = T + PAST
+    rows = tl.arange(0, BT)
+    cv = iv * BV + tl.arange(0, BV)
+    ckt = tl.arange(0, KT)
+    mv = cv < DV
+    cmask = mv[None, :]
+    state = (pid * NC + ic) * DV * DK  # W_S and dW_e of this chunk: [DV, DK] row-major
+    queries = q + pid * T * DK
+    keys = k + pid * NR * DK
+    start = ic * CS
+    tok = start + rows
+    mt = (rows < CS) & (tok < T)
+    $load_scale_block
+    a = tl.zeros([BT], dtype=ACC) + 1.0
+    if DECAY:
+        $load_decay_vector
+    log_a = tl.log(a)
+    cs = tl.cumsum(log_a, axis=0)
+    cs_last = tl.sum(log_a, axis=0)
+    decay = tl.exp(cs)
+    mix = decay_matrix(log_a, rows)
+    k_last = decay_to_end(log_a, rows)
+    dob = load_rows(do + pid * T * DV, tok, mt, cv, mv, DV, 1, 0.0, ACC)
+    # o = D (Q W^T) - ...; W_e = D_last W - ...
+    dod = decay[:, None] * dob
+    qw = tl.zeros([BT, BV], dtype=ACC)
+    wdw = tl.zeros([BV], dtype=ACC)
+    for c0 in range(0, BK, KT):
+        cols = c0 + ckt
+        mc = cols < DK
+        qt = load_rows(queries, tok, mt, cols, mc, DK, 1, 0.0, OP)
+        wt = load_rows(w_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, ACC)
+        qw = tl.dot(qt, tl.trans(wt.to(OP)), qw, input_precision=DOT_PRECISION, out_dtype=ACC)
+        dwt = load_rows(dw_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, ACC)
+        wdw += tl.sum(dwt * wt, axis=1)
+        # dq = (D dO) W: the state's part, the window's added below
+        dqt = tl.dot(dod.to(OP), wt.to(OP), input_precision=DOT_PRECISION, out_dtype=ACC)
+        store_rows(dq + (iv * BH + pid) * T * DK, tok, mt, cols, mc, DK, dqt)
+    d_cs = decay * tl.sum(dob * qw, axis=1)
+    d_last = tl.exp(cs_last) * tl.sum(wdw, axis=0)
+    d_mix = tl.zeros([BT], dtype=ACC)  # the decay matrix's part of d log a (decay_matrix_vjp)
+    d_k_last = tl.zeros([BT], dtype=ACC)
+    d_scale = tl.zeros([BT, BV], dtype=ACC)
+    tl.debug_barrier()  # dq's first part is read back below
+    for j in range(0, WINDOW):
+        wi = tok + PAST - j
+        y0 = tl.zeros([BT, BV], dtype=ACC)
+        xdw = tl.zeros([BT, BV], dtype=ACC)
+        qx = tl.zeros([BT, BT], dtype=ACC)
+        for c0 in range(0, BK, KT):
+            cols = c0 + ckt
+            mc = cols < DK
+            xt = load_rows(keys, wi, mt, cols, mc, DK, 1, 0.0, OP)
+            if CURVED:  # the bias gradient reads the prediction
+                wt = load_rows(w_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, OP)
+                y0 = tl.dot(xt, tl.trans(wt), y0, input_precision=DOT_PRECISION, out_dtype=ACC)
+            dwt = load_rows(dw_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, OP)
+            xdw = tl.dot(xt, tl.trans(dwt), xdw, input_precision=DOT_PRECISION, out_dtype=ACC)
+            qt = load_rows(queries, tok, mt, cols, mc, DK, 1, 0.0, OP)
+            qx = tl.dot(qt, tl.trans(xt), qx, input_precision=DOT_PRECISION, out_dtype=ACC)
+        vj = load_rows(v + pid * NR * DV, wi, mt, cv, mv, DV, 1, 0.0, ACC)
+        y = y0
+        if RETAINED:
+            y = decay[:, None] * y0
+        $load_window_block
+        live = tl.zeros([BT], dtype=ACC) + 1.0
+        if PAST > 0:
+            live = tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)
+        mb = mt[:, None] & cmask
+        bg = tl.where(mb, bias_grad(y - vj, vj, cmask$bias_args) * live[:, None], 0.0)
+        gh = bg * g_gamma * scale
+        dqx = -mix * tl.dot(dob, tl.trans(gh), input_precision=DOT_PRECISION, out_dtype=ACC)
         if DECAY:
-            # mix[t, s] = prod_{s<j<=t} a_j, k_last[s] = prod_{j>s} a_j, D_t = prod_{j<=t} a_j
-            # (d_cs: dD * D) and prod_j a_j (d_last); each sum over the factors holding a_j.
-            d_log_a = log_decay_vjp(d_mix * mix, d_k_last * k_last, d_cs, d_last, rows)
-            d_a = d_log_a / a
-            $store_decay_grad
-        dw = tl.where(m2, dw_s, 0.0)
-        tl.debug_barrier()
-    tl.store(dw0 + pid * DV * DK + st, dw.to(dw0.dtype.element_ty), mask=m2)
+            d_mix += decay_matrix_vjp(dqx * qx, rows)
+        dgh = -tl.dot(tl.trans(mix * qx), dob, input_precision=DOT_PRECISION, out_dtype=ACC) - k_last[:, None] * xdw
+        d_k_last -= tl.sum(gh * xdw, axis=1)
+        d_scale += dgh * g_gamma * bg
+        dg = tl.where(mb, scale * dgh, 0.0)
+        part = j * BH + pid  # this window offset's part of a window row's gradient
+        $store_gamma_grad_part
+        dy, dvj$bias_grads = bias_vjp(y - vj, vj, cmask$bias_args, dg * g_gamma * live[:, None])
+        dy = tl.where(mb, dy, 0.0)
+        store_rows(dv + part * T * DV, tok, mt, cv, mv, DV, dvj)
+        $store_bias_grad_parts
+        if RETAINED:
+            d_cs += decay * tl.sum(dy * y0, axis=1)
+            dy = decay[:, None] * dy
+        # dq += dQX X_j; dX_j = dQX^T Q - k_last (Ghat_j dW_e) + dY_j W_S, a key tile at a time
+        dqx = dqx.to(OP)
+        gk = (-k_last[:, None] * gh).to(OP)
+        dy = dy.to(OP)
+        for c0 in range(0, BK, KT):
+            cols = c0 + ckt
+            mc = cols < DK
+            xt = load_rows(keys, wi, mt, cols, mc, DK, 1, 0.0, OP)
+            dqt = tl.dot(dqx, xt, input_precision=DOT_PRECISION, out_dtype=ACC)
+            add_rows(dq + (iv * BH + pid) * T * DK, tok, mt, cols, mc, DK, dqt)
+            qt = load_rows(queries, tok, mt, cols, mc, DK, 1, 0.0, OP)
+            dx = tl.dot(tl.trans(dqx), qt, input_precision=DOT_PRECISION, out_dtype=ACC)
+            dwt = load_rows(dw_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, OP)
+            dx = tl.dot(gk, dwt, dx, input_precision=DOT_PRECISION, out_dtype=ACC)
+            if CURVED:
+                wt = load_rows(w_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, OP)
+                dx = tl.dot(dy, wt, dx, input_precision=DOT_PRECISION, out_dtype=ACC)
+            store_rows(dk + ((iv * WINDOW + j) * BH + pid) * T * DK, tok, mt, cols, mc, DK, dx)
+        tl.debug_barrier()  # the next offset's adds read these dq rows
+    $store_scale_grad
+    if DECAY:
+        # mix[t, s] = prod_{s<j<=t} a_j, k_last[s] = prod_{j>s} a_j, D_t = prod_{j<=t} a_j
+        # (d_cs: dD * D) and prod_j a_j (d_last); each sum over the factors holding a_j.
+        d_log_a = log_decay_vjp(d_mix, d_k_last * k_last, d_cs, d_last, rows)
+        d_a = d_log_a / a
+        $store_decay_grad
 '''

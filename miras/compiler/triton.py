@@ -12,8 +12,8 @@ grad_at, decay), the spec's elementwise pieces printed by the strict `TritonPrin
 and read around the step; every derivative taken by sympy), then the chunk templates of
 `miras.kernels.templates` with the spec's gates and the optimizer's lines (printed from the
 compiled linear step: `OptimizerStep`) filled in: `general_forward/backward` always,
-`linear_state`, `linear_output` (the forward) and `linear_backward` when the retention is
-none or l2 and the update u_t = lr_t g_t.
+`linear_state`, `linear_output` (the forward), `linear_state_backward` and `linear_backward`
+(the backward) when the retention is none or l2 and the update u_t = lr_t g_t.
 Every `tl.dot` of the templates states `input_precision=DOT_PRECISION`, a constexpr argument
 of each kernel that the launcher passes (the backend's precision choice, docs/kernels.md).
 
@@ -98,14 +98,15 @@ def _full(code: str, expr: sp.Expr, like: str) -> str:
     return code if expr.free_symbols else f"tl.zeros_like({like}) + {code}"
 
 
-def _bias_pieces(rule: BiasRule, spec: Spec) -> list[str]:
-    """bias_grad(e, v, cmask, *gates) and bias_vjp(e, v, cmask, *gates, _up) on [BT, BV]
-    blocks, the channel axis last. With channel sums s_i = sum_c f_i(e_c, v_c):
+def _bias_dy(rule: BiasRule, spec: Spec) -> sp.Expr:
+    """The bias VJP's gradient in the prediction per unit of `_up` (its channel sums' terms
+    included): zero exactly when the bias gradient does not depend on y (dot), where the
+    linear backward's state kernel needs no error signals (`CURVED`)."""
+    return _bias_vjp_outputs(rule, spec)[0][0]
 
-        dy   = _up dG/de + sum_i ds_i df_i/de,         ds_i = sum_c _up dG/ds_i
-        dv   = _up (dG/dv - dG/de) + sum_i ds_i (df_i/dv - df_i/de)
-        dg_k = _up dG/dg_k + sum_i ds_i df_i/dg_k      (y = e + v, so d/dy = d/de)
-    """
+
+def _bias_vjp_outputs(rule: BiasRule, spec: Spec):
+    """(dy, dv, dg...) of the bias VJP, and what `_bias_pieces` prints them from."""
     fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in spec.bias.fixed().items()}
     sums = [(sp.Symbol(f"_{s.name}", real=True), s) for s, _ in rule.sums]
     rename = {old: new for new, old in sums}
@@ -115,6 +116,26 @@ def _bias_pieces(rule: BiasRule, spec: Spec) -> list[str]:
         for (new, _), (_, f) in zip(sums, rule.sums, strict=True)
     ]
     gates = [gate_symbol(n) for n in rule.gates]
+    d_sums = [(sp.Symbol(f"_d{s.name[1:]}", real=True), s) for s, _ in terms]
+    dy = UPSTREAM * _a_e(sp.diff(gradient, e))
+    dv = UPSTREAM * _a_e(sp.diff(gradient, v) - sp.diff(gradient, e))
+    dg = [UPSTREAM * _a_e(sp.diff(gradient, g)) for g in gates]
+    for (ds, _), (_, f) in zip(d_sums, terms, strict=True):
+        dy += ds * _a_e(sp.diff(f, e))
+        dv += ds * _a_e(sp.diff(f, v) - sp.diff(f, e))
+        dg = [d + ds * _a_e(sp.diff(f, g)) for d, g in zip(dg, gates, strict=True)]
+    return [dy, dv, *dg], gradient, terms, d_sums
+
+
+def _bias_pieces(rule: BiasRule, spec: Spec) -> list[str]:
+    """bias_grad(e, v, cmask, *gates) and bias_vjp(e, v, cmask, *gates, _up) on [BT, BV]
+    blocks, the channel axis last. With channel sums s_i = sum_c f_i(e_c, v_c):
+
+        dy   = _up dG/de + sum_i ds_i df_i/de,         ds_i = sum_c _up dG/ds_i
+        dv   = _up (dG/dv - dG/de) + sum_i ds_i (df_i/dv - df_i/de)
+        dg_k = _up dG/dg_k + sum_i ds_i df_i/dg_k      (y = e + v, so d/dy = d/de)
+    """
+    outputs, gradient, terms, d_sums = _bias_vjp_outputs(rule, spec)
     args = ["e", "v", CHANNEL_MASK, *rule.gates]
     sum_lines = [f"{s} = {triton_code(ChannelSum(f))}" for s, f in terms]
 
@@ -127,19 +148,10 @@ def _bias_pieces(rule: BiasRule, spec: Spec) -> list[str]:
         _full(out, gradient, "e"),
     )
 
-    d_sums = [(sp.Symbol(f"_d{s.name[1:]}", real=True), s) for s, _ in terms]
-    dy = UPSTREAM * _a_e(sp.diff(gradient, e))
-    dv = UPSTREAM * _a_e(sp.diff(gradient, v) - sp.diff(gradient, e))
-    dg = [UPSTREAM * _a_e(sp.diff(gradient, g)) for g in gates]
-    for (ds, _), (_, f) in zip(d_sums, terms, strict=True):
-        dy += ds * _a_e(sp.diff(f, e))
-        dv += ds * _a_e(sp.diff(f, v) - sp.diff(f, e))
-        dg = [d + ds * _a_e(sp.diff(f, g)) for d, g in zip(dg, gates, strict=True)]
     d_sum_lines = [
         f"{ds} = {triton_code(ChannelSum(UPSTREAM * _a_e(sp.diff(gradient, s))))}"
         for (ds, _), (s, _) in zip(d_sums, terms, strict=True)
     ]
-    outputs = [dy, dv, *dg]
     lines, printed = _cse(outputs)
     result = ", ".join(_full(p, o, "e") for p, o in zip(printed, outputs, strict=True))
     backward = _jit(
@@ -529,6 +541,16 @@ def _slots(spec: Spec, gates: Gates, opt: OptimizerStep) -> Slots:
         "add_bias_grads": [
             f"add_rows(g_{n}_grad + pid * NR * DV, wi, mt, cv, mv, DV, d_{n})" for n in gates.bias
         ],
+        # The chunk-parallel linear backward: one part per window offset, at the reading token.
+        "store_gamma_grad_part": (
+            [f"store_rows(g_{weight}_grad + part * T * DV, tok, mt, cv, mv, DV, dg * bg)"]
+            if weight in gates.window
+            else []
+        ),
+        "store_bias_grad_parts": [
+            f"store_rows(g_{n}_grad + part * T * DV, tok, mt, cv, mv, DV, d_{n})"
+            for n in gates.bias
+        ],
         "store_scale_grad": (
             [f"store_rows(g_{opt.scale}_grad + pid * T * DV, tok, mt, cv, mv, DV, d_scale)"]
             if opt.scale in gates.step
@@ -567,16 +589,19 @@ def _fill(template: str, slots: Slots) -> str:
 IMPORTS = """import triton
 import triton.language as tl
 
-from miras.kernels.common.intra import decay_matrix, decay_to_end, log_decay_vjp
+from miras.kernels.common.intra import (
+    decay_matrix, decay_matrix_vjp, decay_to_end, log_decay_vjp,
+)
 from miras.kernels.common.io import add_row, add_rows, load_rows, store_rows, zero_block
 from miras.kernels.common.math import (
     acosh, asinh, atanh, cosh, expm1, hypot, log1p, logaddexp, sign, sinh, soft_threshold,
     softplus, tanh,
 )
 from miras.kernels.common.state import (
-    load_tile, lq_read, lq_read_vjp, row_softmax, row_softmax_vjp, store_tile,
+    load_tile, lq_read, lq_read_vjp, row_softmax, row_softmax_vjp, rows_by_tiles, store_tile,
+    tile_plus_rows_t,
 )
-from miras.kernels.common.tuning import CHUNK, PRUNE, configs"""
+from miras.kernels.common.tuning import CHUNK, CHUNK_BACKWARD, PRUNE, configs"""
 
 
 def _linear_step_ok(rule: RetentionRule, spec: Spec) -> None:
@@ -607,6 +632,7 @@ def emit_source(
         f"MOMENTUM = tl.constexpr({opt.stateful})  # an optimizer state S beside W",
         f"RETAINED = tl.constexpr({retained})  # grad_at: retained",
         f"DECAY = tl.constexpr({has_decay})  # an l2 decay (the linear template)",
+        f"CURVED = tl.constexpr({not _bias_dy(bias, spec).is_zero})  # dL/dy depends on y",
         f"PAD = tl.constexpr({PAD[spec.retention.domain()]})  # padded state entries: in the domain",
     ]
     pieces = _bias_pieces(bias, spec) + _retention_pieces(retention, spec)

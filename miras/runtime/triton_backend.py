@@ -186,6 +186,8 @@ def _forward(launch: Launch, q, k, v, valid, w0, s0, gates):
 
 def _backward(launch: Launch, saved, do, dw_out, ds_out):
     q, k, v, valid, w_chunks, s_chunks, *gates = saved
+    if launch.linear:
+        return _linear_backward(launch, q, k, v, valid, w_chunks, gates, do, dw_out)
     bh, dv, dk = launch.bh, launch.d_v, launch.d_k
     rows_window = launch.past + launch.length
     parts = launch.n_value_blocks  # dq and dk: one part per block of value channels
@@ -199,37 +201,93 @@ def _backward(launch: Launch, saved, do, dw_out, ds_out):
         for name in launch.gate_names
     ]
     meta = launch.meta(accumulator(v))
-    grid = (bh, parts)
-    if launch.linear:
-        launcher(launch.module.linear_backward, grid)(
-            q, k, v, valid, w_chunks, do, dw_out, *launch.gate_args(tuple(gates)), *gate_grads,
-            dq, dk_, dv_, dw0, *launch.sizes(), **meta,
-        )  # fmt: skip
-        ds0 = torch.zeros_like(dw0)
-    else:
-        momentum = launch.module.MOMENTUM.value
-        ds0 = poisoned(bh, dv, dk, like=v) if momentum else torch.zeros_like(dw0)
-        bt, bv, bk = meta["BT"], meta["BV"], meta["BK"]
-        scratch = dict(dtype=v.dtype, device=v.device)
-        g_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
-        dg_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
-        w_scratch = torch.empty(bh, bt, bv, bk, **scratch)
-        s_scratch = torch.empty(bh, bt, bv, bk, **scratch) if momentum else w_scratch[:1, :1]
-        launcher(launch.module.general_backward, grid)(
-            q, k, v, valid, w_chunks, s_chunks, do, dw_out, ds_out,
-            *launch.gate_args(tuple(gates)), *gate_grads, dq, dk_, dv_, dw0, ds0,
-            g_scratch, dg_scratch, w_scratch, s_scratch, *launch.sizes(), **meta,
-        )  # fmt: skip
+    momentum = launch.module.MOMENTUM.value
+    ds0 = poisoned(bh, dv, dk, like=v) if momentum else torch.zeros_like(dw0)
+    bt, bv, bk = meta["BT"], meta["BV"], meta["BK"]
+    scratch = dict(dtype=v.dtype, device=v.device)
+    g_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
+    dg_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
+    w_scratch = torch.empty(bh, bt, bv, bk, **scratch)
+    s_scratch = torch.empty(bh, bt, bv, bk, **scratch) if momentum else w_scratch[:1, :1]
+    launcher(launch.module.general_backward, (bh, parts))(
+        q, k, v, valid, w_chunks, s_chunks, do, dw_out, ds_out,
+        *launch.gate_args(tuple(gates)), *gate_grads, dq, dk_, dv_, dw0, ds0,
+        g_scratch, dg_scratch, w_scratch, s_scratch, *launch.sizes(), **meta,
+    )  # fmt: skip
     written = {"dq": dq, "dk": dk_, "dv": dv_, "d initial state": dw0, "d initial momentum": ds0}
     written |= {f"d {n}": g for n, g in zip(launch.gate_names, gate_grads, strict=True)}
     check_written(written)
-    dq, dk_ = dq.sum(0), dk_.sum(0)
-    # Per-channel gate gradients -> the gate's own width.
+    return dq.sum(0), dk_.sum(0), dv_, dw0, ds0, _gate_widths(launch, gate_grads)
+
+
+def _linear_backward(launch: Launch, q, k, v, valid, w_chunks, gates, do, dw_out):
+    """fla's split of the backward: `linear_state_backward` carries dW through the chunks in
+    reverse (grid (BH, value blocks)) and stores it at every chunk's end; `linear_backward`
+    then computes every other gradient of every chunk at once (grid (chunks, BH, value
+    blocks)). A window row's gradients come back as one part per window offset j, at the token
+    t that read row t + PAST - j; they are added here."""
+    bh, nc, dv, dk, t = launch.bh, launch.n_chunks, launch.d_v, launch.d_k, launch.length
+    window, parts = launch.window, launch.n_value_blocks
+    meta = launch.meta(accumulator(v))
+    gate_args = launch.gate_args(tuple(gates))
+    curved = launch.module.CURVED.value
+    dy_scratch = poisoned(bh, window, t, dv, like=v) if curved else v.new_zeros(1)
+    dw_chunks = poisoned(bh, nc, dv, dk, like=v)
+    dw0 = poisoned(bh, dv, dk, like=v)
+    launcher(launch.module.linear_state_backward, (bh, parts))(
+        q, k, v, valid, w_chunks, do, dw_out, *gate_args, dy_scratch, dw_chunks, dw0,
+        *launch.sizes(), **meta, **launch.state_meta,
+    )  # fmt: skip
+    dq = poisoned(parts, bh, t, dk, like=v)
+    dk_parts = poisoned(parts, window, bh, t, dk, like=v)
+    dv_parts = poisoned(window, bh, t, dv, like=v)
+    window_gates = set(launch.window_gates)
     gate_grads = [
+        poisoned(window, bh, t, dv, like=v) if name in window_gates else poisoned(bh, t, dv, like=v)
+        for name in launch.gate_names
+    ]
+    launcher(launch.module.linear_backward, launch.output_grid)(
+        q, k, v, valid, w_chunks, dw_chunks, do, *gate_args, *gate_grads, dq, dk_parts,
+        dv_parts, *launch.sizes(), **meta, **launch.state_meta,
+    )  # fmt: skip
+    written = {"dq": dq, "dk": dk_parts, "dv": dv_parts, "d initial state": dw0}
+    written |= {"the chunk ends' dW": dw_chunks}
+    written |= {f"d {n}": g for n, g in zip(launch.gate_names, gate_grads, strict=True)}
+    check_written(written)
+    gate_grads = [
+        _window_rows(launch, g) if name in window_gates else g
+        for name, g in zip(launch.gate_names, gate_grads, strict=True)
+    ]
+    dk_ = _window_rows(launch, dk_parts.sum(0))
+    ds0 = torch.zeros_like(dw0)
+    return (
+        dq.sum(0),
+        dk_,
+        _window_rows(launch, dv_parts),
+        dw0,
+        ds0,
+        _gate_widths(launch, gate_grads),
+    )
+
+
+def _window_rows(launch: Launch, parts: torch.Tensor) -> torch.Tensor:
+    """[WINDOW, BH, T, C] parts (part j at the token t that read row t + PAST - j) -> the
+    gradient of the window's rows [BH, PAST + T, C]."""
+    if launch.past == 0:
+        return parts[0]
+    window, bh, t, c = parts.shape
+    out = parts.new_zeros(bh, launch.past + t, c)
+    for j in range(window):
+        out[:, launch.past - j : launch.past - j + t] += parts[j]
+    return out
+
+
+def _gate_widths(launch: Launch, gate_grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-channel gate gradients -> each gate's own width (a per-head gate: their sum)."""
+    return [
         g.sum(-1, keepdim=True) if width == 1 else g
         for g, width in zip(gate_grads, launch.gate_widths, strict=True)
     ]
-    return dq, dk_, dv_, dw0, ds0, gate_grads
 
 
 class ChunkKernels(torch.autograd.Function):
@@ -274,8 +332,9 @@ def choose_kernels(
     input `precision`. `miras.gpu_compile` asks the same question to compile what a
     launch would run."""
     # A bias with channel sums keeps every value channel in one program; above 64 channels the
-    # linear backward would then need more shared memory than a GPU block has (272 KB at
-    # Dv = Dphi = 128, past the 227 KB of an H100), so the general kernels take it.
+    # general kernels take it (the one-kernel linear backward needed 272 KB of shared memory at
+    # Dv = Dphi = 128, past the 227 KB of an H100; the split kernels spill 0.8 to 1.7 KB
+    # already at 64 channels a program).
     whole_rows = not compiled.bias.elementwise
     linear = (
         linear_applies(compiled)
@@ -286,9 +345,11 @@ def choose_kernels(
     split = linear and not whole_rows
     block = LINEAR_BLOCK_V
     if precision != "ieee" and pow2(d_k) >= 128:
-        # TF32 tiles go through shared memory to the tensor cores: compiled for sm_90, the
-        # linear backward at Dphi = 128 needs 272 KB at 64 value channels (ieee: 112 KB), past
-        # the 227 KB a block may use, and 200 KB at 32 (docs/kernels.md, "Precision").
+        # Tensor-core tiles at Dphi = 128: compiled for sm_90 (gated_deltanet, chunk 64), 64
+        # value channels a program spill 816 to 1680 B in the linear backward's kernels and
+        # 100 B in the state kernel on 4 warps, 32 spill nothing but the chunk-parallel
+        # backward's 4-warp config (docs/kernels.md, "Precision"). Before the backward's split,
+        # 64 needed 272 KB of shared memory, past the 227 KB a block may use.
         block = min(block, TF32_LINEAR_BLOCK_V)
     return linear, min(pow2(d_v), block) if split else pow2(d_v)
 
@@ -353,9 +414,10 @@ def forward(
         if "S.W" in state
         else torch.zeros_like(w0)
     )
-    # On a GPU the linear forward multiplies in the inputs' own dtype, as fla's kernels do:
-    # bf16 or fp16 q and k are its products' operands (accumulated in float32; every other
-    # buffer is the state's float32, and the backward loads q and k into float32). Triton's
+    # On a GPU the linear kernels multiply in the inputs' own dtype, as fla's kernels do:
+    # bf16 or fp16 q and k are their products' operands, forward and backward (the state, its
+    # gradient and the error signals cast to it for each product; accumulated in float32,
+    # every other buffer the state's float32). Triton's
     # interpreter multiplies half-precision tiles wrongly (as integers), so there, and on the
     # general kernels, q and k stay float32.
     operands = seq.phi_q.dtype

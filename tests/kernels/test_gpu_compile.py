@@ -80,7 +80,8 @@ def test_cli_report_refuses_a_bad_target_and_width():
 def test_every_autotune_config_states_the_register_cap():
     """Left unstated, the ptxas of triton 3.9 gives these loop-carried kernels 32 registers a
     thread and spills their state tiles (kernels/common/tuning.py)."""
-    for config in tuning.configs(tuning.CHUNK) + tuning.scan_configs():
+    chunk = tuning.configs(tuning.CHUNK) + tuning.configs(tuning.CHUNK_BACKWARD)
+    for config in chunk + tuning.scan_configs():
         assert config.maxnreg == tuning.MAX_REGISTERS == 255
 
 
@@ -93,7 +94,8 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
     kernels = {(j.kernel, j.variant) for j in found}
     assert kernels == {
         ("general_forward", ""), ("general_backward", ""),
-        ("linear_state", ""), ("linear_output", ""), ("linear_backward", ""),
+        ("linear_state", ""), ("linear_output", ""),
+        ("linear_state_backward", ""), ("linear_backward", ""),
         ("exact_scan_forward", "per head"), ("exact_scan_backward", "per head"),
         ("exact_scan_forward", "per channel"), ("exact_scan_backward", "per channel"),
     }  # fmt: skip
@@ -111,18 +113,20 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
             assert (meta["BR"], meta["BK"], meta["NK"], meta["DK"]) == (64, 64, 2, 128)
             assert job.grid == (128 // meta["BV"], 8)
         else:
-            assert (job.num_warps, job.num_stages) == tuning.CHUNK[job.config]
+            chunk = tuning.CHUNK_BACKWARD if job.kernel == "linear_backward" else tuning.CHUNK
+            assert (job.num_warps, job.num_stages) == chunk[job.config]
             linear = job.form == "linear"
             block_v = triton_backend.choose_kernels(compiled, 128, 128, not linear)[1]
             assert (meta["BT"], meta["BK"], meta["BV"]) == (64, 128, block_v)
             blocks = 128 // meta["BV"]
-            if job.kernel == "linear_output":  # every chunk at once
+            if job.kernel in ("linear_output", "linear_backward"):  # every chunk at once
                 assert job.grid == (-(-1000 // 64), 8, blocks)
             else:
                 assert job.grid == (8, blocks)
     scan_configs = len(tuning.SCAN) + len(tuning.SCAN_PER_CHANNEL)
-    # 5 chunk kernels (general fwd / bwd; linear state, output, bwd: the linear forward is two)
-    assert len(found) == 5 * len(tuning.CHUNK) + 2 * scan_configs
+    # 6 chunk kernels (general fwd / bwd; linear state, output, state bwd, bwd: the linear
+    # forward and backward are two each)
+    assert len(found) == 6 * len(tuning.CHUNK) + 2 * scan_configs
 
 
 def test_the_default_chunk_is_the_layers():
@@ -244,7 +248,7 @@ def test_bf16_jobs_hold_what_a_bf16_launch_passes():
     assert all(j.dtype == "bf16" for j in found)
     half = {j.kernel for j in found if ("tensor", "bfloat16") in j.args}
     assert half == {
-        "linear_state", "linear_output", "linear_backward",
+        "linear_state", "linear_output", "linear_state_backward", "linear_backward",
         "exact_scan_forward", "exact_scan_backward",
     }  # fmt: skip
     fp32 = [j for j in gpu_compile.jobs(spec, d=64) if j.config == 0]
@@ -347,9 +351,10 @@ def test_every_kernel_of_every_covered_spec_compiles_small(request):
 
 
 def test_tf32_splits_the_linear_kernels_value_channels_to_32_at_d_128():
-    """Under TF32 the tiles reach the tensor cores through shared memory: compiled for sm_90,
-    gated_deltanet's linear_backward at d = 128 needs 278528 B at 64 value channels per program,
-    past the 232448 B a block may use, and 204800 B at 32, the launcher's choice there."""
+    """Under TF32 at d = 128 the linear kernels take 32 value channels a program: compiled for
+    sm_90, gated_deltanet's linear backward kernels spill 816 to 1680 B at 64 (before the
+    backward's split, 64 needed 278528 B of shared memory, past the 232448 B a block may
+    use)."""
     compiled = compile_ir(load_spec(ROOT / "specs" / "gated_deltanet.yaml"))
     choose = triton_backend.choose_kernels
     assert choose(compiled, 128, 128, False, "ieee") == (True, 64)
@@ -368,7 +373,7 @@ def test_the_tf32_linear_backward_at_d_128_fits_sm_90(pytestconfig):
         if j.kernel == "linear_backward" and j.config == 0
     ]
     assert dict(job.constexprs)["DOT_PRECISION"] == "tf32"
-    assert dict(job.constexprs)["BV"] == 32 and job.grid == (8, 4)
+    assert dict(job.constexprs)["BV"] == 32 and job.grid == (32, 8, 4)  # chunk-parallel
     (row,) = gpu_compile.compile_jobs([job], gpu_compile.TARGETS["sm_90"], cache_dir(pytestconfig))
     assert row.error == ""
     assert 0 < row.shared <= gpu_compile.TARGETS["sm_90"].shared_limit

@@ -150,6 +150,7 @@ def _record_launches(monkeypatch, rule) -> list:
     for name in (
         "linear_state",
         "linear_output",
+        "linear_state_backward",
         "linear_backward",
         "general_forward",
         "general_backward",
@@ -199,8 +200,9 @@ def test_the_choice_reaches_every_launch(
     log = _record_launches(monkeypatch, rule)
     options = {} if argument is None else {"triton_precision": argument}
     _forward_backward(rule, dtype, chunk_mode, **options)
-    # The linear forward is two kernels (the state, then the outputs); the scan's one.
-    launches = 3 if chunk_mode == "start" else 2
+    # The linear forward and backward are two kernels each (the state, then every chunk at
+    # once); the scan's one each.
+    launches = 4 if chunk_mode == "start" else 2
     assert [precision for precision, _ in log] == [launched] * launches
 
 
@@ -230,7 +232,7 @@ def test_half_inputs_launch_float32_buffers(dtype, spec, monkeypatch):
     rule = miras.compile(spec)
     log = _record_launches(monkeypatch, rule)
     _forward_backward(rule, dtype)
-    assert len(log) == (3 if spec is GDN else 2)  # the linear forward: state, then outputs
+    assert len(log) == (4 if spec is GDN else 2)  # linear: the state, then every chunk, twice
     assert all(dtypes == {torch.float32} for _, dtypes in log), log
 
 
@@ -383,7 +385,7 @@ spec = importlib.util.spec_from_file_location("emitted", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 kernel = module.linear_backward.fn  # the jit function under @triton.autotune
-constants = {"BT": 16, "BK": 16, "BV": 16, "ACC": tl.float32}
+constants = {"BT": 16, "BK": 16, "BV": 16, "KT": 16, "ACC": tl.float32}
 sizes = {"T", "CS", "NC", "DK", "DV"}
 signature = {
     name: "constexpr" if name in constants or name == "DOT_PRECISION"
