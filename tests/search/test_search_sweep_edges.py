@@ -6,11 +6,20 @@ mark in the leaderboard, the summary table and the report."""
 
 from __future__ import annotations
 
+import math
+
+import optuna
 import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
 from search_support import TINY
 
-from miras.search import StudyError, load_study
+from miras.search import StudyError, load_study, open_storage, open_study, search
+from miras.search import objective as objective_module
+from miras.search.edges import edge, edge_text, edges_of
+from miras.search.objective import run_trial
 from miras.search.space import grid, logspace_value, parse
+from miras.search.study import resolve_directions
 
 FIXED_SPEC = {**TINY["spec"], "bias": {"choices": ["l2"]}, "model": {**TINY["spec"]["model"]}}
 FIXED_SPEC["model"]["chunk_size"] = 16
@@ -163,3 +172,190 @@ def test_extension_points_count_toward_the_grid_limit():
     lr["sweep"]["max_extend"] = 8
     weights = {"sweep": [0.0, 0.01, 0.1, 0.2, 0.3, 0.4, 0.5]}
     assert load_study(study_with(lr, weight_decay=weights)), "56 + 8 = 64 points fit"
+
+
+# ---------------------------------------------------------------------------------------------
+# The edge mark and the extension, with scripted runs
+
+
+class Scripted:
+    """sweep_run with a known optimum: the validation accuracy is 0.9 at lr = `peak` and falls
+    by 0.1 per decade away from it (0.01 lower on seed 1); the test accuracy is 0.05 below.
+    Runs whose lr is in `diverge` diverge; a run at `kill` = (lr, seed) raises, as a killed
+    worker stops. Records (lr, seed, prunes) per call."""
+
+    def __init__(self, peak: float, diverge=(), kill=None):
+        self.peak, self.diverge, self.kill = peak, diverge, kill
+        self.calls: list[tuple[float, int, bool]] = []
+
+    def __call__(self, study, task, trial, spec, args, prunes):
+        lr, seed = args["lr"], args["seed"]
+        if self.kill is not None and (lr, seed) == pytest.approx(self.kill, rel=1e-9):
+            raise RuntimeError("worker killed")
+        self.calls.append((lr, seed, prunes))
+        if any(lr == pytest.approx(d, rel=1e-9) for d in self.diverge):
+            raise objective_module.SeedDiverged("training loss is nan at step 3")
+        valid = 0.9 - 0.1 * abs(math.log10(lr / self.peak)) - 0.01 * seed
+        measures = {"params": 10.0, "throughput": 1.0}
+        return {"accuracy": valid, **measures}, {"accuracy": valid - 0.05, **measures}
+
+    def lrs(self) -> list[float]:
+        return [lr for lr, _, _ in self.calls]
+
+
+def run_scripted(monkeypatch, lr, runs: Scripted, **train) -> optuna.trial.BaseTrial:
+    monkeypatch.setattr(objective_module, "sweep_run", runs)
+    definition = resolve_directions(load_study(study_with(lr, **train)))
+    trial = optuna.create_study(direction="maximize").ask()
+    run_trial(definition, definition.make_task(), trial)
+    return trial
+
+
+LISTED = {"sweep": [1.0e-3, 3.0e-3, 1.0e-2]}
+DECADES = {"sweep": {"logspace": [1.0e-4, 1.0e-2, 3], "extend": True}}  # 1e-4, 1e-3, 1e-2
+
+
+def test_edge_names_the_lowest_and_highest_numbers_only():
+    assert (
+        edge(1, [1, 2, 3]) == "low" and edge(3, [3, 1, 2]) == "high" and edge(2, [1, 2, 3]) is None
+    )
+    assert edge(1, [1]) is None, "one value brackets nothing"
+    assert edge("a", ["a", "b"]) is None and edge(None, [None, 1.0]) is None, "no order"
+    assert edge(True, [True, False]) is None, "true/false is not a number here"
+    points = [{"lr": 1, "wd": 0.0}, {"lr": 2, "wd": 0.1}, {"lr": 3, "wd": 0.0}]
+    assert edges_of(points, {"lr": 3, "wd": 0.0}) == {"lr": "high", "wd": "low"}
+    assert edge_text({"lr": "high", "wd": "low"}) == "lr at the high edge, wd at the low edge"
+    assert edge_text({}) == ""
+
+
+@pytest.mark.parametrize(
+    ("peak", "selected", "at_edge"),
+    [(1.0e-1, 1.0e-2, {"lr": "high"}), (1.0e-5, 1.0e-3, {"lr": "low"}), (3.0e-3, 3.0e-3, {})],
+)
+def test_a_selection_at_the_edge_of_a_list_sweep_is_marked(monkeypatch, peak, selected, at_edge):
+    runs = Scripted(peak)
+    trial = run_scripted(monkeypatch, LISTED, runs)
+    assert trial.user_attrs["selected"]["values"] == {"lr": selected}
+    assert trial.user_attrs["at_edge"] == at_edge
+    assert runs.lrs() == [1.0e-3, 1.0e-3, 3.0e-3, 3.0e-3, 1.0e-2, 1.0e-2], "a list never extends"
+    assert "extended" not in trial.user_attrs
+
+
+def test_a_diverged_neighbour_brackets_the_selection(monkeypatch):
+    # The optimum lies past 1e-2, but 1e-2 diverged: 3e-3 is selected between a worse point
+    # and a diverged one, so the sweep brackets it.
+    trial = run_scripted(monkeypatch, LISTED, Scripted(1.0e-1, diverge=[1.0e-2]))
+    assert trial.user_attrs["selected"]["values"] == {"lr": 3.0e-3}
+    assert trial.user_attrs["at_edge"] == {}
+    assert trial.user_attrs["reason"] == "1 of 3 sweep points diverged"
+
+
+def test_extend_runs_past_the_high_edge_until_the_selection_is_bracketed(monkeypatch):
+    runs = Scripted(1.0e-1)  # past the sweep's top, 1e-2
+    trial = run_scripted(monkeypatch, DECADES, runs)
+    # 1e-2 selected at the high edge: 1e-1 runs on both seeds and wins, at the edge again, so
+    # 1 runs and loses: 1e-1 is bracketed.
+    assert runs.lrs() == pytest.approx([1e-4, 1e-4, 1e-3, 1e-3, 1e-2, 1e-2, 0.1, 0.1, 1, 1])
+    assert [seed for _, seed, _ in runs.calls] == [0, 1] * 5
+    assert [prunes for *_, prunes in runs.calls] == [True] + [False] * 9, "first run only"
+    selected = trial.user_attrs["selected"]
+    assert selected["point"] == 3 and selected["values"]["lr"] == pytest.approx(0.1)
+    assert selected["valid"] == pytest.approx((0.9 + 0.89) / 2)
+    assert trial.user_attrs["at_edge"] == {}
+    assert trial.user_attrs["extended"] == {"lr": {"low": 0, "high": 2}}
+    sweep = trial.user_attrs["sweep"]
+    assert [(r["point"], r["seed"]) for r in sweep] == [(p, s) for p in range(5) for s in (0, 1)]
+    assert sweep[9]["values"]["lr"] == pytest.approx(1.0)
+    assert sweep[9]["valid"]["accuracy"] == pytest.approx(0.9 - 0.1 - 0.01)
+    # The trial reports the extension point's test metrics, and trains it when exported.
+    assert trial.user_attrs["metrics"]["accuracy"] == pytest.approx((0.85 + 0.84) / 2)
+    assert trial.user_attrs["train"]["lr"] == pytest.approx(0.1)
+
+
+def test_extend_runs_past_the_low_edge_and_stops_at_max_extend_keeping_the_mark(monkeypatch):
+    lr = {"sweep": {**DECADES["sweep"], "max_extend": 2}}
+    runs = Scripted(1.0e-9)  # far below: each step down wins
+    trial = run_scripted(monkeypatch, lr, runs)
+    assert runs.lrs() == pytest.approx([1e-4, 1e-4, 1e-3, 1e-3, 1e-2, 1e-2, 1e-5, 1e-5, 1e-6, 1e-6])
+    assert trial.user_attrs["selected"]["values"]["lr"] == pytest.approx(1e-6)
+    assert trial.user_attrs["at_edge"] == {"lr": "low"}, "stopped at the limit, still unbracketed"
+    assert trial.user_attrs["extended"] == {"lr": {"low": 2, "high": 0}}
+
+
+def test_the_default_limit_is_three_points(monkeypatch):
+    runs = Scripted(1.0e3)
+    trial = run_scripted(monkeypatch, DECADES, runs)
+    assert runs.lrs()[6:] == pytest.approx([0.1, 0.1, 1, 1, 10, 10])
+    assert trial.user_attrs["at_edge"] == {"lr": "high"}
+    assert trial.user_attrs["extended"] == {"lr": {"low": 0, "high": 3}}
+
+
+def test_a_diverged_extension_point_brackets_the_edge(monkeypatch):
+    runs = Scripted(1.0e3, diverge=[0.1])
+    trial = run_scripted(monkeypatch, DECADES, runs)
+    assert runs.lrs()[6:] == pytest.approx([0.1, 0.1]), "one step: it diverged, so no further"
+    assert trial.user_attrs["selected"]["values"] == {"lr": 1.0e-2}
+    assert trial.user_attrs["at_edge"] == {}
+    assert trial.user_attrs["reason"] == "1 of 4 sweep points diverged"
+
+
+def test_a_selection_inside_the_sweep_runs_nothing_more(monkeypatch):
+    runs = Scripted(1.0e-3)
+    trial = run_scripted(monkeypatch, DECADES, runs)
+    assert len(runs.calls) == 6
+    assert trial.user_attrs["at_edge"] == {}
+    assert trial.user_attrs["extended"] == {"lr": {"low": 0, "high": 0}}
+
+
+def test_with_two_sweeps_the_extension_point_keeps_the_other_selected_values(monkeypatch):
+    # weight_decay is a list: marked when at its edge, never extended. The scripted accuracy
+    # ignores it, so the tie goes to the earlier point, weight_decay 0.0 (its low edge).
+    runs = Scripted(1.0e-1)
+    trial = run_scripted(monkeypatch, DECADES, runs, weight_decay={"sweep": [0.0, 0.1]})
+    assert len(runs.calls) == 3 * 2 * 2 + 2 * 2, "the grid, then one point per extension"
+    sweep = trial.user_attrs["sweep"]
+    assert [r["values"]["weight_decay"] for r in sweep[12:]] == [0.0] * 4
+    assert [r["values"]["lr"] for r in sweep[12:]] == pytest.approx([0.1, 0.1, 1, 1])
+    assert trial.user_attrs["selected"]["values"] == {"lr": pytest.approx(0.1), "weight_decay": 0.0}
+    assert trial.user_attrs["at_edge"] == {"weight_decay": "low"}
+    assert trial.user_attrs["extended"] == {"lr": {"low": 0, "high": 2}}
+
+
+def test_a_retried_trial_resumes_its_extension_points(tmp_path, monkeypatch):
+    """A worker killed during the second extension point (lr 1, seed 1) left nine runs; its
+    retry runs only the missing one, then goes on extending from the same selection."""
+    killed = Scripted(1.0e3, kill=(1.0, 1))
+    monkeypatch.setattr(objective_module, "sweep_run", killed)
+    definition = resolve_directions(load_study(study_with(DECADES)))
+    first = optuna.create_study(direction="maximize").ask()
+    with pytest.raises(RuntimeError, match="worker killed"):
+        run_trial(definition, definition.make_task(), first)
+    kept = first.user_attrs["sweep"]
+    assert [(r["point"], r["seed"]) for r in kept] == [(p, s) for p in range(5) for s in (0, 1)][:9]
+
+    storage = f"sqlite:///{tmp_path / 'edges.db'}"
+    rdb = open_storage(storage, 1, 3)
+    handle = open_study(load_study(study_with(DECADES)), rdb, "edges")
+    handle.add_trial(
+        create_trial(
+            state=TrialState.FAIL,
+            params={"bias": "l2"},
+            distributions={"bias": CategoricalDistribution(["l2"])},
+            user_attrs={"sweep": kept},
+        )
+    )
+    rdb.get_heartbeat_stale_trial_callback()(handle, handle.get_trials()[0])
+    runs = Scripted(1.0e3)
+    monkeypatch.setattr(objective_module, "sweep_run", runs)
+    search(study_with(DECADES), storage=storage, trials=1)
+    assert runs.calls == [
+        (pytest.approx(1.0), 1, False),
+        (pytest.approx(10.0), 0, False),
+        (pytest.approx(10.0), 1, False),
+    ]
+    (retry,) = [t for t in handle.get_trials() if t.system_attrs.get("failed_trial") == 0]
+    assert retry.state == TrialState.COMPLETE
+    assert retry.user_attrs["sweep"][:9] == kept
+    assert [r["point"] for r in retry.user_attrs["sweep"][9:]] == [4, 5, 5]
+    assert retry.user_attrs["at_edge"] == {"lr": "high"}
+    assert retry.user_attrs["selected"]["point"] == 5
