@@ -359,3 +359,188 @@ def test_a_retried_trial_resumes_its_extension_points(tmp_path, monkeypatch):
     assert [r["point"] for r in retry.user_attrs["sweep"][9:]] == [4, 5, 5]
     assert retry.user_attrs["at_edge"] == {"lr": "high"}
     assert retry.user_attrs["selected"]["point"] == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# The mark in the leaderboard, the summary table and the report
+
+
+def finished(number: int, chosen: float, at_edge=None, bias: str = "l2"):
+    """A complete trial that swept lr over 1e-3, 3e-3, 1e-2 on two seeds and selected `chosen`
+    (its test accuracy 0.8 and 0.9). Without `at_edge` it is a trial stored before that
+    attribute existed: the report works the edge out from its records."""
+    lrs = (1.0e-3, 3.0e-3, 1.0e-2)
+    sweep = [
+        {"point": i, "values": {"lr": lr}, "seed": seed, "valid": {"accuracy": 0.5}, "test": {}}
+        for i, lr in enumerate(lrs)
+        for seed in (0, 1)
+    ]
+    seeds = [{"accuracy": 0.8 + 0.1 * seed} for seed in (0, 1)]
+    attrs = {
+        "sweep": sweep,
+        "selected": {"point": lrs.index(chosen), "values": {"lr": chosen}, "valid": 0.5},
+        "replicates": [{"seed": i, "metrics": m, "seconds": 1.0} for i, m in enumerate(seeds)],
+        "metrics": {"accuracy": 0.85},
+    }
+    if at_edge is not None:
+        attrs["at_edge"] = at_edge
+    trial = create_trial(
+        state=TrialState.COMPLETE,
+        values=[0.85 - number / 100],
+        params={"bias": bias},
+        distributions={"bias": CategoricalDistribution(["l2", "dot"])},
+        user_attrs=attrs,
+    )
+    trial.number = number
+    return trial
+
+
+MARKED = [
+    finished(0, 1.0e-2, at_edge={"lr": "high"}),
+    finished(1, 3.0e-3, at_edge={}, bias="dot"),
+    finished(2, 1.0e-3),  # stored before at_edge: lr 1e-3 is the lowest of its records
+]
+
+
+def test_the_leaderboard_and_the_summary_flag_a_sweep_that_did_not_bracket():
+    from miras.search.report import leaderboard, summary_data
+
+    board = leaderboard(MARKED, ["accuracy"], ["maximize"])
+    assert dict(zip(board["trial"], board["at_edge"], strict=True)) == {
+        0: "lr at the high edge",
+        1: "",
+        2: "lr at the low edge",
+    }
+    summary = summary_data(MARKED, ["accuracy"], ["maximize"])
+    assert list(summary["at_edge"]) == ["lr at the high edge", "", "lr at the low edge"]
+    assert list(summary["configuration"]) == [
+        "bias=l2 lr=0.01",
+        "bias=dot lr=0.003",
+        "bias=l2 lr=0.001",
+    ]
+
+
+def test_a_study_without_sweeps_has_no_edge_column():
+    from miras.search.report import edge_note, leaderboard, summary_data
+
+    plain = create_trial(
+        state=TrialState.COMPLETE,
+        values=[0.5],
+        params={"bias": "l2"},
+        distributions={"bias": CategoricalDistribution(["l2", "dot"])},
+        user_attrs={"metrics": {"accuracy": 0.5}},
+    )
+    plain.number = 0
+    assert "at_edge" not in leaderboard([plain], ["accuracy"], ["maximize"])
+    assert list(summary_data([plain], ["accuracy"], ["maximize"])["at_edge"]) == [""]
+    assert edge_note([plain]) is None
+
+
+def test_the_summary_table_names_the_setting_and_the_edge():
+    import io
+
+    from rich.console import Console
+
+    from miras.cli import print_summary
+    from miras.search.report import summary_data
+
+    frame = summary_data(MARKED, ["accuracy"], ["maximize"])
+
+    def render(width: int) -> str:
+        console = Console(width=width, file=io.StringIO(), record=True)
+        print_summary(console, frame, ["accuracy"], top=10, name="lrs")
+        text = console.export_text()
+        assert max(map(len, text.splitlines())) <= min(width, 100)
+        return text
+
+    rows = {line.split()[0]: line for line in render(300).splitlines() if line[:6].strip()}
+    assert "bias=l2 lr=0.01 (lr at the high edge)" in rows["0"]
+    assert "bias=l2 lr=0.001 (lr at the low edge)" in rows["2"]
+    assert "edge" not in rows["1"], "trial 1 is bracketed: no mark"
+    assert "the sweep did not bracket it" in " ".join(render(300).split())
+    narrow = render(60).split()  # the label folds over lines, between the other columns
+    assert "(lr" in narrow and narrow.count("edge)") == 2
+    bracketed = summary_data(MARKED[1:2], ["accuracy"], ["maximize"])
+    console = Console(width=300, file=io.StringIO(), record=True)
+    print_summary(console, bracketed, ["accuracy"], top=10, name="lrs")
+    assert "edge" not in console.export_text()
+
+
+def test_the_report_notes_each_trial_at_an_edge(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from miras.cli import app
+    from miras.search.report import edge_note, write_report
+
+    note = edge_note(MARKED)
+    assert note is not None
+    assert note.startswith(
+        "the selected sweep value lies at the edge of its sweep in trial 0 (lr at the high "
+        "edge), trial 2 (lr at the low edge): the sweep did not bracket it"
+    )
+    assert note.endswith("let it extend ({sweep: {logspace: [lo, hi, n], extend: true}})")
+    storage = f"sqlite:///{tmp_path / 'edges.db'}"
+    data = study_with(LISTED)
+    handle = open_study(load_study(data), open_storage(storage, 1, 3), "edges")
+    handle.add_trials(MARKED)
+    report = write_report(handle, resolve_directions(load_study(data)), tmp_path / "report")
+    assert note in report.notes
+    page = report.html.read_text()
+    assert "trial 0 (lr at the high edge), trial 2 (lr at the low edge)" in page
+    assert "lr at the high edge" in report.csv.read_text()
+    # `miras report` prints the summary with its marks and the note as written (its brackets
+    # are not read as markup).
+    file = tmp_path / "edges.yaml"
+    file.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(
+        app, ["report", str(file), "--storage", storage, "-o", str(tmp_path / "cli")]
+    )
+    assert result.exit_code == 0, result.output
+    words = " ".join(result.output.split())
+    assert "lr=0.01 (lr at the high edge)" in words and "lr=0.001 (lr at the low edge)" in words
+    assert f"note: {note}" in words
+
+
+def test_a_tiny_extending_study_trains_end_to_end(tmp_path):
+    """Real training, one seed: two logspace values, so the selection is at an edge and one
+    value past it runs (max_extend 1); the trial, the leaderboard and the report agree."""
+    import torch
+
+    from miras.search.report import write_report
+
+    lr = {"sweep": {"logspace": [1.0e-3, 1.0e-2, 2], "extend": True, "max_extend": 1}}
+    data = {**study_with(lr, replicates=1), "trials": 1}
+    storage = f"sqlite:///{tmp_path / 'edges.db'}"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        summary = search(data, storage=storage, trials=1)
+    finally:
+        torch.set_num_threads(threads)
+    (trial,) = summary.trials
+    assert trial.state == TrialState.COMPLETE
+    runs = trial.user_attrs["sweep"]
+    assert [(r["point"], r["seed"]) for r in runs] == [(0, 0), (1, 0), (2, 0)]
+    assert all("accuracy" in r["valid"] and "accuracy" in r["test"] for r in runs)
+    # The first selection was at an edge of two values; the third run is one ratio (10) past it.
+    first = 0 if runs[0]["valid"]["accuracy"] >= runs[1]["valid"]["accuracy"] else 1
+    past = runs[2]["values"]["lr"]
+    assert past == pytest.approx(1.0e-4 if first == 0 else 1.0e-1)
+    side = "low" if first == 0 else "high"
+    assert trial.user_attrs["extended"] == {
+        "lr": {"low": int(side == "low"), "high": int(side == "high")}
+    }
+    # At the limit: still at that edge when the value past it won, bracketed otherwise.
+    chosen = trial.user_attrs["selected"]["point"]
+    assert trial.user_attrs["at_edge"] == ({"lr": side} if chosen == 2 else {})
+    assert trial.values == [pytest.approx(runs[chosen]["test"]["accuracy"])]
+    report = write_report(
+        open_study(load_study(data), open_storage(storage, 1, 3), "edges"),
+        resolve_directions(load_study(data)),
+        tmp_path / "report",
+    )
+    mark = f"lr at the {side} edge" if chosen == 2 else ""
+    assert list(report.leaderboard["at_edge"]) == [mark]
+    assert list(report.summary["at_edge"]) == [mark]
+    assert any("edge of its sweep" in note for note in report.notes) == bool(mark)
