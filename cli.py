@@ -709,7 +709,7 @@ def report(
     for reason, numbers in reasons.items():
         out.print(f"pruned (trial {', '.join(numbers)}): {reason}", highlight=False)
     for note in result.notes:
-        out.print(f"note: {note}", highlight=False)
+        out.print(f"note: {note}", highlight=False, markup=False)  # notes hold [lo, hi, n]
     out.print(
         f"wrote {result.csv} and {result.html} ({len(result.figures)} figures)", highlight=False
     )
@@ -731,7 +731,9 @@ def _interval(row, metric: str, bracket: bool) -> str:
 def print_summary(console: Console, frame, metrics: list[str], *, top: int, name: str) -> None:
     """The compact summary of a study (miras.search.report.summary_data): one row per
     configuration, each objective's mean [95% t interval over the seeds], and whether Welch's
-    test separates it from the best on the first objective; at most SUMMARY_WIDTH columns."""
+    test separates it from the best on the first objective; at most SUMMARY_WIDTH columns. A
+    configuration whose sweep did not bracket its selected value says so after its label:
+    `lr=0.01 (lr at the high edge)`."""
     from rich import box
 
     width = min(console.width, SUMMARY_WIDTH)
@@ -753,8 +755,14 @@ def print_summary(console: Console, frame, metrics: list[str], *, top: int, name
         table.add_column(metric, justify="right", overflow="fold")
     if intervals:
         table.add_column("differs", no_wrap=True, min_width=7)
+    edged = False
     for _, row in frame.head(top).iterrows():
-        cells = [str(row["trial"]), str(row["configuration"])]
+        at_edge = row.get("at_edge")
+        at_edge = at_edge if isinstance(at_edge, str) else ""  # None, NaN: no mark
+        edged = edged or bool(at_edge)
+        # The edge names the setting and the side, beside the values it qualifies.
+        label = f"{row['configuration']} ({at_edge})" if at_edge else str(row["configuration"])
+        cells = [str(row["trial"]), label]
         cells += [_interval(row, m, bracket) for m in metrics]
         if intervals:
             differs = row["differs"]
@@ -764,6 +772,13 @@ def print_summary(console: Console, frame, metrics: list[str], *, top: int, name
     if intervals:
         console.print(
             f"differs: Welch's t-test against the best on {metrics[0]}, p < 0.05",
+            highlight=False,
+            width=width,
+        )
+    if edged:
+        console.print(
+            "at the low/high edge: the selected value is the lowest/highest its sweep ran, so "
+            "the sweep did not bracket it; widen it or let it extend (docs/search.md)",
             highlight=False,
             width=width,
         )

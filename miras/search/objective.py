@@ -17,6 +17,10 @@ the trial (`run_sweep`) and keeps besides:
              `diverged` instead when training diverged)
   selected   {point, values, valid}: the point with the best mean validation value of the
              first objective over the seeds (ties: the earlier point)
+  at_edge    {setting: 'low' | 'high'}: each numeric swept setting whose selected value is
+             the lowest or highest value run (the sweep did not bracket it); {} when none is
+  extended   with an extending logspace sweep, {setting: {low: k, high: m}}: the values run
+             past its written ends (points appended to the grid, each on every seed)
 Its `replicates`, `metrics` and `train` are then the selected point's, scored on the test split.
 """
 
@@ -34,7 +38,8 @@ import optuna
 
 from miras.errors import DerivationError, SpecError, TrainingDiverged
 from miras.rule import compile as compile_rule
-from miras.search.space import sample
+from miras.search.edges import edge, edges_of
+from miras.search.space import Sweep, sample, sweeps
 from miras.search.study import MEASURES, Objective, StudyDef
 from miras.spec import Spec, load_spec
 from miras.training_config import TrainConfig
@@ -141,60 +146,142 @@ def run_sweep(study: StudyDef, task: Any, trial: optuna.Trial) -> float | list[f
     point's test-split metrics, averaged over the seeds, returned. Each (point, seed) run is
     stored as it finishes; the runs a retried trial inherited are not run again. Only the
     first point's first seed reports to the pruner, so a pruned trial stops its whole sweep.
-    A diverged run scores nothing; the trial is pruned when every point has one."""
+    A diverged run scores nothing; the trial is pruned when every point has one. An extending
+    sweep whose selected value lies at its edge runs the next value past it, and the selection
+    is made again, until it is bracketed or `max_extend` values lie past that end."""
     spec, _ = build(study, trial, task.primary_metric)
-    points = study.sweep_points
-    runs = {(r["point"], r["seed"]): r for r in trial.user_attrs.get("sweep", [])}
-    sizes = sizes_of(spec, task)
-    seeds: list[int] = []
-    settings: list[dict[str, Any]] = []
-    for i, point in enumerate(points):
-        args = trial_train(study, trial, point, task.primary_metric)
-        settings.append(args)
-        seeds = [args["seed"] + r for r in range(study.replicates)]
-        for seed in seeds:
-            if (i, seed) in runs:
+    sweep = SweepRuns(study, task, trial, spec)
+    for index in range(len(sweep.points)):
+        sweep.run(index)
+    chosen = sweep.select()
+    if chosen is None:
+        points = len(sweep.points)
+        trial.set_user_attr("reason", f"diverged: every one of the {points} sweep points")
+        raise optuna.TrialPruned("every sweep point diverged")
+    while extra := extension_points(study, sweep.points, chosen):
+        for values in extra:
+            sweep.run(sweep.add(values))
+        chosen = sweep.select()  # never None here: the points that scored before still do
+    return sweep.finish(chosen)
+
+
+class SweepRuns:
+    """The (point, seed) runs of one trial's sweep: `points` (the grid, then any extension
+    points, in the order they were added: a run's `point` is its index here), and `runs`,
+    stored in the trial's `sweep` attribute as each finishes."""
+
+    def __init__(self, study: StudyDef, task: Any, trial: optuna.Trial, spec: Spec):
+        self.study, self.task, self.trial, self.spec = study, task, trial, spec
+        self.points: list[dict[str, Any]] = list(study.sweep_points)
+        self.runs = {(r["point"], r["seed"]): r for r in trial.user_attrs.get("sweep", [])}
+        self.sizes = sizes_of(spec, task)
+        first = trial_train(study, trial, self.points[0], task.primary_metric)
+        self.seeds = [first["seed"] + r for r in range(study.replicates)]  # never swept
+        self.settings: dict[int, dict[str, Any]] = {}
+
+    def add(self, values: dict[str, Any]) -> int:
+        """A point past the grid (an extension); its index."""
+        self.points.append(values)
+        return len(self.points) - 1
+
+    def run(self, index: int) -> None:
+        """Point `index` on every seed, but for the runs already recorded at these values
+        (a retried trial's: an extension point is found again at the same index, since the
+        selection that added it is made again from the same records)."""
+        point = self.points[index]
+        args = trial_train(self.study, self.trial, point, self.task.primary_metric)
+        self.settings[index] = args
+        for seed in self.seeds:
+            kept = self.runs.get((index, seed))
+            if kept is not None and kept["values"] == point:
                 continue
             began = time.perf_counter()
-            first = i == 0 and seed == seeds[0]
+            first = index == 0 and seed == self.seeds[0]
             try:
-                valid, test = sweep_run(study, task, trial, spec, {**args, "seed": seed}, first)
-                valid, test = {**valid, **sizes}, {**test, **sizes}
+                valid, test = sweep_run(
+                    self.study, self.task, self.trial, self.spec, {**args, "seed": seed}, first
+                )
+                valid, test = {**valid, **self.sizes}, {**test, **self.sizes}
             except SeedDiverged as err:
                 valid, test = {"diverged": str(err)}, {}
             seconds = time.perf_counter() - began
-            record = {"point": i, "values": point, "seed": seed, "valid": valid, "test": test}
-            runs[(i, seed)] = {**record, "seconds": seconds}
-            trial.set_user_attr("sweep", [runs[key] for key in sorted(runs)])
-    first, sign = study.metrics[0], (1 if study.directions[0] == "minimize" else -1)
-    scores = {}
-    for i in range(len(points)):
-        done = [runs[(i, seed)]["valid"] for seed in seeds]
-        if all(first in v and math.isfinite(v[first]) for v in done):
-            scores[i] = sum(v[first] for v in done) / len(done)
-    diverged = len(points) - len(scores)
-    if not scores:
-        trial.set_user_attr("reason", f"diverged: every one of the {len(points)} sweep points")
-        raise optuna.TrialPruned("every sweep point diverged")
-    chosen = min(scores, key=lambda i: (sign * scores[i], i))
-    trial.set_user_attr(
-        "selected", {"point": chosen, "values": points[chosen], "valid": scores[chosen]}
-    )
-    trial.set_user_attr(
-        "reason", f"{diverged} of {len(points)} sweep points diverged" if diverged else ""
-    )
-    picked = [runs[(chosen, seed)] for seed in seeds]
-    trial.set_user_attr(
-        "replicates",
-        [{"seed": r["seed"], "metrics": r["test"], "seconds": r["seconds"]} for r in picked],
-    )
-    metrics = _mean([r["test"] for r in picked])
-    metrics[f"valid_{first}"] = scores[chosen]
-    trial.set_user_attr("metrics", metrics)
-    trial.set_user_attr("train", settings[chosen])
-    trial.set_user_attr("seconds", sum(r["seconds"] for r in runs.values()))
-    values = [metrics[name] for name in study.metrics]
-    return values[0] if len(values) == 1 else values
+            record = {"point": index, "values": point, "seed": seed, "valid": valid, "test": test}
+            self.runs[(index, seed)] = {**record, "seconds": seconds}
+            self.trial.set_user_attr("sweep", [self.runs[key] for key in sorted(self.runs)])
+
+    def scores(self) -> dict[int, float]:
+        """The mean validation value of the first objective, per point none of whose seeds
+        diverged."""
+        first = self.study.metrics[0]
+        scores = {}
+        for index in range(len(self.points)):
+            done = [self.runs[(index, seed)]["valid"] for seed in self.seeds]
+            if all(first in v and math.isfinite(v[first]) for v in done):
+                scores[index] = sum(v[first] for v in done) / len(done)
+        return scores
+
+    def select(self) -> int | None:
+        """The point with the best score (ties: the earlier point); None when none scores."""
+        scores = self.scores()
+        sign = 1 if self.study.directions[0] == "minimize" else -1
+        return min(scores, key=lambda i: (sign * scores[i], i)) if scores else None
+
+    def finish(self, chosen: int) -> float | list[float]:
+        """Store the selection and its test metrics; the trial's values."""
+        trial, first, scores = self.trial, self.study.metrics[0], self.scores()
+        points = self.points
+        selected = {"point": chosen, "values": points[chosen], "valid": scores[chosen]}
+        trial.set_user_attr("selected", selected)
+        trial.set_user_attr("at_edge", edges_of(points, points[chosen]))
+        extending = [s for s in sweeps(self.study.train_space) if s.extend]
+        if extending:
+            trial.set_user_attr("extended", {s.spec_path: _past_ends(s, points) for s in extending})
+        diverged = len(points) - len(scores)
+        trial.set_user_attr(
+            "reason", f"{diverged} of {len(points)} sweep points diverged" if diverged else ""
+        )
+        picked = [self.runs[(chosen, seed)] for seed in self.seeds]
+        trial.set_user_attr(
+            "replicates",
+            [{"seed": r["seed"], "metrics": r["test"], "seconds": r["seconds"]} for r in picked],
+        )
+        metrics = _mean([r["test"] for r in picked])
+        metrics[f"valid_{first}"] = scores[chosen]
+        trial.set_user_attr("metrics", metrics)
+        trial.set_user_attr("train", self.settings[chosen])
+        trial.set_user_attr("seconds", sum(r["seconds"] for r in self.runs.values()))
+        values = [metrics[name] for name in self.study.metrics]
+        return values[0] if len(values) == 1 else values
+
+
+def extension_points(
+    study: StudyDef, points: list[dict[str, Any]], chosen: int
+) -> list[dict[str, Any]]:
+    """The points an extending sweep runs next: for each logspace sweep with `extend: true`
+    whose value at the selected point is the lowest or highest value run, the selected point
+    with that value moved one step (the logspace's ratio) past it; none for a sweep that
+    already has `max_extend` values past its ends (the trial then keeps its edge mark)."""
+    picked = points[chosen]
+    extra = []
+    for sweep in sweeps(study.train_space):
+        name = sweep.spec_path
+        side = edge(picked[name], (p[name] for p in points)) if sweep.extend else None
+        past = _past_ends(sweep, points)
+        if side is None or sum(past.values()) >= sweep.max_extend:
+            continue
+        # The selection only moves to a point just added, so the values past an end are
+        # positions -1, -2, ... (below lo) or n, n + 1, ... (above hi), in that order.
+        index = -(past["low"] + 1) if side == "low" else len(sweep.values) + past["high"]
+        extra.append({**picked, name: sweep.value_at(index)})
+    return extra
+
+
+def _past_ends(sweep: Sweep, points: list[dict[str, Any]]) -> dict[str, int]:
+    """How many values of `sweep` the points hold below its lowest written value and above
+    its highest: {'low': k, 'high': m}."""
+    values = {p[sweep.spec_path] for p in points}
+    low, high = min(sweep.values), max(sweep.values)
+    return {"low": sum(v < low for v in values), "high": sum(v > high for v in values)}
 
 
 def sweep_run(

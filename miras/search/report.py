@@ -18,6 +18,7 @@ import pandas as pd
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from miras.search.edges import edge_text, edges_of
 from miras.search.report_data import Dimension
 from miras.search.study import StudyDef, objective_order
 from miras.stats import confidence_interval, welch_p
@@ -44,12 +45,28 @@ def seed_values(trial: FrozenTrial, metric: str) -> list[float]:
     return [r["metrics"][metric] for r in records if metric in r["metrics"]]
 
 
+def trial_edges(trial: FrozenTrial) -> dict[str, str]:
+    """{setting: 'low' | 'high'}: the swept settings whose selected value lies at an edge of
+    the values the trial ran (miras.search.edges). Read from `at_edge`, or worked out from the
+    `sweep` records of a trial stored before that attribute existed; {} without a selection."""
+    if "at_edge" in trial.user_attrs:
+        return dict(trial.user_attrs["at_edge"] or {})
+    selected = trial.user_attrs.get("selected") or {}
+    runs = trial.user_attrs.get("sweep") or []
+    if not selected or not runs:
+        return {}
+    return edges_of((run["values"] for run in runs), selected["values"])
+
+
 def trials_frame(trials: list[FrozenTrial], metrics: list[str]) -> pd.DataFrame:
     """One row per trial: number, state, each objective (the mean over the seeds), with
     replicated trials its 95% t interval (`<objective>_low`, `_high`) and the number of
     `seeds`, the other measures, every parameter (missing where a branch was not taken),
-    seconds, the reason of a prune, a retry's origin."""
+    the selected sweep values and, in a study with sweeps, `at_edge` (edge_text: the settings
+    whose sweep did not bracket the selected value, '' when every one did), seconds, the
+    reason of a prune, a retry's origin."""
     replicated = any(len(t.user_attrs.get("replicates") or []) > 1 for t in trials)
+    swept = any(t.user_attrs.get("sweep") for t in trials)
     rows = []
     for t in trials:
         row: dict[str, Any] = {"trial": t.number, "state": t.state.name.lower()}
@@ -67,6 +84,8 @@ def trials_frame(trials: list[FrozenTrial], metrics: list[str]) -> pd.DataFrame:
         row.update(t.params)
         selected = t.user_attrs.get("selected") or {}
         row.update({f"train.{k}": v for k, v in (selected.get("values") or {}).items()})
+        if swept:
+            row["at_edge"] = edge_text(trial_edges(t))
         row["seconds"] = t.user_attrs.get("seconds")
         row["reason"] = t.user_attrs.get("reason") or t.user_attrs.get("error") or ""
         row["retry_of"] = t.system_attrs.get("failed_trial")
@@ -140,15 +159,17 @@ def summary_data(
 ) -> pd.DataFrame:
     """The compact summary: complete trials, best first (as on the leaderboard), with
     `trial`, `configuration` (config_labels), per objective its mean and, with replicates,
-    the 95% t interval over the seeds (`<metric>_low`, `_high`), and `differs`: True when
+    the 95% t interval over the seeds (`<metric>_low`, `_high`), `differs`: True when
     Welch's test separates the trial from the best on the first objective (p < 0.05), False
-    when it does not, None for the best itself and without replicates."""
+    when it does not, None for the best itself and without replicates, and `at_edge`: the
+    settings whose sweep did not bracket the selected value ('lr at the high edge'; '' when
+    every sweep did, and without sweeps)."""
     board = leaderboard([t for t in trials if t.state == TrialState.COMPLETE], metrics, directions)
     columns = ["trial", "configuration"]
     for m in metrics:
         columns += [m, f"{m}_low", f"{m}_high"]
     if board.empty:
-        return pd.DataFrame(columns=[*columns, "differs"])
+        return pd.DataFrame(columns=[*columns, "differs", "at_edge"])
     labels = config_labels(trials)
     frame = pd.DataFrame({"trial": board["trial"]})
     frame["configuration"] = [labels[n] for n in board["trial"]]
@@ -164,7 +185,26 @@ def summary_data(
         ]
     else:
         frame["differs"] = None
+    frame["at_edge"] = list(board["at_edge"]) if "at_edge" in board else ""
     return frame.reset_index(drop=True)
+
+
+def edge_note(trials: list[FrozenTrial]) -> str | None:
+    """One sentence naming the complete trials whose sweep did not bracket the selected
+    value, and which setting at which edge; None when every sweep brackets its selection."""
+    marked = [
+        f"trial {t.number} ({edge_text(trial_edges(t))})"
+        for t in sorted(trials, key=lambda t: t.number)
+        if t.state == TrialState.COMPLETE and trial_edges(t)
+    ]
+    if not marked:
+        return None
+    return (
+        f"the selected sweep value lies at the edge of its sweep in {', '.join(marked)}: "
+        "the sweep did not bracket it, so a better value may lie past it and the comparison "
+        "with other trials is not settled; widen the sweep, or let it extend "
+        "({sweep: {logspace: [lo, hi, n], extend: true}})"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,6 +481,10 @@ def write_report(handle: optuna.Study, study: StudyDef, out_dir: str | Path) -> 
             title = f"validation {metrics[0]} against {field_name} (the sweep inside each trial)"
             figures.append((title, plots.sweep_figure(swept, field_name, metrics[0])))
         tables.append(("Sweep points (mean over the seeds; selected on validation)", swept))
+
+    edges = edge_note(trials)
+    if edges is not None:
+        notes.append(edges)
 
     html = out / "report.html"
     counts = board["state"].value_counts().to_dict() if not board.empty else {}

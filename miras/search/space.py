@@ -18,6 +18,11 @@ An option's label is its `kind` (components), its own value (scalars), an explic
 A `train:` value may also be a sweep, run inside each trial rather than searched:
 
     lr: {sweep: [1.0e-3, 3.0e-3, 1.0e-2, 3.0e-2]}   # every value, in this order
+    lr: {sweep: {logspace: [1.0e-4, 1.0e-2, 4]}}    # 1e-4, 4.64e-4, 2.15e-3, 1e-2
+    lr: {sweep: {logspace: [1.0e-4, 1.0e-2, 4], extend: true, max_extend: 3}}
+
+A logspace sweep may extend: a trial whose selected point lies at its lowest or highest value
+runs the next value past that edge (miras.search.objective; `Sweep.value_at`).
 
 Several sweeps form their grid (`grid`, the product in template order); `sample(node, trial,
 point)` puts one grid point's values in place (miras.search.objective runs them all).
@@ -36,6 +41,13 @@ from miras.validation import float_text_hint
 
 DISTRIBUTIONS = ("choices", "int", "float")
 SWEEP = "sweep"
+LOGSPACE = "logspace"
+LOGSPACE_KEYS = (LOGSPACE, "extend", "max_extend")
+MAX_SWEEP_POINTS = 64  # grid points of a trial's sweeps, each trained on every seed
+# Points an extending sweep may add past its edge: each trains on every seed, so the limit
+# keeps a trial's cost known before it starts (docs/search.md).
+DEFAULT_MAX_EXTEND = 3
+MAX_EXTEND = 10
 RANGE_OPTIONS = ("log", "step")
 # Values Optuna stores as categorical choices.
 Label = str | int | float | bool | None
@@ -88,11 +100,36 @@ class Range:
 
 @dataclass(frozen=True)
 class Sweep:
-    """Fixed values all run inside one trial (not an Optuna parameter): `values` in order."""
+    """Fixed values all run inside one trial (not an Optuna parameter): `values` in order.
+
+    A logspace sweep keeps its `logspace` (lo, hi, n): its values are `value_at(0..n-1)`, and
+    with `extend` a trial may run up to `max_extend` more, `value_at(-1, -2, ...)` below lo or
+    `value_at(n, n+1, ...)` above hi."""
 
     path: str
     spec_path: str
     values: tuple[Any, ...]
+    logspace: tuple[float, float, int] | None = None
+    extend: bool = False
+    max_extend: int = 0
+
+    def value_at(self, index: int) -> float:
+        """The logspace's value at position `index`, past either end too (logspace_value)."""
+        if self.logspace is None:
+            raise ValueError(f"{self.path}: only a logspace sweep has values past its ends")
+        return logspace_value(self.logspace, index)
+
+
+def logspace_value(logspace: tuple[float, float, int], index: int) -> float:
+    """Position `index` (any integer) of `logspace: [lo, hi, n]`: lo x (hi / lo) ** (index /
+    (n - 1)), so each value is the one before it times (hi / lo) ** (1 / (n - 1)). The ends are
+    lo and hi exactly, as written, so that a value printed in the report is the file's."""
+    low, high, count = logspace
+    if index == 0:
+        return float(low)
+    if index == count - 1:
+        return float(high)
+    return low * (high / low) ** (index / (count - 1))
 
 
 @dataclass(frozen=True)
@@ -240,15 +277,16 @@ def _parse_range(raw: dict, kind: str, path: str, spec_path: str, name: str):
 
 def _parse_sweep(raw: dict, path: str, spec_path: str) -> tuple[Node, list[Problem]]:
     """A non-empty list of distinct fixed values (each checked like a fixed value later, by
-    the section's probes)."""
-    problems = [
-        Problem(f"{path}.{key}", f"unknown key of a sweep; allowed: {SWEEP}")
-        for key in raw
-        if key != SWEEP
-    ]
+    the section's probes), or a mapping {logspace: [lo, hi, n], extend, max_extend}."""
+    problems = [_misplaced_sweep_key(key, path) for key in raw if key != SWEEP]
     values = raw[SWEEP]
+    if isinstance(values, dict):
+        node, found = _parse_logspace(values, f"{path}.{SWEEP}", path, spec_path)
+        return node, [*problems, *found]
     if not isinstance(values, list) or not values:
-        message = f"expected a non-empty list of values, got {values!r}"
+        message = (
+            f"expected a non-empty list of values or {{{LOGSPACE}: [lo, hi, n]}}, got {values!r}"
+        )
         return Broken(), [*problems, Problem(f"{path}.{SWEEP}", message)]
     seen: list[str] = []
     for i, value in enumerate(values):
@@ -263,6 +301,83 @@ def _parse_sweep(raw: dict, path: str, spec_path: str) -> tuple[Node, list[Probl
             problems.append(Problem(where, message))
         seen.append(text)
     return Sweep(path, spec_path, tuple(values)), problems
+
+
+def _misplaced_sweep_key(key: Any, path: str) -> Problem:
+    """A key beside `sweep:`. `extend` there is a common slip: it belongs inside the logspace
+    mapping, the one form that knows which value lies past an edge."""
+    if key in LOGSPACE_KEYS:
+        message = (
+            f"{key} goes inside a logspace sweep: {{{SWEEP}: {{{LOGSPACE}: [lo, hi, n], "
+            f"extend: true}}}}; a list of values does not extend"
+        )
+        return Problem(f"{path}.{key}", message)
+    return Problem(f"{path}.{key}", f"unknown key of a sweep; allowed: {SWEEP}")
+
+
+def _parse_logspace(
+    raw: dict, path: str, sweep_path: str, spec_path: str
+) -> tuple[Node, list[Problem]]:
+    """{logspace: [lo, hi, n], extend: bool, max_extend: int}: n values from lo to hi, spaced
+    evenly on a log scale (0 < lo < hi, n an integer from 2 to MAX_SWEEP_POINTS). `path` is
+    the mapping's study path (train.lr.sweep), `sweep_path` the sweep's own (train.lr)."""
+    problems = [
+        Problem(
+            f"{path}.{key}",
+            f"unknown key of a logspace sweep; allowed: {', '.join(LOGSPACE_KEYS)}"
+            f"{did_you_mean(str(key), list(LOGSPACE_KEYS))}",
+        )
+        for key in raw
+        if key not in LOGSPACE_KEYS
+    ]
+    extend = raw.get("extend", False)
+    if not isinstance(extend, bool):
+        problems.append(Problem(f"{path}.extend", f"expected true or false, got {extend!r}"))
+    max_extend = raw.get("max_extend", DEFAULT_MAX_EXTEND)
+    if "max_extend" in raw:
+        problems += _max_extend_problems(max_extend, extend is True, f"{path}.max_extend")
+    if LOGSPACE not in raw:
+        message = f"a sweep mapping needs {LOGSPACE}: [lo, hi, n] (or give the values as a list)"
+        return Broken(), [*problems, Problem(path, message)]
+    bounds = _logspace_bounds(raw[LOGSPACE], f"{path}.{LOGSPACE}")
+    if isinstance(bounds, list):
+        return Broken(), [*problems, *bounds]
+    values = tuple(logspace_value(bounds, i) for i in range(bounds[2]))
+    extends = extend is True
+    node = Sweep(sweep_path, spec_path, values, bounds, extends, max_extend if extends else 0)
+    return node, problems
+
+
+def _max_extend_problems(value: Any, extend: bool, path: str) -> list[Problem]:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_EXTEND:
+        return [Problem(path, f"expected an integer from 1 to {MAX_EXTEND}, got {value!r}")]
+    if not extend:
+        message = "only with extend: true (it bounds the points added past an edge)"
+        return [Problem(path, message)]
+    return []
+
+
+def _logspace_bounds(raw: Any, path: str) -> tuple[float, float, int] | list[Problem]:
+    """(lo, hi, n) of `logspace: [lo, hi, n]`, or its problems."""
+    if not isinstance(raw, list) or len(raw) != 3:
+        message = f"expected [lo, hi, n]: the lowest value, the highest and how many, got {raw!r}"
+        texts = [b for b in raw if float_text_hint(b)] if isinstance(raw, list) else []
+        return [Problem(path, message + (float_text_hint(texts[0]) if texts else ""))]
+    low, high, count = raw
+    problems = []
+    if not _is_number(low) or low <= 0:
+        message = f"expected the lowest value, a number > 0 (a log scale), got {low!r}"
+        problems.append(Problem(f"{path}[0]", message + float_text_hint(low)))
+    if not _is_number(high) or (_is_number(low) and high <= low):
+        above = f"lo = {low}" if _is_number(low) else "lo"
+        message = f"expected the highest value, a number > {above}, got {high!r}"
+        problems.append(Problem(f"{path}[1]", message + float_text_hint(high)))
+    if not isinstance(count, int) or isinstance(count, bool) or not 2 <= count <= MAX_SWEEP_POINTS:
+        message = (
+            f"expected how many values, an integer from 2 to {MAX_SWEEP_POINTS}, got {count!r}"
+        )
+        problems.append(Problem(f"{path}[2]", message))
+    return problems or (float(low), float(high), count)
 
 
 def sweeps(node: Node) -> Iterator[Sweep]:
@@ -382,6 +497,11 @@ def _varied(node: Node) -> Iterator[Probe]:
     elif isinstance(node, Range):
         for i, bound in enumerate((node.low, node.high)):
             yield Probe(bound, f"{node.path}.{node.kind}[{i}]", node.spec_path)
+    elif isinstance(node, Sweep) and node.logspace is not None:
+        # Its values lie between its ends, so the ends stand for them all (as a range's bounds
+        # do); a problem names the logspace, whose values are not written in the file.
+        for i, end in enumerate(node.logspace[:2]):
+            yield Probe(end, f"{node.path}.{SWEEP}.{LOGSPACE}[{i}]", node.spec_path)
     elif isinstance(node, Sweep):
         for i, value in enumerate(node.values):
             if not isinstance(value, (dict, list)):  # those are refused by _parse_sweep

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import typing
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
@@ -30,7 +32,16 @@ from pydantic import (
 
 from miras.errors import Problem, SpecError, did_you_mean
 from miras.search.grid_sampler import grid_problems, grid_size
-from miras.search.space import Node, check_template, distributions, grid, parse, sweeps
+from miras.search.space import (
+    MAX_SWEEP_POINTS,
+    Node,
+    Sweep,
+    check_template,
+    distributions,
+    grid,
+    parse,
+    sweeps,
+)
 from miras.spec import load_spec
 from miras.training_config import TrainConfig
 from miras.validation import SOURCE_DICT, Slug, read_mapping, translate
@@ -60,7 +71,6 @@ DIRECTIONS: dict[str, str] = {
     "throughput": "maximize",  # training tokens per second
 }
 SIZES = ("state_size", "state_bytes", "params")  # read off the spec: no training needed
-MAX_SWEEP_POINTS = 64  # grid points of a trial's sweeps, each trained on every seed
 EARLY_STOP = 0.99  # the default threshold of a sweep on an accuracy task (docs/search.md)
 MEASURES = (*SIZES, "throughput")  # computed by the search, not by the task
 
@@ -368,14 +378,15 @@ def _sweep_problems(study: StudyDef) -> list[Problem]:
         elif s.spec_path == "seed":
             message = "the seeds are the replicates (replicates: N), not a sweep"
             problems.append(Problem(s.path, message))
-    points = 1
-    for s in found:
-        points *= len(s.values)
-    if points > MAX_SWEEP_POINTS:
+    problems += _logspace_problems(found)
+    points = math.prod(len(s.values) for s in found)
+    extra = sum(s.max_extend for s in found)  # at most this many past the sweeps' edges
+    if points + extra > MAX_SWEEP_POINTS:
         sizes = " x ".join(f"{s.spec_path} {len(s.values)}" for s in found)
+        more = f", and up to {extra} more past their edges (extend)" if extra else ""
         message = (
-            f"the sweeps make {points} points ({sizes}); at most {MAX_SWEEP_POINTS}, each "
-            "trained on every seed"
+            f"the sweeps make {points} points ({sizes}){more}; at most {MAX_SWEEP_POINTS}, "
+            "each trained on every seed"
         )
         problems.append(Problem("train", message))
     if found and study.ranks > 1:
@@ -385,6 +396,27 @@ def _sweep_problems(study: StudyDef) -> list[Problem]:
         )
         problems.append(Problem("train.ranks", message))
     return problems
+
+
+def _logspace_problems(found: list[Sweep]) -> list[Problem]:
+    """A logspace gives real numbers (1e-4, 4.64e-4, ...): it sweeps a real-valued setting
+    (lr, weight_decay, grad_clip, early_stop), not an integer one such as steps."""
+    problems = []
+    for s in found:
+        field = TrainConfig.model_fields.get(s.spec_path)
+        if s.logspace is None or field is None or float in _types(field.annotation):
+            continue
+        message = (
+            f"a logspace gives real numbers, and {s.spec_path} is not one; give its values as "
+            f"a list ({{sweep: [...]}})"
+        )
+        problems.append(Problem(f"{s.path}.sweep.logspace", message))
+    return problems
+
+
+def _types(annotation: Any) -> tuple[Any, ...]:
+    """float | None -> (float, NoneType); float -> (float,)."""
+    return typing.get_args(annotation) or (annotation,)
 
 
 def _grid_problems(study: StudyDef) -> list[Problem]:
