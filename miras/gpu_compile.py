@@ -459,7 +459,8 @@ def jobs(
     choices = {False: "general"}
     if triton_backend.choose_kernels(compiled, d, d, per_channel_decay=False)[0]:
         choices[True] = "linear"
-    if triton_backend.general_refusal(d, d) is not None:  # the launcher refuses these widths
+    general_block = triton_backend.choose_kernels(compiled, d, d, per_channel_decay=True)[1]
+    if triton_backend.general_refusal(d, general_block) is not None:  # the launcher refuses it
         del choices[False]
     for linear, form in choices.items():
         _, block_v = triton_backend.choose_kernels(

@@ -1,9 +1,13 @@
 """The general chunk template: any matrix-memory spec (every bias and retention, any update
 linear in the gradient and one optimizer state, per-head or per-channel gates, any window).
 
-One program per (batch, head) walks the chunks in order with the state W [Dv, Dphi] (and the
-optimizer state S) in registers; padded entries of W hold PAD, a point of the retention's
-domain, so that no log or division in a printed step sees a value outside it. Per chunk of CS
+One program per (batch, head) and block of BV value channels (rows of W; grid (BH, NVB))
+walks the chunks in order with its rows of the state W [BV, Dphi] (and the optimizer state S)
+in registers: the launcher splits the rows only where they evolve apart (an elementwise bias,
+a read of one row at a time), else BV is all of Dv. dq and dk are then sums over the blocks:
+each program writes its own part, and the caller adds them. Padded entries of W hold PAD, a
+point of the retention's domain, so that no log or division in a printed step sees a value
+outside it. Per chunk of CS
 tokens starting at state W_S:
 
     block phase   for each window offset j: Y_j = X_j W_e^T (one matmul; W_e = read(W_S), times
@@ -39,9 +43,12 @@ def general_forward(
     """q [BH, T, DK]; k [BH, PAST+T, DK]; v [BH, PAST+T, DV]; valid [BH, PAST+T]; w0, s0
     [BH, DV, DK]. Writes o [BH, T, DV], the final state, and the state at each chunk start."""
     pid = tl.program_id(0).to(tl.int64)
+    iv = tl.program_id(1)  # the block of value channels (rows of W) this program owns
+    part = iv * tl.num_programs(0) + pid  # this program's scratch, and its dq / dk part
     NR = T + PAST
     rows = tl.arange(0, BT)
-    cv = tl.arange(0, BV)
+    lv = tl.arange(0, BV)  # the block's channels, as the scratch buffers index them
+    cv = iv * BV + lv
     ck = tl.arange(0, BK)
     mv = cv < DV
     mk = ck < DK
@@ -77,7 +84,7 @@ def general_forward(
             if PAST > 0:
                 g = g * tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)[:, None]
             g = tl.where(mt[:, None] & cmask, g * scale, 0.0)
-            tl.store(g_scratch + ((pid * WINDOW + j) * BT + rows[:, None]) * BV + cv[None, :], g)
+            tl.store(g_scratch + ((part * WINDOW + j) * BT + rows[:, None]) * BV + lv[None, :], g)
         tl.debug_barrier()
         # Token phase: the optimizer and the retention step, in order.
         n = tl.minimum(CS, T - start)
@@ -85,7 +92,7 @@ def general_forward(
             t = start + tt
             upd = tl.zeros([BV, BK], dtype=ACC)
             for j in range(0, WINDOW):
-                gj = tl.load(g_scratch + ((pid * WINDOW + j) * BT + tt) * BV + cv)
+                gj = tl.load(g_scratch + ((part * WINDOW + j) * BT + tt) * BV + lv)
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
                 upd += gj[:, None] * xj[None, :]
             $load_step_token
@@ -101,7 +108,7 @@ def general_forward(
 '''
 
 BACKWARD = '''
-@triton.autotune(configs=configs(CHUNK), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
+@triton.autotune(configs=configs(CHUNK_BACKWARD), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def general_backward(
     q, k, v, valid, w_chunks, s_chunks, do, dw_out, ds_out,
@@ -117,22 +124,25 @@ def general_backward(
     initial state. Gate gradients are written per channel [BH, rows, DV]; the caller sums
     them over the channels for a per-head gate."""
     pid = tl.program_id(0).to(tl.int64)
+    iv = tl.program_id(1)  # the block of value channels (rows of W) this program owns
+    part = iv * tl.num_programs(0) + pid  # this program's scratch, and its dq / dk part
     NR = T + PAST
     rows = tl.arange(0, BT)
-    cv = tl.arange(0, BV)
+    lv = tl.arange(0, BV)  # the block's channels, as the scratch buffers index them
+    cv = iv * BV + lv
     ck = tl.arange(0, BK)
     mv = cv < DV
     mk = ck < DK
     m2 = mv[:, None] & mk[None, :]
     cmask = mv[None, :]
     st = cv[:, None] * DK + ck[None, :]
-    sst = cv[:, None] * BK + ck[None, :]  # the padded layout of the token-state scratch
+    sst = lv[:, None] * BK + ck[None, :]  # the padded layout of the token-state scratch
     dw = tl.load(dw_out + pid * DV * DK + st, mask=m2, other=0.0).to(ACC)
     ds = tl.zeros([BV, BK], dtype=ACC)
     if MOMENTUM:
         ds = tl.load(ds_out + pid * DV * DK + st, mask=m2, other=0.0).to(ACC)
     # Window rows collect gradients from up to WINDOW tokens: zero them first.
-    zero_block(dk + pid * NR * DK, NR, DK, ck, mk, BT)
+    zero_block(dk + part * NR * DK, NR, DK, ck, mk, BT)
     zero_block(dv + pid * NR * DV, NR, DV, cv, mv, BT)
     $zero_window_grads
     tl.debug_barrier()
@@ -164,7 +174,7 @@ def general_backward(
             if PAST > 0:
                 g = g * tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)[:, None]
             g = tl.where(mt[:, None] & cmask, g * scale, 0.0)
-            tl.store(g_scratch + ((pid * WINDOW + j) * BT + rows[:, None]) * BV + cv[None, :], g)
+            tl.store(g_scratch + ((part * WINDOW + j) * BT + rows[:, None]) * BV + lv[None, :], g)
         tl.debug_barrier()
         # Recompute the token states W_t (and S_t) of the chunk into the scratch.
         n = tl.minimum(CS, T - start)
@@ -174,37 +184,37 @@ def general_backward(
             t = start + tt
             upd = tl.zeros([BV, BK], dtype=ACC)
             for j in range(0, WINDOW):
-                gj = tl.load(g_scratch + ((pid * WINDOW + j) * BT + tt) * BV + cv)
+                gj = tl.load(g_scratch + ((part * WINDOW + j) * BT + tt) * BV + lv)
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
                 upd += gj[:, None] * xj[None, :]
             $load_step_token
             $optimizer_step
             if MOMENTUM:
-                tl.store(s_scratch + (pid * BT + tt) * BV * BK + sst, s)
+                tl.store(s_scratch + (part * BT + tt) * BV * BK + sst, s)
             w = tl.where(m2, retention_map(retention_step(w, upd$retention_args), m2), PAD)
-            tl.store(w_scratch + (pid * BT + tt) * BV * BK + sst, w)
+            tl.store(w_scratch + (part * BT + tt) * BV * BK + sst, w)
         tl.debug_barrier()
         # The token phase, backwards.
         for i in range(0, n):
             tt = n - 1 - i
             t = start + tt
-            w_t = tl.load(w_scratch + (pid * BT + tt) * BV * BK + sst)
-            w_p = tl.load(w_scratch + (pid * BT + tl.maximum(tt - 1, 0)) * BV * BK + sst)
+            w_t = tl.load(w_scratch + (part * BT + tt) * BV * BK + sst)
+            w_p = tl.load(w_scratch + (part * BT + tl.maximum(tt - 1, 0)) * BV * BK + sst)
             w_p = tl.where(tt > 0, w_p, w_s)
             qt = tl.load(q + (pid * T + t) * DK + ck, mask=mk, other=0.0).to(ACC)
             dot_ = tl.load(do + (pid * T + t) * DV + cv, mask=mv, other=0.0).to(ACC)
             dqt = tl.sum(tl.where(m2, retention_read(w_t, m2) * dot_[:, None], 0.0), axis=0)
-            tl.store(dq + (pid * T + t) * DK + ck, dqt.to(dq.dtype.element_ty), mask=mk)
+            tl.store(dq + (part * T + t) * DK + ck, dqt.to(dq.dtype.element_ty), mask=mk)
             dw = dw + retention_read_vjp(w_t, m2, dot_[:, None] * qt[None, :])
             upd = tl.zeros([BV, BK], dtype=ACC)
             for j in range(0, WINDOW):
-                gj = tl.load(g_scratch + ((pid * WINDOW + j) * BT + tt) * BV + cv)
+                gj = tl.load(g_scratch + ((part * WINDOW + j) * BT + tt) * BV + lv)
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
                 upd += gj[:, None] * xj[None, :]
             $load_step_token
             s_p = s_s
             if MOMENTUM:
-                s_p = tl.load(s_scratch + (pid * BT + tl.maximum(tt - 1, 0)) * BV * BK + sst)
+                s_p = tl.load(s_scratch + (part * BT + tl.maximum(tt - 1, 0)) * BV * BK + sst)
                 s_p = tl.where(tt > 0, s_p, s_s)
             $optimizer_restep
             dz = retention_map_vjp(w_t, m2, dw)
@@ -215,10 +225,10 @@ def general_backward(
             $optimizer_vjp
             for j in range(0, WINDOW):
                 xj = tl.load(k + (pid * NR + t + PAST - j) * DK + ck, mask=mk, other=0.0).to(ACC)
-                gj = tl.load(g_scratch + ((pid * WINDOW + j) * BT + tt) * BV + cv)
+                gj = tl.load(g_scratch + ((part * WINDOW + j) * BT + tt) * BV + lv)
                 dgj = tl.sum(du * xj[None, :], axis=1)
-                tl.store(dg_scratch + ((pid * WINDOW + j) * BT + tt) * BV + cv, dgj)
-                add_row(dk + (pid * NR + t + PAST - j) * DK, ck, mk, tl.sum(du * gj[:, None], axis=0))
+                tl.store(dg_scratch + ((part * WINDOW + j) * BT + tt) * BV + lv, dgj)
+                add_row(dk + (part * NR + t + PAST - j) * DK, ck, mk, tl.sum(du * gj[:, None], axis=0))
             tl.debug_barrier()
         tl.debug_barrier()
         # The block phase, backwards.
@@ -239,7 +249,7 @@ def general_backward(
                 live = tl.load(valid + pid * NR + wi, mask=mt, other=0.0).to(ACC)
             mb = mt[:, None] & cmask
             bg = tl.where(mb, bias_grad(y - vj, vj, cmask$bias_args) * live[:, None], 0.0)
-            dgh = tl.load(dg_scratch + ((pid * WINDOW + j) * BT + rows[:, None]) * BV + cv[None, :], mask=mb, other=0.0)
+            dgh = tl.load(dg_scratch + ((part * WINDOW + j) * BT + rows[:, None]) * BV + lv[None, :], mask=mb, other=0.0)
             d_scale += dgh * g_gamma * bg
             dg = tl.where(mb, scale * dgh, 0.0)
             $add_gamma_grad
@@ -251,7 +261,7 @@ def general_backward(
                 d_kept += dy * y0
                 dy = kept * dy
             dw_e += tl.dot(tl.trans(dy), x, input_precision=DOT_PRECISION, out_dtype=ACC)
-            add_rows(dk + pid * NR * DK, wi, mt, ck, mk, DK, tl.dot(dy, w_e, input_precision=DOT_PRECISION, out_dtype=ACC))
+            add_rows(dk + part * NR * DK, wi, mt, ck, mk, DK, tl.dot(dy, w_e, input_precision=DOT_PRECISION, out_dtype=ACC))
             tl.debug_barrier()
         $store_scale_grad
         if RETAINED:

@@ -373,8 +373,6 @@ def linear_backward(
     cs = tl.cumsum(log_a, axis=0)
     cs_last = tl.sum(log_a, axis=0)
     decay = tl.exp(cs)
-    mix = decay_matrix(log_a, rows)
-    k_last = decay_to_end(log_a, rows)
     dob = load_rows(do + pid * T * DV, tok, mt, cv, mv, DV, 1, 0.0, ACC)
     # o = D (Q W^T) - ...; W_e = D_last W - ...
     dod = decay[:, None] * dob
@@ -413,6 +411,9 @@ def linear_backward(
             xdw = tl.dot(xt, tl.trans(dwt), xdw, input_precision=DOT_PRECISION, out_dtype=ACC)
             qt = load_rows(queries, tok, mt, cols, mc, DK, 1, 0.0, OP)
             qx = tl.dot(qt, tl.trans(xt), qx, input_precision=DOT_PRECISION, out_dtype=ACC)
+        # The decay matrices, here: live from the contraction on, not across it.
+        mix = decay_matrix(log_a, rows)
+        k_last = decay_to_end(log_a, rows)
         vj = load_rows(v + pid * NR * DV, wi, mt, cv, mv, DV, 1, 0.0, ACC)
         y = y0
         if RETAINED:
@@ -463,7 +464,7 @@ def linear_backward(
     if DECAY:
         # mix[t, s] = prod_{s<j<=t} a_j, k_last[s] = prod_{j>s} a_j, D_t = prod_{j<=t} a_j
         # (d_cs: dD * D) and prod_j a_j (d_last); each sum over the factors holding a_j.
-        d_log_a = log_decay_vjp(d_mix, d_k_last * k_last, d_cs, d_last, rows)
+        d_log_a = log_decay_vjp(d_mix, d_k_last * decay_to_end(log_a, rows), d_cs, d_last, rows)
         d_a = d_log_a / a
         $store_decay_grad
 '''

@@ -52,19 +52,24 @@ LINEAR_KEY_TILE = 64
 LINEAR_KEY_TILES = 4
 HALF = (torch.bfloat16, torch.float16)  # input dtypes the linear kernels take as operands
 
-# The general kernels keep a program's whole state tile W [Dv, Dphi] (their value channels
-# are not split), staged through shared memory for the block phase's products: compiled for
-# sm_90, general_forward takes 96 KiB at 128 x 128 and 320 KiB at 256 x 256, past the 227 KiB
-# a block may use on an H100 (163 KiB on an A100). Larger tiles are refused before any launch.
+# The general kernels split the value channels into blocks of GENERAL_BLOCK_V when the rows of
+# W evolve apart (`choose_kernels`), as the linear kernels do: a [32, Dphi] state tile per
+# program, and B x H x blocks programs.
+GENERAL_BLOCK_V = 32
+# Otherwise a program keeps the whole state tile W [Dv, Dphi], staged through shared memory
+# for the block phase's products: compiled for sm_90, general_forward takes 96 KiB at 128 x 128
+# and 320 KiB at 256 x 256, past the 227 KiB a block may use on an H100 (163 KiB on an A100).
+# Larger tiles are refused before any launch.
 GENERAL_MAX_TILE = 128 * 128
 
 
-def general_refusal(d_k: int, d_v: int) -> str | None:
-    """Why the general kernels cannot run at these widths on a GPU, or None."""
-    if pow2(d_k) * pow2(d_v) <= GENERAL_MAX_TILE:
+def general_refusal(d_k: int, block_v: int) -> str | None:
+    """Why the general kernels cannot run on a GPU with a state tile [block_v, d_k] a program
+    (`choose_kernels`' block), or None."""
+    if pow2(d_k) * pow2(block_v) <= GENERAL_MAX_TILE:
         return None
     return (
-        f"the general kernels hold the whole state tile [Dv, Dphi] = [{d_v}, {d_k}] in one "
+        f"the general kernels hold a state tile [Dv, Dphi] = [{block_v}, {d_k}] in one "
         f"program, which above {GENERAL_MAX_TILE} entries (128 x 128) needs more shared memory "
         "than a GPU block has (320 KiB at 256 x 256; 227 KiB on sm_90, 163 KiB on sm_80)"
     )
@@ -170,8 +175,9 @@ def _forward(launch: Launch, q, k, v, valid, w0, s0, gates):
     else:  # never read or written by the kernels
         s_out = torch.zeros_like(w_out)
         s_chunks = torch.zeros(1, dtype=v.dtype, device=v.device)
+    programs = bh * launch.n_value_blocks  # one scratch block each
     g_scratch = torch.empty(
-        bh, launch.past + 1, meta["BT"], meta["BV"], dtype=v.dtype, device=v.device
+        programs, launch.past + 1, meta["BT"], meta["BV"], dtype=v.dtype, device=v.device
     )
     launcher(launch.module.general_forward, grid)(
         q, k, v, valid, w0, s0, *launch.gate_args(gates), o, w_out, s_out, w_chunks, s_chunks,
@@ -205,10 +211,11 @@ def _backward(launch: Launch, saved, do, dw_out, ds_out):
     ds0 = poisoned(bh, dv, dk, like=v) if momentum else torch.zeros_like(dw0)
     bt, bv, bk = meta["BT"], meta["BV"], meta["BK"]
     scratch = dict(dtype=v.dtype, device=v.device)
-    g_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
-    dg_scratch = torch.empty(bh, launch.past + 1, bt, bv, **scratch)
-    w_scratch = torch.empty(bh, bt, bv, bk, **scratch)
-    s_scratch = torch.empty(bh, bt, bv, bk, **scratch) if momentum else w_scratch[:1, :1]
+    programs = bh * parts  # one scratch block each
+    g_scratch = torch.empty(programs, launch.past + 1, bt, bv, **scratch)
+    dg_scratch = torch.empty(programs, launch.past + 1, bt, bv, **scratch)
+    w_scratch = torch.empty(programs, bt, bv, bk, **scratch)
+    s_scratch = torch.empty(programs, bt, bv, bk, **scratch) if momentum else w_scratch[:1, :1]
     launcher(launch.module.general_backward, (bh, parts))(
         q, k, v, valid, w_chunks, s_chunks, do, dw_out, ds_out,
         *launch.gate_args(tuple(gates)), *gate_grads, dq, dk_, dv_, dw0, ds0,
@@ -342,7 +349,13 @@ def choose_kernels(
         and not (whole_rows and pow2(d_v) > LINEAR_BLOCK_V)
         and pow2(d_k) <= LINEAR_KEY_TILE * LINEAR_KEY_TILES
     )
-    split = linear and not whole_rows
+    if not linear:
+        # The general kernels' rows of W evolve apart when the bias is elementwise and every
+        # read sees one row alone (not l_q's norm over the whole matrix; KL's softmax is per
+        # row): then a program owns GENERAL_BLOCK_V of them.
+        apart = not whole_rows and compiled.spec.retention.read_norm() is None
+        return False, min(pow2(d_v), GENERAL_BLOCK_V) if apart else pow2(d_v)
+    split = not whole_rows
     block = LINEAR_BLOCK_V
     if precision != "ieee" and pow2(d_k) >= 128:
         # Tensor-core tiles at Dphi = 128: compiled for sm_90 (gated_deltanet, chunk 64), 64
@@ -386,7 +399,7 @@ def forward(
     decay = spec.retention.decay_gate  # the retention's own gate name (None: no decay)
     per_channel_decay = decay in plan.step and widths[plan.order.index(decay)] != 1
     linear, block_v = choose_kernels(program, d_v, d_k, per_channel_decay, precision)
-    refusal = None if linear else general_refusal(d_k, d_v)
+    refusal = None if linear else general_refusal(d_k, block_v)
     if refusal is not None:
         raise ValueError(
             f"backend: 'triton' cannot run spec '{spec.name}' at Dv = {d_v}, Dphi = {d_k}: "

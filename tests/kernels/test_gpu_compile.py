@@ -113,7 +113,8 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
             assert (meta["BR"], meta["BK"], meta["NK"], meta["DK"]) == (64, 64, 2, 128)
             assert job.grid == (128 // meta["BV"], 8)
         else:
-            chunk = tuning.CHUNK_BACKWARD if job.kernel == "linear_backward" else tuning.CHUNK
+            backward = job.kernel in ("linear_backward", "general_backward")
+            chunk = tuning.CHUNK_BACKWARD if backward else tuning.CHUNK
             assert (job.num_warps, job.num_stages) == chunk[job.config]
             linear = job.form == "linear"
             block_v = triton_backend.choose_kernels(compiled, 128, 128, not linear)[1]
@@ -155,15 +156,21 @@ def test_a_bias_with_channel_sums_above_64_channels_has_no_linear_jobs():
 
 def test_the_general_kernels_are_refused_above_128_by_128():
     """At 256 x 256 general_forward needs 320 KiB of shared memory per block (compiled for
-    sm_90), past every target's limit: the launcher refuses it before any work, naming the
-    widths, the limit and what to use instead, and the checks compile no general job there."""
-    rule = miras.compile({"name": "wide-momentum", "bias": "l2", "optimizer": "momentum"})
+    sm_90), past every target's limit: when every value channel must stay in one program (a
+    bias with channel sums), the launcher refuses it before any work, naming the widths, the
+    limit and what to use instead, and the checks compile no general job there. Rows that
+    evolve apart run in blocks of 32 channels, a [32, 256] tile (48 KiB on sm_90)."""
+    sums = {"kind": "custom", "loss": "log(1 + sum(e**2))"}
+    rule = miras.compile({"name": "wide-sums", "bias": sums, "optimizer": "momentum"})
     q, k, v, gates = random_inputs(rule, b=1, t=2, h=1, dk=256, dv=256, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"Dv = 256, Dphi = 256: the general kernels .*128 x 128"):
         rule(q, k, v, gates, backend="triton", chunk_size=16, chunk_mode="start")
     assert triton_backend.general_refusal(128, 128) is None
     assert "general" not in {j.form for j in gpu_compile.jobs(rule.spec, d=256)}
     assert "general" in {j.form for j in gpu_compile.jobs(rule.spec, d=128)}
+    apart = miras.compile({"name": "wide-momentum", "bias": "l2", "optimizer": "momentum"})
+    assert triton_backend.choose_kernels(apart.program, 256, 256, True) == (False, 32)
+    assert "general" in {j.form for j in gpu_compile.jobs(apart.spec, d=256)}
 
 
 def test_jobs_hold_the_launchs_integer_arguments():
@@ -361,7 +368,7 @@ def test_tf32_splits_the_linear_kernels_value_channels_to_32_at_d_128():
     assert choose(compiled, 128, 128, False, "tf32") == (True, 32)
     assert choose(compiled, 128, 128, False, "tf32x3") == (True, 32)
     assert choose(compiled, 64, 64, False, "tf32") == (True, 64)
-    assert choose(compiled, 128, 128, True, "tf32") == (False, 128)  # general: whole rows
+    assert choose(compiled, 128, 128, True, "tf32") == (False, 32)  # general: rows apart
 
 
 @needs_ptxas

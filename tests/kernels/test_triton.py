@@ -83,6 +83,10 @@ CASES = {
         dict(bias="huber", retention="l2", optimizer="momentum"),
         dict(t=50, d=16, chunk=16, per_channel=True),
     ),
+    "huber_momentum_window2_blocks": (  # general: value channels in two blocks of 16
+        dict(bias="huber", retention="l2", optimizer="momentum", window=2),
+        dict(t=40, d=32, chunk=16, per_channel=True, general_block_v=16),
+    ),
     "lp_lq": (
         dict(bias={"kind": "lp", "p": 3}, retention={"kind": "lq", "q": 4}),
         dict(t=20, d=16, chunk=32),
@@ -220,6 +224,8 @@ def test_triton_equals_chunk(name, monkeypatch):
     fields, shape = CASES[name]
     if "block_v" in shape:
         monkeypatch.setattr(triton_backend, "LINEAR_BLOCK_V", shape["block_v"])
+    if "general_block_v" in shape:
+        monkeypatch.setattr(triton_backend, "GENERAL_BLOCK_V", shape["general_block_v"])
     rule = miras.compile({"name": name.replace("_", "-"), **fields})
     b, h, d = 1, 2, shape["d"]
     q, k, v, gates = random_inputs(
@@ -231,11 +237,38 @@ def test_triton_equals_chunk(name, monkeypatch):
     init = _initial_state(rule, b, h, d)
     params = rule.default_params(torch.float32)
     inputs = _to_device((q, k, v, gates, init, params))
+    seen = []
+    real = triton_backend.ChunkKernels.apply
+    monkeypatch.setattr(
+        triton_backend.ChunkKernels,
+        "apply",
+        lambda launch, *a: seen.append(launch) or real(launch, *a),
+    )
     want = _run(rule, "chunk", inputs, shape["chunk"])
     got = _run(rule, "triton", inputs, shape["chunk"])
+    if "block_v" in shape or "general_block_v" in shape:  # the split is what the case tests
+        assert [s.n_value_blocks for s in seen] == [2]
     assert list(got) == list(want)
     bad = _mismatches(got, want, TOL)
     assert not bad, f"above {TOL}: {bad}"
+
+
+@pytest.mark.parametrize(
+    ("fields", "blocks"),
+    [
+        (dict(bias="huber", retention="l2", optimizer="momentum"), 4),
+        (dict(bias="l2", retention="kl", optimizer="momentum"), 4),  # KL's softmax is per row
+        (dict(bias="l2", retention={"kind": "lq", "q": 4}), 1),  # l_q's norm: the whole matrix
+        (dict(bias={"kind": "custom", "loss": "log(1 + sum(e**2))"}, retention="kl"), 1),
+    ],
+    ids=["elementwise", "kl", "lq_read", "channel_sums"],
+)
+def test_the_general_kernels_split_rows_that_evolve_apart(fields, blocks):
+    """At Dv = 128 the general kernels give each program 32 value channels when the rows of W
+    evolve apart (an elementwise bias, reads of one row at a time), and all of them otherwise."""
+    rule = miras.compile({"name": "general-split", **fields})
+    linear, block_v = triton_backend.choose_kernels(rule.program, 128, 128, True)
+    assert not linear and 128 // block_v == blocks
 
 
 @pytest.mark.parametrize("name", ["huber_retained_window2_blocks", "kl_momentum_window2_channel"])
