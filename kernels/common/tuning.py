@@ -24,12 +24,13 @@ import triton
 
 # (num_warps, num_stages) of the chunk kernels (general, linear).
 CHUNK = ((4, 1), (8, 1))
-# The backward kernels that spill on 4 warps, 8 warps first (the first config is the one the
+# The chunk kernels that spill on 4 warps, 8 warps first (the first config is the one the
 # interpreter and the compile checks in `make test` run). Compiled at Dphi = Dv = 128, chunk
-# 64, BV 32 for sm_90: the linear backward's chunk-parallel kernel spills nothing on 8 warps and
-# 68 to 128 B on 4 (its [64, 64] decay, score and gradient matrices stay live across the key
-# tiles), the general backward nothing on 8 and 128 to 196 B on 4 (docs/kernels.md).
-CHUNK_BACKWARD = ((8, 1), (4, 1))
+# 64, BV 32: the linear backward's chunk-parallel kernel spills nothing on 8 warps on sm_90 and
+# 124 to 136 B on 4 (its [64, 64] decay, score and gradient matrices stay live across the key
+# tiles), the general backward nothing on 8 and 128 to 196 B on 4, `linear_output` nothing on
+# 8 and 64 B on 4 (fp32 on sm_80; docs/kernels.md, "The GPU profile").
+CHUNK_WIDE = ((8, 1), (4, 1))
 MAX_REGISTERS = 255  # per thread: the hardware's limit on sm_80 and sm_90
 
 

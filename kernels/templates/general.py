@@ -108,7 +108,7 @@ def general_forward(
 '''
 
 BACKWARD = '''
-@triton.autotune(configs=configs(CHUNK_BACKWARD), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
+@triton.autotune(configs=configs(CHUNK_WIDE), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def general_backward(
     q, k, v, valid, w_chunks, s_chunks, do, dw_out, ds_out,

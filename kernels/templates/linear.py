@@ -140,7 +140,7 @@ def linear_state(
         store_tile(w_out + base, cv, mv, 3 * KT, ckt, DK, w4)
 
 
-@triton.autotune(configs=configs(CHUNK), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
+@triton.autotune(configs=configs(CHUNK_WIDE), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def linear_output(
     q, k, w_chunks, ghat,
@@ -325,7 +325,7 @@ def linear_state_backward(
         store_tile(dw0 + base, cv, mv, 3 * KT, ckt, DK, d4)
 
 
-@triton.autotune(configs=configs(CHUNK_BACKWARD), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
+@triton.autotune(configs=configs(CHUNK_WIDE), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def linear_backward(
     q, k, v, valid, w_chunks, dw_chunks, do,

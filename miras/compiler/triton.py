@@ -601,7 +601,7 @@ from miras.kernels.common.state import (
     load_tile, lq_read, lq_read_vjp, row_softmax, row_softmax_vjp, rows_by_tiles, store_tile,
     tile_plus_rows_t,
 )
-from miras.kernels.common.tuning import CHUNK, CHUNK_BACKWARD, PRUNE, configs"""
+from miras.kernels.common.tuning import CHUNK, CHUNK_WIDE, PRUNE, configs"""
 
 
 def _linear_step_ok(rule: RetentionRule, spec: Spec) -> None:

@@ -80,7 +80,7 @@ def test_cli_report_refuses_a_bad_target_and_width():
 def test_every_autotune_config_states_the_register_cap():
     """Left unstated, the ptxas of triton 3.9 gives these loop-carried kernels 32 registers a
     thread and spills their state tiles (kernels/common/tuning.py)."""
-    chunk = tuning.configs(tuning.CHUNK) + tuning.configs(tuning.CHUNK_BACKWARD)
+    chunk = tuning.configs(tuning.CHUNK) + tuning.configs(tuning.CHUNK_WIDE)
     for config in chunk + tuning.scan_configs():
         assert config.maxnreg == tuning.MAX_REGISTERS == 255
 
@@ -113,8 +113,8 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
             assert (meta["BR"], meta["BK"], meta["NK"], meta["DK"]) == (64, 64, 2, 128)
             assert job.grid == (128 // meta["BV"], 8)
         else:
-            backward = job.kernel in ("linear_backward", "general_backward")
-            chunk = tuning.CHUNK_BACKWARD if backward else tuning.CHUNK
+            wide = job.kernel in ("linear_output", "linear_backward", "general_backward")
+            chunk = tuning.CHUNK_WIDE if wide else tuning.CHUNK
             assert (job.num_warps, job.num_stages) == chunk[job.config]
             linear = job.form == "linear"
             block_v = triton_backend.choose_kernels(compiled, 128, 128, not linear)[1]
