@@ -83,9 +83,9 @@ CASES = {
         dict(bias="huber", retention="l2", optimizer="momentum"),
         dict(t=50, d=16, chunk=16, per_channel=True),
     ),
-    "huber_momentum_window2_blocks": (  # general: value channels in two blocks of 16
+    "huber_momentum_window2_blocks": (  # general: value channels in blocks of 16 and 8
         dict(bias="huber", retention="l2", optimizer="momentum", window=2),
-        dict(t=40, d=32, chunk=16, per_channel=True, general_block_v=16),
+        dict(t=40, d=24, chunk=16, per_channel=True, general_block_v=16),
     ),
     "lp_lq": (
         dict(bias={"kind": "lp", "p": 3}, retention={"kind": "lq", "q": 4}),
