@@ -316,7 +316,6 @@ def linear_state_backward(
                 if BK > 2 * KT:
                     d3 = tile_plus_rows_t(d3, keys, wi, mt, 2 * KT, ckt, DK, dy, OP, ACC, DOT_PRECISION)
                     d4 = tile_plus_rows_t(d4, keys, wi, mt, 3 * KT, ckt, DK, dy, OP, ACC, DOT_PRECISION)
-            tl.debug_barrier()  # the next chunk's dY stores reuse nothing, but keep the order
     store_tile(dw0 + base, cv, mv, 0, ckt, DK, d1)
     if BK > KT:
         store_tile(dw0 + base, cv, mv, KT, ckt, DK, d2)
