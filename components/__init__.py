@@ -24,6 +24,7 @@ from miras.components.optimizer.gd import GD
 from miras.components.optimizer.momentum import Momentum
 from miras.components.optimizer.muon import Muon
 from miras.components.optimizer.nesterov import Nesterov
+from miras.components.optimizer.preconditioned import Preconditioned
 from miras.components.optimizer.proximal import Proximal
 from miras.components.retention.bregman import BregmanRetention
 from miras.components.retention.elastic_net import ElasticNetRetention
@@ -56,6 +57,7 @@ OPTIMIZERS: dict[str, type[Optimizer]] = {
     "muon": Muon,
     "nesterov": Nesterov,
     "proximal": Proximal,
+    "preconditioned": Preconditioned,
     "exact": Exact,
 }
 FEATURE_MAPS: dict[str, type[FeatureMap]] = {

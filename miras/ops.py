@@ -102,6 +102,15 @@ KNOWN_SPECS: dict[str, dict[str, Any]] = {
         "retention": {"kind": "l2", "grad_at": "retained", "decay_channels": "key"},
         "optimizer": {"kind": "gd", "lr": 1},
     },
+    # Preconditioned Gated DeltaNet (chunk_precond_gated_delta_rule at fla's defaults x = 1.5,
+    # eps = 1e-6, log_atk_scale = -0.2): the step scaled per key channel by M(A_t).
+    "precond_gdn": {
+        "name": "precond_gdn",
+        "memory": "matrix",
+        "bias": "l2",
+        "retention": {"kind": "l2", "grad_at": "retained"},
+        "optimizer": "preconditioned",
+    },
     # MesaNet as fla's chunk_mesa_net runs it: q and k as given (no normalization inside).
     "mesanet": {
         "name": "mesanet",
@@ -793,6 +802,168 @@ def chunk_gdn2(
     )
 
 
+@functools.cache
+def precond_rule(x: float, eps: float, center: float | None) -> MemoryRule:
+    """The preconditioned Gated DeltaNet with fla's squash range `x`, `eps` and a fixed center
+    (None: the center is a gate, fla's log_atk_scale per head). fla's defaults are
+    `known_rule("precond_gdn")`."""
+    spec = dict(KNOWN_SPECS["precond_gdn"])
+    if (x, eps, center) != (1.5, 1e-6, -0.2):
+        spec["name"] = "precond_gdn_custom"
+        spec["optimizer"] = {
+            "kind": "preconditioned",
+            "precond_range": x,
+            "precond_eps": eps,
+            "precond_center": "gate" if center is None else center,
+        }
+    return miras.compile(spec)
+
+
+def chunk_precond_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g_atk: torch.Tensor,
+    g: torch.Tensor,
+    beta_atk: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    initial_A_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: Any = None,
+    transpose_state_layout: bool = False,
+    x: float = 1.5,
+    eps: float = 1e-6,
+    log_atk_scale: torch.Tensor | float | None = None,
+    *,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """Preconditioned Gated DeltaNet, fla's `chunk_precond_gated_delta_rule`
+    (`specs/precond_gdn.yaml`): per key head a curvature sum A_t = exp(g_atk,t) A_{t-1} +
+    beta_atk,t k_t^2 over the key channels, M_t = x^(-r_t / (1 + |r_t|)) with
+    r_t = log(A_t + eps) - log_atk_scale, then S_t = exp(g_t) S_{t-1} and the delta rule at the
+    decayed state written at M_t * k_t: S_t += beta_t (M_t * k_t) (v_t - S_t^T k_t)^T.
+
+    q, k [B, T, H, K]; v [B, T, HV, V] (grouped value heads: the HV / H value heads of a key
+    head share its A); g_atk, beta_atk [B, T, H]; g, beta [B, T, HV]; states S [N, HV, K, V]
+    (`transpose_state_layout=True`: [N, HV, V, K]) and A [N, H, K]. `log_atk_scale`: a float
+    or a tensor [H] (one center per key head, differentiable), default -0.2. q and k are
+    l2-normalized unless `use_qk_l2norm_in_kernel=False` (fla's default True). Returns
+    (o, final S, final A), the states None unless `output_final_state`. The chunk backend's
+    exact form (`miras.runtime.exact_keys`, the step per key channel in the written key) equals
+    the recurrence at any chunk size; `cp_context` is refused."""
+    op = "chunk_precond_gated_delta_rule"
+    _refuse_kwargs(op, kwargs)
+    _refuse(op, cp_context=(cp_context, None))
+    for name, value in (("x", x), ("eps", eps)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name}: expected a Python float, got {type(value).__name__}")
+    center = -0.2 if log_atk_scale is None else log_atk_scale
+    if isinstance(center, bool) or not isinstance(center, (int, float, torch.Tensor)):
+        raise ValueError(
+            f"log_atk_scale: expected a float, a tensor [H] or None, got {type(center).__name__}"
+        )
+    try:
+        rule = precond_rule(
+            float(x), float(eps), None if isinstance(center, torch.Tensor) else float(center)
+        )
+    except miras.SpecError as err:  # x <= 1, eps <= 0: name fla's arguments
+        fields = {"precond_range": "x", "precond_eps": "eps", "precond_center": "log_atk_scale"}
+        problems = "; ".join(
+            f"{fields.get(p.path.split('.')[-1], p.path)}: {p.message}" for p in err.problems
+        )
+        raise ValueError(f"{op}: {problems}") from None
+    expanded = _expand_value_heads(q, k, v)  # head counts checked in fla's words
+    shapes = check_qkv(*expanded, v)  # HV heads
+    heads, d_key = k.shape[2], shapes.d_key  # H key heads
+    repeat = shapes.heads // heads  # value heads per key head
+    infos = {info.name: info for info in rule.plan.gates}
+    head = [shapes.batch, shapes.length, heads]
+    gates: dict[str, Any] = {}
+    for name, value, gate, meaning in (
+        ("g_atk", g_atk, "precond_decay", "the log-decay of the curvature sum A, per key head"),
+        ("beta_atk", beta_atk, "precond_lr", "the weight of k_t^2 in A, per key head"),
+    ):
+        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+            got = _dtype_name(value) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"{name}: expected a floating tensor {head} ({meaning}), got {got}")
+        if list(value.shape) != head:
+            raise ValueError(
+                f"{name}: expected [B, T, H] = {head} ({meaning}), got {list(value.shape)}"
+            )
+        allowed = infos[gate].allowed
+        natural = _decay_of(name, value, allowed, q.dtype) if name == "g_atk" else value
+        what = "exp(g_atk)" if name == "g_atk" else "values"
+        _check_fla_range(name, what, natural, allowed, meaning, q.dtype)
+        gates[gate] = natural.to(q.dtype).repeat_interleave(repeat, dim=2)  # [B, T, HV]
+    if isinstance(center, torch.Tensor):
+        if tuple(center.shape) != (heads,) or not center.dtype.is_floating_point:
+            raise ValueError(
+                f"log_atk_scale: expected a float or a floating tensor [H] = [{heads}] (one "
+                f"center per key head), got {_dtype_name(center)} {list(center.shape)}"
+            )
+        if not bool(torch.isfinite(center).all()):
+            raise ValueError("log_atk_scale: expected finite values, found NaN or inf")
+        per_value_head = center.to(q.dtype).repeat_interleave(repeat)  # [HV]
+        gates["precond_center"] = per_value_head.expand(*head[:2], shapes.heads)  # [B, T, HV]
+    state = None
+    if initial_state is not None or initial_A_state is not None:
+        n = shapes.batch if cu_seqlens is None else len(cu_seqlens) - 1
+        if initial_A_state is None:
+            a0 = q.new_zeros(n, heads, d_key)
+        elif not isinstance(initial_A_state, torch.Tensor) or tuple(initial_A_state.shape) != (
+            n,
+            heads,
+            d_key,
+        ):
+            got = (
+                list(initial_A_state.shape)
+                if isinstance(initial_A_state, torch.Tensor)
+                else type(initial_A_state).__name__
+            )
+            raise ValueError(
+                f"initial_A_state: expected [N, H, K] = {[n, heads, d_key]} (the curvature sum "
+                f"per key head and key channel), got {got}"
+            )
+        else:
+            a0 = initial_A_state
+        if initial_state is None:
+            s0 = q.new_zeros(n, shapes.heads, shapes.d_value, d_key)
+        else:
+            s0 = _state_layout(initial_state, transpose_state_layout)
+        # A [N, H, K] -> [N, HV, 1, K]: each value head starts from its key head's A.
+        state = {"W": s0, "P.W": a0.repeat_interleave(repeat, dim=1).unsqueeze(-2)}
+    q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
+    o, final = call(
+        rule,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        state,
+        output_final_state,
+        cu_seqlens,
+        gates=gates,
+        state_v_first=True,  # the state is passed and returned in miras's layout here
+        cu_seqlens_cpu=cu_seqlens_cpu,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
+    if not output_final_state:
+        return o, None, None
+    s_final = _state_layout(final["W"], transpose_state_layout)
+    # Every value head of a group carries its key head's A: one copy per key head.
+    return o, s_final, final["P.W"].squeeze(-2)[:, ::repeat]
+
+
 def deltaproduct_spec(n: int, gated: bool) -> dict[str, Any]:
     """The spec of DeltaProduct with n Householder steps per token (Siems et al. 2025,
     arXiv:2502.10297): the delta rule taking n gradient steps per token, each on a key and
@@ -1093,9 +1264,11 @@ __all__ = [
     "chunk_kda",
     "chunk_linear_attn",
     "chunk_mesa_net",
+    "chunk_precond_gated_delta_rule",
     "chunk_simple_gla",
     "deltaproduct_rule",
     "deltaproduct_spec",
     "functional",
     "known_rule",
+    "precond_rule",
 ]

@@ -24,6 +24,7 @@ from miras.compiler.emit import function_source, load_module, module_source
 from miras.compiler.linear_step import derive_linear_step
 from miras.compiler.minimizer import minimizer_form
 from miras.compiler.plan import make_plan
+from miras.compiler.precondition_check import check_precondition
 from miras.compiler.retention_check import check_retention
 from miras.compiler.retention_derive import derive_retention
 from miras.compiler.triton_kernels import compiled_source, emit_kernels
@@ -149,6 +150,7 @@ def check(c: CompiledRule[Spec]) -> str:
     # first compiled under a caller's torch.no_grad() or inference_mode.
     with torch.inference_mode(False), torch.enable_grad():
         c.checks = check_bias(c.spec.bias, c.bias) + check_retention(c.spec.retention, c.retention)
+        c.checks += check_precondition(c.spec, c.plan, c.functions)
     failed = [r for r in c.checks if not r.passed]
     if failed:
         lines = [

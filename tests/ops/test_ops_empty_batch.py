@@ -50,6 +50,8 @@ def arguments(op, batch: int, gen: torch.Generator) -> dict:
         "num_householder": lambda: n,
         "b": lambda: 0.5 + torch.rand(batch, T, H, generator=gen),  # GDN-2's erase, > 0
         "w": lambda: torch.rand(batch, T, H, V, generator=gen),  # GDN-2's write gate
+        "g_atk": lambda: -torch.rand(batch, T, H, generator=gen),  # the preconditioner's decay
+        "beta_atk": lambda: torch.rand(batch, T, H, generator=gen),  # its weight, >= 0
     }
     if op.__name__ in PER_KEY_DECAY:  # its own layout: a log-decay per key channel
         makers["g"] = lambda: -torch.rand(batch, T, H, K, generator=gen)
@@ -67,7 +69,10 @@ def op_call(op, backend: str):
         args = arguments(op, batch, torch.Generator().manual_seed(0))
         leaves = {n: x.requires_grad_(True) for n, x in args.items() if isinstance(x, torch.Tensor)}
         out = op(**args, output_final_state=True, backend=backend)
-        if "initial_state" in parameters:
+        if "initial_A_state" in parameters:  # chunk_precond_gated_delta_rule: (o, S, A)
+            carried = op(**args, initial_state=out[1], initial_A_state=out[2],
+                         output_final_state=True, backend=backend)  # fmt: skip
+        elif "initial_state" in parameters:
             carried = op(**args, initial_state=out[1], output_final_state=True, backend=backend)
         else:  # chunk_mesa_net: (o, h_kk, h_kv)
             carried = op(**args, h_kk_init=out[1], h_kv_init=out[2], output_final_state=True,
