@@ -8,6 +8,7 @@ from miras.components.bias.custom import CustomBias
 from miras.components.bias.dot import DotBias
 from miras.components.bias.huber import HuberBias
 from miras.components.bias.l2 import L2Bias
+from miras.components.bias.layer_norm import LayerNormBias
 from miras.components.bias.lp import LpBias
 from miras.components.bias.robust import RobustBias
 from miras.components.feature_map.custom import CustomMap
@@ -40,6 +41,7 @@ BIASES: dict[str, type[Bias]] = {
     "lp": LpBias,
     "huber": HuberBias,
     "robust": RobustBias,
+    "layer_norm": LayerNormBias,
     "custom": CustomBias,
 }
 RETENTIONS: dict[str, type[Retention]] = {

@@ -125,9 +125,8 @@ class Precondition:
 
     def text(self) -> str:
         return (
-            f"preconditioner: A_t = precond_decay_t A_(t-1) + precond_lr_t * {self.slope:g} * "
-            f"phi(k_t)^2 per key channel, {self.gate}_t -> {self.gate}_t M(A_t) per key channel "
-            "before the form runs"
+            f"preconditioner: A_t sums {self.slope:g} * gamma_t phi(k_t)^2 per key channel, "
+            f"{self.gate}_t -> {self.gate}_t M(A_t) per key channel before the form runs"
         )
 
 
@@ -254,6 +253,11 @@ class BiasRule:
     source: str
     display: str = ""
     display_latex: str = ""
+    # The gates that may come per value channel, [B, T, H, Dv]: those the loss reads only inside
+    # its channel sums' terms, where a gate of channel j meets channel j's term (every gate of
+    # an elementwise bias; a LayerNorm's weight and bias). A gate outside the sums (the robust
+    # bias's radius) scales a whole-vector quantity: per head only.
+    channel_gates: tuple[str, ...] = ()
 
     def text(self) -> str:
         return self.display

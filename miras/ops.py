@@ -33,6 +33,7 @@ autocast (bf16 training) it computes in its state's precision, float32, as `rule
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +111,15 @@ KNOWN_SPECS: dict[str, dict[str, Any]] = {
         "bias": "l2",
         "retention": {"kind": "l2", "grad_at": "retained"},
         "optimizer": "preconditioned",
+    },
+    # TTT-linear: the l2 loss of the prediction's LayerNorm (chunk_ttt_linear at eps = 1e-6;
+    # the op adds the memory's bias column, the residual target and the output LayerNorm).
+    "ttt_linear": {
+        "name": "ttt_linear",
+        "memory": "matrix",
+        "bias": "layer_norm",
+        "retention": "none",
+        "optimizer": "gd",
     },
     # MesaNet as fla's chunk_mesa_net runs it: q and k as given (no normalization inside).
     "mesanet": {
@@ -964,6 +974,157 @@ def chunk_precond_gated_delta_rule(
     return o, s_final, final["P.W"].squeeze(-2)[:, ::repeat]
 
 
+@functools.cache
+def ttt_rule(eps: float) -> MemoryRule:
+    """TTT-linear with the LayerNorm's `eps`; fla's default 1e-6 is `known_rule("ttt_linear")`."""
+    if eps == 1e-6:
+        return known_rule("ttt_linear")
+    spec = dict(KNOWN_SPECS["ttt_linear"], name="ttt_linear_eps")
+    spec["bias"] = {"kind": "layer_norm", "ln_eps": eps}
+    return miras.compile(spec)
+
+
+def _layer_norm(x: torch.Tensor, w, b, eps: float) -> torch.Tensor:
+    """LN(x) * w + b over the last axis, the variance biased (fla's ttt_linear)."""
+    centered = x - x.mean(-1, keepdim=True)
+    var = centered.pow(2).mean(-1, keepdim=True)
+    return centered / torch.sqrt(var + eps) * w + b
+
+
+def _constant_per_mini_batch(eta: torch.Tensor, bounds: list[int], size: int) -> None:
+    """fla's eta_t scales the sum of a mini-batch's gradients up to token t, so it is a step size
+    per token only where it is one number per mini-batch: refuse any other, naming where."""
+    for lo_seq, hi_seq in itertools.pairwise(bounds):
+        for lo in range(lo_seq, hi_seq, size):
+            part = eta[:, lo : min(lo + size, hi_seq)].detach()
+            if part.shape[1] and not bool((part == part[:, :1]).all()):
+                raise ValueError(
+                    f"eta: chunk_ttt_linear takes one learning rate per mini-batch of chunk_size="
+                    f"{size} tokens; eta varies inside the mini-batch of tokens {lo} to "
+                    f"{min(lo + size, hi_seq) - 1}. fla's ttt_linear steps every token t of a "
+                    "mini-batch with eta_t times the sum of the mini-batch's gradients up to t, "
+                    "W_t = W_0 - eta_t sum_(s<=t) g_s (the reading token's rate rescales the "
+                    "earlier tokens' gradients), which is no step of its own per token; with one "
+                    "eta per mini-batch it is the chunk-start gradient step (docs/ops.md)"
+                )
+
+
+def chunk_ttt_linear(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    eta: torch.Tensor | float,
+    scale: float | None = None,
+    eps: float = 1e-6,
+    chunk_size: int = 16,
+    initial_state: torch.Tensor | None = None,
+    initial_state_bias: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    *,
+    backend: str = "chunk",
+    **kwargs,
+):
+    """TTT-linear, fla's `chunk_ttt_linear` (`specs/ttt_linear.yaml`): per mini-batch of
+    `chunk_size` tokens, every gradient taken at the mini-batch's start state (miras's
+    chunk-start form at that chunk size) of 1/2 ||LN(k_t h + hb) * w + b - (v_t - k_t)||^2,
+    h [K, V] and hb [1, V] stepped by eta; o_t = z_t + LN(z_t) * w + b with
+    z_t = (scale q_t) h_t + hb_t.
+
+    In miras's terms: a matrix memory W = [h^T | hb^T] [V, K + 1] read at the key [k_t, 1] (its
+    last column is the affine memory's bias), the layer_norm bias with its weight and bias
+    gates per value channel, gd with lr = eta, no retention, the target v - k; the output
+    LayerNorm is applied here, outside the memory. q, k [B, T, H, K], v [B, T, H, V] with V = K
+    (the residual target); w, b [H, V]; eta [B, T, H, 1] (or a float), one number per
+    mini-batch (`_constant_per_mini_batch` says why); states h [N, H, K, V] and hb
+    [N, H, 1, V]. Returns (o, h, hb), the states None unless `output_final_state`.
+
+    Where T (or a packed sequence) is not a multiple of chunk_size, fla's final hb also holds
+    the gradients of the zero tokens it pads the last mini-batch with (their prediction hb
+    against the target 0); miras's does not (docs/ops.md). Only the chunk backend runs it;
+    `backend="recurrent"` is mini-batches of one token (`chunk_size=1`)."""
+    op = "chunk_ttt_linear"
+    _refuse_kwargs(op, kwargs)
+    if backend == "triton":
+        raise ValueError(
+            f"backend: 'triton' does not cover {op}: the layer_norm bias reads channel "
+            "statistics the kernels do not chain through; use backend='chunk'"
+        )
+    if backend == "recurrent" and chunk_size != 1:
+        raise ValueError(
+            f"backend: 'recurrent' steps one token at a time, mini-batches of 1, but "
+            f"chunk_size={chunk_size}; use backend='chunk' (mini-batches of chunk_size tokens) "
+            "or chunk_size=1"
+        )
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise ValueError(f"eps: expected a Python float, got {type(eps).__name__}")
+    try:
+        rule = ttt_rule(float(eps))
+    except miras.SpecError as err:
+        raise ValueError(f"eps: {err.problems[0].message}") from None
+    shapes = check_qkv(q, k, v)
+    if shapes.d_value != shapes.d_key:
+        raise ValueError(
+            f"v: {op} learns the residual target v - k, so V must equal K; got K = "
+            f"{shapes.d_key}, V = {shapes.d_value}"
+        )
+    _check_packing(cu_seqlens, cu_seqlens_cpu, None, chunk_size, shapes)
+    heads, d = shapes.heads, shapes.d_key
+    for name, x in (("w", w), ("b", b)):
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (heads, d):
+            got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(
+                f"{name}: expected the LayerNorm's {'weight' if name == 'w' else 'bias'} [H, V] "
+                f"= [{heads}, {d}], got {got}"
+            )
+    head = [shapes.batch, shapes.length, heads]
+    if isinstance(eta, torch.Tensor):
+        if list(eta.shape) != [*head, 1]:
+            raise ValueError(f"eta: expected [B, T, H, 1] = {[*head, 1]}, got {list(eta.shape)}")
+        eta = eta.squeeze(-1)
+        bounds = [0, shapes.length] if cu_seqlens is None else check_cu_seqlens(cu_seqlens, shapes)
+        _constant_per_mini_batch(eta, bounds, chunk_size)
+    _check_scalar_or_tensor("eta", eta)
+    scale = _check_scale(scale, q)
+    # The key [k, 1] and the query [scale q, 1]: W's last column is the affine memory's bias hb.
+    one = q.new_ones(*q.shape[:3], 1)
+    key, query = torch.cat([k, one], -1), torch.cat([q * scale, one], -1)
+    norm_w, norm_b = (x.to(q.dtype).expand(*head, d) for x in (w, b))  # per value channel
+    gates = {"lr": eta if isinstance(eta, float) else eta.to(q.dtype)}
+    gates |= {"ln_weight": norm_w, "ln_bias": norm_b}
+    state = None
+    if initial_state is not None or initial_state_bias is not None:
+        n = shapes.batch if cu_seqlens is None else len(cu_seqlens) - 1
+        h0 = q.new_zeros(n, heads, d, d) if initial_state is None else initial_state
+        hb0 = q.new_zeros(n, heads, 1, d) if initial_state_bias is None else initial_state_bias
+        for name, x, shape in (("initial_state", h0, (n, heads, d, d)),
+                               ("initial_state_bias", hb0, (n, heads, 1, d))):  # fmt: skip
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
+                got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name}: expected {list(shape)}, got {got}")
+        state = torch.cat([h0, hb0], -2).transpose(-1, -2)  # [N, H, V, K + 1]
+    z, final = rule(
+        query,
+        key,
+        v - k,
+        gates,
+        backend=backend,
+        chunk_size=chunk_size,
+        chunk_mode="start" if backend != "recurrent" else "auto",
+        initial_state=state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
+    o = z + _layer_norm(z, norm_w, norm_b, float(eps))
+    if not output_final_state:
+        return o, None, None
+    final = final.transpose(-1, -2)  # [N, H, K + 1, V]
+    return o, final[..., :d, :], final[..., d:, :]
+
+
 def deltaproduct_spec(n: int, gated: bool) -> dict[str, Any]:
     """The spec of DeltaProduct with n Householder steps per token (Siems et al. 2025,
     arXiv:2502.10297): the delta rule taking n gradient steps per token, each on a key and
@@ -1266,9 +1427,11 @@ __all__ = [
     "chunk_mesa_net",
     "chunk_precond_gated_delta_rule",
     "chunk_simple_gla",
+    "chunk_ttt_linear",
     "deltaproduct_rule",
     "deltaproduct_spec",
     "functional",
     "known_rule",
     "precond_rule",
+    "ttt_rule",
 ]

@@ -31,7 +31,7 @@ from miras.compiler.triton_kernels import compiled_source, emit_kernels
 from miras.errors import DerivationError
 from miras.ir import CompiledRule
 from miras.spec import Spec, load_spec
-from miras.symbols import e, gate_symbol, u, v, w0
+from miras.symbols import channels, e, gate_symbol, u, v, w0
 
 # Passes ------------------------------------------------------------------------------------
 
@@ -51,7 +51,7 @@ def resolve(c: CompiledRule[Spec]) -> str:
 def bias_gradient(c: CompiledRule[Spec]) -> str:
     c.bias = derive_bias(c.spec.bias)
     sums = {s for s, _ in c.bias.sums}
-    allowed = {e, v, *sums, *(gate_symbol(g) for g in c.spec.bias.scalars())}
+    allowed = {e, v, channels, *sums, *(gate_symbol(g) for g in c.spec.bias.scalars())}
     stray = c.bias.gradient.free_symbols - allowed
     _invariant(not stray, f"bias gradient has unexpected symbols {sorted(map(str, stray))}")
     return c.bias.text()

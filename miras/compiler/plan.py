@@ -39,7 +39,10 @@ def make_plan(spec: Spec) -> Plan:
     if spec.optimizer.stateful:
         state.append("S (momentum): same shapes as the memory")
     if spec.optimizer.preconditioned:
-        state.append("P (the preconditioner's curvature sum A): [B, H, 1, Dphi] float32")
+        state.append(
+            "P (the preconditioner's curvature sum A): [B, H, 1, Dphi] float32 (float64 for "
+            "float64 inputs)"
+        )
     gates = []
     # Spec.gates() is empty where the memory has no inner step for a gate to scale (softmax
     # attention); then neither are the components' gates taken.

@@ -32,6 +32,7 @@ from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.triton import RESERVED, Gates, emit_source
 from miras.ir import CompiledRule
 from miras.spec import Spec
+from miras.symbols import ChannelSum, channels
 from miras.triton_template import linear_applies
 
 
@@ -60,6 +61,12 @@ def gate_plan(spec: Spec) -> Gates:
     return Gates(window, optimizer + retention, bias, retention, fixed)
 
 
+def reads_channel_statistics(loss) -> bool:
+    """Whether a bias loss reads the channel count or a channel sum inside another (a mean
+    inside a variance: `miras.symbols.channel_gradient`)."""
+    return loss.has(channels) or any(s.args[0].has(ChannelSum) for s in loss.atoms(ChannelSum))
+
+
 def unsupported_reason(spec: Spec) -> str | None:
     """Why the Triton kernels do not cover `spec`, or None when they do."""
     if not spec.memory.linear:
@@ -69,6 +76,11 @@ def unsupported_reason(spec: Spec) -> str | None:
         return f"the {kind} optimizer (the kernels take gradient steps; its solve is in torch)"
     if spec.window.is_global:
         return "window: global (the kernels take a fixed window c; the whole prefix grows per call)"
+    if reads_channel_statistics(spec.bias.expression()):
+        return (
+            f"{spec.bias.label()} (it reads channel statistics, a channel sum inside another or "
+            "the channel count Dv, which the kernels' backward does not chain through)"
+        )
     if spec.optimizer.preconditioned:
         kind = spec.optimizer.kind
         return (

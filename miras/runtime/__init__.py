@@ -85,14 +85,15 @@ def _state_out(state: State):
 def per_channel_gates(program: Program) -> set[str]:
     """The gates `program` also takes per value channel, [B, T, H, Dv]; the rest are per head.
 
-    A bias gate may vary per channel only where the bias is a sum over channels of an
-    elementwise term: in a whole-vector loss (a norm, a channel sum inside a function) it would
-    scale no single term. In a matrix memory the step's gates act row by row; gamma weighs a
-    whole loss term."""
+    A bias gate may vary per channel only where the loss reads it inside its channel sums'
+    terms, next to channel j's own (every gate of an elementwise bias, a LayerNorm's weight):
+    outside them (a norm's weight, a function of a channel sum) it would scale no single term
+    (`BiasRule.channel_gates`). In a matrix memory the step's gates act row by row; gamma
+    weighs a whole loss term."""
     if program.spec.optimizer.solves_exactly:  # one H_kk serves every value channel
         return set()
     bias_gates = set(program.spec.bias.gates())
-    gates = set(bias_gates) if program.bias.elementwise else set()
+    gates = set(program.bias.channel_gates)
     if program.spec.memory.linear:
         gates |= set(program.gates) - {program.spec.window.weight_gate} - bias_gates
     return gates - per_key_gates(program)

@@ -1,5 +1,6 @@
 """The exact chunk form with a decay per key channel (KDA, GDN-2: `retention.decay_channels:
-key`) or a step size per key channel (optimizer preconditioned), in plain torch: each chunk solved exactly, equal to the recurrence at any chunk size.
+key`) or a step size per key channel (optimizer preconditioned), in plain torch: each chunk
+solved exactly, equal to the recurrence at any chunk size.
 
 The step, on a matrix memory W [Dv, Dk] with a_t [Dk] scaling its columns and the gradient of
 an affine bias dL/dy = A_t y + C_t taken at W_e,t = W_{t-1} diag(a_t) (grad_at: retained) or

@@ -68,9 +68,10 @@ def scan(decay: torch.Tensor, increment: torch.Tensor, start: torch.Tensor) -> t
 
     In blocks of n tokens from A_s, with G_t the block's running sum of log-decays:
     A_t = exp(G_t) A_s + sum_{j<=t} exp(G_t - G_j) increment_j. Every exponent is a sum of
-    log-decays over tokens after j, so <= 0: nothing overflows, and a decay of 1.2e-38 (fla's
-    reset) is an exact 0 after it. The exponent is set to 0 above the diagonal before exp, so
-    neither an inf nor its gradient enters."""
+    log-decays over tokens after j, so <= 0: nothing overflows, also where a decay is the
+    1.2e-38 that miras.ops passes for fla's exp(g) = 0 (what came before is then scaled by it,
+    below float32's resolution next to any later increment). The exponent is set to 0 above
+    the diagonal before exp, so neither an inf nor its gradient enters."""
     length = decay.shape[2]
     a = start
     blocks = []

@@ -52,9 +52,16 @@ def arguments(op, batch: int, gen: torch.Generator) -> dict:
         "w": lambda: torch.rand(batch, T, H, V, generator=gen),  # GDN-2's write gate
         "g_atk": lambda: -torch.rand(batch, T, H, generator=gen),  # the preconditioner's decay
         "beta_atk": lambda: torch.rand(batch, T, H, generator=gen),  # its weight, >= 0
+        # TTT-linear's LayerNorm weight and bias [H, V] (shared by the rows) and learning rate
+        # [B, T, H, 1], one per mini-batch (here one for all T < 16 tokens)
+        "w_ln": lambda: 1 + 0.1 * torch.randn(H, V, generator=gen),
+        "b_ln": lambda: 0.1 * torch.randn(H, V, generator=gen),
+        "eta": lambda: torch.full((batch, T, H, 1), 0.1),
     }
     if op.__name__ in PER_KEY_DECAY:  # its own layout: a log-decay per key channel
         makers["g"] = lambda: -torch.rand(batch, T, H, K, generator=gen)
+    if op.__name__ == "chunk_ttt_linear":  # w, b: the LayerNorm's, not GDN-2's gates
+        makers["w"], makers["b"] = makers["w_ln"], makers["b_ln"]
     unknown = [name for name in names if name not in makers]
     assert not unknown, f"{op.__name__}: add an input for {unknown} to `arguments`"
     return {name: makers[name]() for name in names}
@@ -71,6 +78,9 @@ def op_call(op, backend: str):
         out = op(**args, output_final_state=True, backend=backend)
         if "initial_A_state" in parameters:  # chunk_precond_gated_delta_rule: (o, S, A)
             carried = op(**args, initial_state=out[1], initial_A_state=out[2],
+                         output_final_state=True, backend=backend)  # fmt: skip
+        elif "initial_state_bias" in parameters:  # chunk_ttt_linear: (o, h, hb)
+            carried = op(**args, initial_state=out[1], initial_state_bias=out[2],
                          output_final_state=True, backend=backend)  # fmt: skip
         elif "initial_state" in parameters:
             carried = op(**args, initial_state=out[1], output_final_state=True, backend=backend)

@@ -23,7 +23,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_exact_fla import as_miras, momentum_inputs
-from test_known_models import FLA_TOL, assert_rel_rms, f32_exact, fla_naive, loss_and_grads
+from test_known_models import (
+    FLA_TOL,
+    assert_rel_rms,
+    f32_exact,
+    fla_naive,
+    loss_and_grads,
+    rel_rms,
+)
 
 import miras
 from miras import ops
@@ -528,7 +535,7 @@ def fla_precond(*args, initial_state, initial_A_state, **options):
     )  # fmt: skip
 
 
-def assert_precond_close(outputs, references, leaves, names=PRECOND_NAMES):
+def assert_o_and_states_close(outputs, references, leaves, names=PRECOND_NAMES):
     """Outputs (o, S, A) and the gradients of a random linear functional of all three."""
     for what, x, ref in zip(["o", "final state", "final A"], outputs, references, strict=True):
         assert_rel_rms(x, ref, FLA_TOL, what)
@@ -561,7 +568,7 @@ def test_precond_gdn_matches_fla_naive(backend, chunk_size):
     references = fla_precond(
         q, k, v, g_atk, g, beta_atk, beta, initial_state=s0, initial_A_state=a0
     )
-    assert_precond_close(outputs, references, leaves)
+    assert_o_and_states_close(outputs, references, leaves)
 
 
 @pytest.mark.parametrize("chunk_size", [64, 16])
@@ -583,7 +590,7 @@ def test_chunk_precond_alias_matches_fla_with_grouped_heads_and_packed_sequences
         *inputs, output_final_state=True, chunk_size=chunk_size, **options
     )
     references = fla_precond(*inputs, **options)
-    assert_precond_close(outputs, references, leaves, [*PRECOND_NAMES, "log_atk_scale"])
+    assert_o_and_states_close(outputs, references, leaves, [*PRECOND_NAMES, "log_atk_scale"])
 
 
 def test_precond_gdn_chunk_forms_equal_the_recurrence_with_gates_per_key_channel():
@@ -680,3 +687,139 @@ def test_chunk_precond_alias_refuses_bad_arguments():
         op(q, k, v, g_atk, g, beta_atk, beta, x=1.0)
     with pytest.raises(ValueError, match=r"initial_A_state: expected \[N, H, K\] = \[2, 2, 16\]"):
         op(q, k, v, g_atk, g, beta_atk, beta, initial_A_state=torch.zeros(2, 2, 3, dtype=f64))
+
+
+# TTT-linear --------------------------------------------------------------------------------------
+
+TTT = "specs/ttt_linear.yaml"
+TTT_NAMES = ["q", "k", "v", "w", "b", "eta per mini-batch", "h0", "hb0"]
+MINI = 16  # fla's default mini-batch (chunk_size)
+
+
+def ttt_inputs(seed: int, length: int, batch: int = B, dim: int = DK):
+    """fla's inputs for chunk_ttt_linear_ref: q, k, v ~ N(0, 1) [B, T, H, D] (V = K: the target
+    is v - k), the LayerNorm's w ~ 1 + N(0, 0.3^2) and b ~ N(0, 0.3^2) [H, D], one learning
+    rate per mini-batch in [0.05, 0.15] [B, NT, H] (the leaf; `ttt_eta` spreads it over the
+    mini-batch's tokens), initial h [B, H, D, D] and hb [B, H, 1, D]; all leaves require grad."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(*shape, lo=0.0, spread=1.0):
+        return f32_exact(lo + spread * torch.randn(*shape, generator=gen, dtype=f64))
+
+    chunks = -(-length // MINI)
+    leaves = [
+        *(draw(batch, length, H, dim) for _ in "qkv"),
+        draw(H, dim, lo=1.0, spread=0.3),
+        draw(H, dim, spread=0.3),
+        f32_exact(0.05 + 0.1 * torch.rand(batch, chunks, H, generator=gen, dtype=f64)),
+        draw(batch, H, dim, dim, spread=0.1),
+        draw(batch, H, 1, dim, spread=0.1),
+    ]
+    for x in leaves:
+        x.requires_grad_(True)
+    return leaves
+
+
+def ttt_eta(eta: torch.Tensor, length: int, starts=(0,)) -> torch.Tensor:
+    """[B, NT, H] one rate per mini-batch -> fla's eta [B, T, H, 1]: mini-batch i's rate on each
+    of its tokens, the mini-batches counted from each sequence's start in `starts` (packed)."""
+    index, first = [], 0
+    for lo, hi in itertools.pairwise([*starts, length]):
+        index.append(first + torch.arange(hi - lo) // MINI)
+        first += -(-(hi - lo) // MINI)  # this sequence's mini-batches
+    return eta[:, torch.cat(index), :, None]
+
+
+def fla_ttt(q, k, v, w, b, eta, h0, hb0):
+    return fla_naive("ttt", "chunk_ttt_linear_ref")(
+        *(x.float() for x in (q, k, v, w, b, eta)), eps=1e-6, mini_batch_size=MINI,
+        initial_state=h0.float(), initial_state_bias=hb0.float(), output_final_state=True,
+    )  # fmt: skip
+
+
+def test_ttt_linear_spec_runs_the_chunk_start_form():
+    rule = miras.compile(TTT)
+    assert rule.plan.chunk_form.form == "start"
+    assert "couples the value channels" in rule.plan.chunk_form.reason
+    assert sorted(rule.gates) == ["ln_bias", "ln_weight", "lr"]
+    assert "channel statistics" in rule.ir.triton_refusal
+
+
+def test_chunk_ttt_linear_matches_fla():
+    """ops.chunk_ttt_linear against fla's chunk_ttt_linear_ref at its mini-batch 16, T = 48 (three
+    mini-batches): outputs, both final states and every gradient, the learning rate one number
+    per mini-batch (its gradient compared per mini-batch: below)."""
+    length = 48
+    q, k, v, w, b, eta, h0, hb0 = leaves = ttt_inputs(seed=30, length=length)
+    options = dict(initial_state=h0, initial_state_bias=hb0, output_final_state=True)
+    outputs = ops.chunk_ttt_linear(q, k, v, w, b, ttt_eta(eta, length), chunk_size=MINI, **options)
+    references = fla_ttt(q, k, v, w, b, ttt_eta(eta, length), h0, hb0)
+    assert_o_and_states_close(outputs, references, leaves, TTT_NAMES)
+
+
+def test_chunk_ttt_linear_packed_sequences_match_fla_per_sequence():
+    """cu_seqlens [0, 32, 80] (B = 1; mini-batches from each sequence's start), one initial h
+    and hb per sequence, against fla's reference run on each sequence alone."""
+    length, cu = 80, [0, 32, 80]
+    q, k, v, w, b, eta, h0, hb0 = leaves = ttt_inputs(seed=31, length=length, batch=1)
+
+    def shared():  # built per graph, as each is freed in its backward
+        h_starts, hb_starts = (torch.cat([x, -0.5 * x]) for x in (h0, hb0))  # N = 2
+        return h_starts, hb_starts, ttt_eta(eta, length, starts=cu[:-1])
+
+    h_starts, hb_starts, eta_tokens = shared()
+    outputs = ops.chunk_ttt_linear(
+        q, k, v, w, b, eta_tokens, chunk_size=MINI, initial_state=h_starts,
+        initial_state_bias=hb_starts, output_final_state=True, cu_seqlens=torch.tensor(cu),
+    )  # fmt: skip
+    h_starts, hb_starts, eta_tokens = shared()
+    parts = []
+    for i, (lo, hi) in enumerate(itertools.pairwise(cu)):
+        inputs = [x[:, lo:hi] for x in (q, k, v)] + [w, b, eta_tokens[:, lo:hi]]
+        parts.append(fla_ttt(*inputs, h_starts[i : i + 1], hb_starts[i : i + 1]))
+    o_ref, h_ref, hb_ref = zip(*parts, strict=True)
+    references = (torch.cat(o_ref, 1), torch.cat(h_ref), torch.cat(hb_ref))
+    assert_o_and_states_close(outputs, references, leaves, TTT_NAMES)
+
+
+def test_chunk_ttt_linear_partial_mini_batch_differs_from_fla_by_its_padding_only():
+    """T = 40 at mini-batch 16: the outputs and h equal fla's, but fla's final hb also holds the
+    gradients of the 8 zero tokens it pads the last mini-batch with (k = 0: the prediction hb of
+    the last mini-batch's start, against the target 0), which miras's does not: adding them
+    gives fla's. This holds docs/ops.md's claim to fla 0.6."""
+    length = 40
+    q, k, v, w, b, eta, h0, hb0 = (x.detach() for x in ttt_inputs(seed=32, length=length))
+    eta_tokens = ttt_eta(eta, length)
+    options = dict(chunk_size=MINI, initial_state=h0, initial_state_bias=hb0)
+    o, h, hb = ops.chunk_ttt_linear(q, k, v, w, b, eta_tokens, output_final_state=True, **options)
+    o_ref, h_ref, hb_ref = fla_ttt(q, k, v, w, b, eta_tokens, h0, hb0)
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    assert_rel_rms(h, h_ref, FLA_TOL, "h")
+    assert rel_rms(hb, hb_ref.double()) > 1e-2  # the padding's gradients are not miras's
+    full = 32
+    _, _, hb_start = ops.chunk_ttt_linear(
+        *(x[:, :full] for x in (q, k, v)), w, b, eta_tokens[:, :full], output_final_state=True,
+        **options,
+    )  # fmt: skip
+    y = hb_start.clone().requires_grad_()  # the pads' prediction [B, H, 1, D]
+    bias = miras.compile(TTT).spec.bias
+    loss = bias.reference_loss(y, torch.zeros_like(y), w[:, None], b[:, None]).sum()
+    (pad_gradient,) = torch.autograd.grad(loss, y)
+    pads = -(-length // MINI) * MINI - length
+    with_pads = hb - eta[:, -1, :, None, None] * pads * pad_gradient
+    assert_rel_rms(with_pads, hb_ref, FLA_TOL, "hb with the padding's gradients")
+
+
+def test_chunk_ttt_linear_refuses_what_is_not_a_gradient_step():
+    q, k, v, w, b, _, _, _ = (x.detach() for x in ttt_inputs(seed=33, length=32))
+    per_token = 0.05 + 0.01 * torch.arange(32, dtype=f64)[None, :, None, None].expand(B, 32, H, 1)
+    with pytest.raises(ValueError, match=r"eta: .*varies inside the mini-batch of tokens 0 to 15"):
+        ops.chunk_ttt_linear(q, k, v, w, b, per_token)
+    with pytest.raises(ValueError, match=r"v: chunk_ttt_linear learns the residual target"):
+        ops.chunk_ttt_linear(q, k, v[..., :3], w, b, 0.1)
+    with pytest.raises(ValueError, match=r"w: expected the LayerNorm's weight \[H, V\]"):
+        ops.chunk_ttt_linear(q, k, v, w[0], b, 0.1)
+    with pytest.raises(ValueError, match="backend: 'triton' does not cover chunk_ttt_linear"):
+        ops.chunk_ttt_linear(q, k, v, w, b, 0.1, backend="triton")
+    with pytest.raises(ValueError, match="backend: 'recurrent' steps one token at a time"):
+        ops.chunk_ttt_linear(q, k, v, w, b, 0.1, backend="recurrent")
