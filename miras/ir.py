@@ -253,10 +253,11 @@ class BiasRule:
     source: str
     display: str = ""
     display_latex: str = ""
-    # The gates that may come per value channel, [B, T, H, Dv]: those the loss reads only inside
-    # its channel sums' terms, where a gate of channel j meets channel j's term (every gate of
-    # an elementwise bias; a LayerNorm's weight and bias). A gate outside the sums (the robust
-    # bias's radius) scales a whole-vector quantity: per head only.
+    # The gates that may come per value channel, [B, T, H, Dv]: every gate of an elementwise
+    # bias (its gradient reads no sum), and of another the gates the loss reads only inside its
+    # channel sums' terms, where a gate of channel j meets channel j's term (a LayerNorm's weight
+    # and bias). A gate outside the sums (the robust bias's radius) scales a whole-vector
+    # quantity: per head only.
     channel_gates: tuple[str, ...] = ()
 
     def text(self) -> str:

@@ -100,7 +100,10 @@ def derive_bias(bias: Bias) -> BiasRule:
         raise DerivationError(
             f"bias {bias.kind}: the loss or dL/dy has no torch form ({err})"
         ) from None
-    outside = outer.free_symbols  # what G reads besides the sums
+    # The gates that may come per channel: every gate of an elementwise gradient (it reads no
+    # sum, so a gate meets channel j's term wherever it stands); otherwise those G does not
+    # read outside the sums.
+    outside = outer.free_symbols if used else set()
     return BiasRule(
         kind=bias.kind,
         loss=loss,
