@@ -993,20 +993,25 @@ def _layer_norm(x: torch.Tensor, w, b, eps: float) -> torch.Tensor:
 
 def _constant_per_mini_batch(eta: torch.Tensor, bounds: list[int], size: int) -> None:
     """fla's eta_t scales the sum of a mini-batch's gradients up to token t, so it is a step size
-    per token only where it is one number per mini-batch: refuse any other, naming where."""
-    for lo_seq, hi_seq in itertools.pairwise(bounds):
-        for lo in range(lo_seq, hi_seq, size):
-            part = eta[:, lo : min(lo + size, hi_seq)].detach()
-            if part.shape[1] and not bool((part == part[:, :1]).all()):
-                raise ValueError(
-                    f"eta: chunk_ttt_linear takes one learning rate per mini-batch of chunk_size="
-                    f"{size} tokens; eta varies inside the mini-batch of tokens {lo} to "
-                    f"{min(lo + size, hi_seq) - 1}. fla's ttt_linear steps every token t of a "
-                    "mini-batch with eta_t times the sum of the mini-batch's gradients up to t, "
-                    "W_t = W_0 - eta_t sum_(s<=t) g_s (the reading token's rate rescales the "
-                    "earlier tokens' gradients), which is no step of its own per token; with one "
-                    "eta per mini-batch it is the chunk-start gradient step (docs/ops.md)"
-                )
+    per token only where it is one number per mini-batch: refuse any other, naming where.
+    eta [B, T, H]; the mini-batches of `size` tokens count from each sequence's start."""
+    for lo, hi in itertools.pairwise(bounds):
+        part = eta[:, lo:hi].detach()
+        pad = -(hi - lo) % size  # the last mini-batch padded with its own last value
+        part = torch.cat([part, part[:, -1:].expand(-1, pad, -1)], 1)
+        chunks = part.unflatten(1, (-1, size))  # [B, NT, size, H]
+        varies = (chunks != chunks[:, :, :1]).flatten(2).any(-1).any(0)  # [NT]
+        if bool(varies.any()):
+            first = lo + int(varies.nonzero()[0]) * size
+            raise ValueError(
+                f"eta: chunk_ttt_linear takes one learning rate per mini-batch of chunk_size="
+                f"{size} tokens; eta varies inside the mini-batch of tokens {first} to "
+                f"{min(first + size, hi) - 1}. fla's ttt_linear steps every token t of a "
+                "mini-batch with eta_t times the sum of the mini-batch's gradients up to t, "
+                "W_t = W_0 - eta_t sum_(s<=t) g_s (the reading token's rate rescales the "
+                "earlier tokens' gradients), which is no step of its own per token; with one "
+                "eta per mini-batch it is the chunk-start gradient step (docs/ops.md)"
+            )
 
 
 def chunk_ttt_linear(
@@ -1081,13 +1086,19 @@ def chunk_ttt_linear(
                 f"= [{heads}, {d}], got {got}"
             )
     head = [shapes.batch, shapes.length, heads]
+    _check_scalar_or_tensor("eta", eta)
+    if eta is None:
+        raise ValueError("eta: expected a tensor [B, T, H, 1] or a float (the learning rate)")
+    lr_range = next(info.allowed for info in rule.plan.gates if info.name == "lr")
+    _check_fla_range("eta", "values", eta, lr_range, "the learning rate", q.dtype)
     if isinstance(eta, torch.Tensor):
         if list(eta.shape) != [*head, 1]:
             raise ValueError(f"eta: expected [B, T, H, 1] = {[*head, 1]}, got {list(eta.shape)}")
         eta = eta.squeeze(-1)
         bounds = [0, shapes.length] if cu_seqlens is None else check_cu_seqlens(cu_seqlens, shapes)
         _constant_per_mini_batch(eta, bounds, chunk_size)
-    _check_scalar_or_tensor("eta", eta)
+    else:
+        eta = float(eta)
     scale = _check_scale(scale, q)
     # The key [k, 1] and the query [scale q, 1]: W's last column is the affine memory's bias hb.
     one = q.new_ones(*q.shape[:3], 1)

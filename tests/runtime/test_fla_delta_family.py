@@ -815,6 +815,8 @@ def test_chunk_ttt_linear_refuses_what_is_not_a_gradient_step():
     per_token = 0.05 + 0.01 * torch.arange(32, dtype=f64)[None, :, None, None].expand(B, 32, H, 1)
     with pytest.raises(ValueError, match=r"eta: .*varies inside the mini-batch of tokens 0 to 15"):
         ops.chunk_ttt_linear(q, k, v, w, b, per_token)
+    with pytest.raises(ValueError, match=r"eta: values must lie in \[0, inf\)"):
+        ops.chunk_ttt_linear(q, k, v, w, b, -0.1)
     with pytest.raises(ValueError, match=r"v: chunk_ttt_linear learns the residual target"):
         ops.chunk_ttt_linear(q, k, v[..., :3], w, b, 0.1)
     with pytest.raises(ValueError, match=r"w: expected the LayerNorm's weight \[H, V\]"):
