@@ -221,8 +221,8 @@ class TorchPrinter(StrictPrinter):
     def _print_ChannelSum(self, expr: ChannelSum) -> str:
         term = expr.args[0]
         if not term.free_symbols & {e, y, v}:
-            # A term without e, y, v (the channel count 1, a gate per head) is broadcast over
-            # the value channels first: its sum is Dv times it, not it.
+            # A term without e, y, v (a gate per head, sum_j(a**2)) is broadcast over the value
+            # channels first: its sum is Dv times it, not it.
             return f"(torch.zeros_like(e) + {self._print(term)}).sum(dim=-1, keepdim=True)"
         return f"{self._print(term)}.sum(dim=-1, keepdim=True)"
 
