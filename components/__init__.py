@@ -8,6 +8,7 @@ from miras.components.bias.custom import CustomBias
 from miras.components.bias.dot import DotBias
 from miras.components.bias.huber import HuberBias
 from miras.components.bias.l2 import L2Bias
+from miras.components.bias.layer_norm import LayerNormBias
 from miras.components.bias.lp import LpBias
 from miras.components.bias.robust import RobustBias
 from miras.components.feature_map.custom import CustomMap
@@ -24,6 +25,7 @@ from miras.components.optimizer.gd import GD
 from miras.components.optimizer.momentum import Momentum
 from miras.components.optimizer.muon import Muon
 from miras.components.optimizer.nesterov import Nesterov
+from miras.components.optimizer.preconditioned import Preconditioned
 from miras.components.optimizer.proximal import Proximal
 from miras.components.retention.bregman import BregmanRetention
 from miras.components.retention.elastic_net import ElasticNetRetention
@@ -39,6 +41,7 @@ BIASES: dict[str, type[Bias]] = {
     "lp": LpBias,
     "huber": HuberBias,
     "robust": RobustBias,
+    "layer_norm": LayerNormBias,
     "custom": CustomBias,
 }
 RETENTIONS: dict[str, type[Retention]] = {
@@ -56,6 +59,7 @@ OPTIMIZERS: dict[str, type[Optimizer]] = {
     "muon": Muon,
     "nesterov": Nesterov,
     "proximal": Proximal,
+    "preconditioned": Preconditioned,
     "exact": Exact,
 }
 FEATURE_MAPS: dict[str, type[FeatureMap]] = {

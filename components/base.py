@@ -312,6 +312,11 @@ class Optimizer(Component):
     # True for an implicit step (proximal): the runtime replaces the gate lr_t by
     # `step_size(lr_t, curvature_t)` before any form runs, and `update` then takes that step.
     implicit: ClassVar[bool] = False
+    # True for a step preconditioned per key channel by a state of its own that reads only the
+    # keys and its gates (preconditioned): the runtime computes the preconditioner for the
+    # whole sequence before any form runs and replaces lr_t by lr_t M_t, one per key channel,
+    # which `update` then takes as gd does (`miras.runtime.precondition`).
+    preconditioned: ClassVar[bool] = False
     # True when the optimizer solves the whole objective instead of stepping (exact): the
     # state is the objective's sufficient statistics and `whole_step_lines` shows the step.
     solves_exactly: ClassVar[bool] = False

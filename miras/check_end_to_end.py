@@ -11,7 +11,9 @@ state with an oracle of the whole step that never calls a derived gradient or st
           with L the printed `bias_loss` and M the memory's forward
     u_t = the optimizer component's update of g_t (gd, momentum, Muon)
           (proximal: W_e minus the argmin of l(W; k_t, v_t) + ||W - W_e||^2 / (2 lr_t), found
-          by Newton's method on its autograd gradient and Hessian, never its closed form)
+          by Newton's method on its autograd gradient and Hessian, never its closed form;
+          preconditioned: its step size times M(A_t), A_t summing the diagonal of the loss's
+          autograd Hessian in W, never the derived s phi(k)^2)
     W_t = argmin_W of the printed Learning-Retaining objective, found numerically: bisection on
           its autograd slope per entry (F convex: the slope is monotone), L-BFGS over each
           row's logits for kl; lq's read A / ||A||_q^(q-2) written out
@@ -233,6 +235,32 @@ def proximal_update(rule: Rule, weights, x, v, bias_args, lr, gamma=1.0) -> dict
     return {n: start[n] - part.reshape(shape) for n, part, shape in pieces}
 
 
+def curvature_diagonal(rule: Rule, weights, x, v, bias_args, gamma=1.0) -> dict:
+    """The diagonal of the Hessian of gamma L(M_W(x), v) in each parameter, by autograd (the
+    full Hessian of all entries at once, as `proximal_update` takes it; never the derived
+    s phi(k)^2), averaged over each parameter's rows: name -> [B, H, 1, in]. On a matrix memory
+    with a bias of constant curvature every row holds the same diagonal. weights [B, H, out,
+    in] (W_e); x [B, H, Dphi]; v [B, H, Dv]; gamma [B, H, 1] or a number."""
+    forward, loss_of = rule.runtime.memory.forward, rule.functions.bias_loss
+    start = {n: w.detach() for n, w in weights.items()}
+    names, shapes = list(start), [w.shape for w in start.values()]
+    sizes = [w.numel() for w in start.values()]
+
+    def objective(flat: torch.Tensor) -> torch.Tensor:
+        parts = torch.split(flat, sizes)
+        point = {n: p.reshape(shape) for n, p, shape in zip(names, parts, shapes, strict=True)}
+        return (gamma * loss_of(forward(point, x), v, *bias_args)).sum()
+
+    flat = torch.cat([w.flatten() for w in start.values()])
+    with torch.enable_grad():
+        hessian = torch.autograd.functional.hessian(objective, flat)
+    parts = torch.split(hessian.diagonal(), sizes)
+    return {
+        n: p.reshape(shape).mean(-2, keepdim=True)
+        for n, p, shape in zip(names, parts, shapes, strict=True)
+    }
+
+
 def step_inputs(rule: Rule, q, k, v, gates):
     """The oracle's inputs, one entry per optimizer step (`optimizer.steps: n`, docs/spec.md):
     step j of token t at t*n + j reads the token's k, v and gates (or, for the per-step
@@ -306,6 +334,20 @@ def oracle(rule: Rule, q, k, v, gates) -> Trace:
         # u_t: the optimizer component's own update; for an implicit step (proximal), W_e
         # minus the numerical argmin of its objective.
         values = {name: _param_gate(_gate_at(opt, name, gates_, t)) for name in opt.gateable}
+        if rule.plan.precondition is not None:
+            # The preconditioner: the curvature c_t, the Hessian's diagonal by autograd, summed
+            # into A_t by the component's `accumulate`; the step size b_t M(A_t) per column.
+            bias_args = [gates_[n][:, :, t] for n in spec.bias.gates()]
+            gamma = _gate_at(spec.window, spec.window.weight_gate, gates_, t)  # c = 1
+            curvature = curvature_diagonal(rule, weights, phi_k[:, :, t], v_[:, :, t], bias_args,
+                                           gamma)  # fmt: skip
+            gate = rule.plan.precondition.gate
+            for n in names:
+                state[f"P.{n}"] = opt.accumulate(
+                    state[f"P.{n}"], curvature[n], values["precond_decay"], values["precond_lr"]
+                )
+            (name,) = names  # a matrix memory: one factor for the step size of W
+            values[gate] = values[gate] * opt.factor(state[f"P.{name}"], values["precond_center"])
         updates = {}
         if rule.plan.implicit_step is not None:
             bias_args = [gates_[n][:, :, t] for n in spec.bias.gates()]
@@ -451,6 +493,7 @@ def check_end_to_end(
         f"T={sizes.length}, c={rule.spec.window.c}"
         + (", per-channel gates" if per_channel else "")
         + (", the proximal step by Newton's argmin" if rule.plan.implicit_step else "")
+        + (", the preconditioner from autograd's Hessian" if rule.plan.precondition else "")
     )
     results = []
     memory = rule.spec.memory

@@ -43,9 +43,13 @@ class GateInfo:
     allowed: Range
     defaults: GateDefaults = field(default_factory=GateDefaults)
     role: Literal["step_size", "decay"] | None = None
+    # The channel axis it may carry besides the head: "value" ([B, T, H, Dv]) or "key"
+    # ([B, T, H, Dphi]: the component's `key_channel_gates`, which scale W's columns).
+    channels: Literal["value", "key"] = "value"
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.component}) in {self.allowed}: [B, T, H] or [B, T, H, Dv]"
+        axis = "Dk" if self.channels == "key" else "Dv"
+        return f"{self.name} ({self.component}) in {self.allowed}: [B, T, H] or [B, T, H, {axis}]"
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,24 @@ class ImplicitStep:
         return (
             f"implicit step: {self.gate}_t -> {self.gate}_t / (1 + {self.gate}_t * {self.slope:g} "
             "* ||phi(k_t)||^2) before the form runs (the proximal step's closed form)"
+        )
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """A diagonal preconditioner over the key channels (optimizer preconditioned): before any
+    form runs, the runtime sums the curvature c_t = slope gamma_t phi(k_t)^2 per key channel
+    (the diagonal of the token loss's Hessian in W's columns on a matrix memory; `slope` =
+    d2L/dy^2 of the bias, a constant) into the optimizer's state A_t, and replaces the gate
+    `gate` by gate_t M(A_t), one per key channel, which every form then runs as gd's step."""
+
+    gate: str
+    slope: float
+
+    def text(self) -> str:
+        return (
+            f"preconditioner: A_t sums {self.slope:g} * gamma_t phi(k_t)^2 per key channel, "
+            f"{self.gate}_t -> {self.gate}_t M(A_t) per key channel before the form runs"
         )
 
 
@@ -197,6 +219,7 @@ class Plan:
     chunk_form: ChunkForm | None = None  # set by the compiler's chunk_form pass
     implicit_step: ImplicitStep | None = None  # an implicit optimizer's step size map
     linear_step: LinearStep | None = None  # set by the compiler's linear_step pass
+    precondition: Precondition | None = None  # a preconditioned optimizer's per-key step size
 
     def text(self) -> str:
         lines = ["state:", *(f"  {s}" for s in self.state), "gates:"]
@@ -206,6 +229,8 @@ class Plan:
             lines.append(f"  {self.chunk_form.text()}")
         if self.implicit_step is not None:
             lines.append(f"  {self.implicit_step.text()}")
+        if self.precondition is not None:
+            lines.append(f"  {self.precondition.text()}")
         return "\n".join(lines)
 
 
@@ -228,6 +253,12 @@ class BiasRule:
     source: str
     display: str = ""
     display_latex: str = ""
+    # The gates that may come per value channel, [B, T, H, Dv]: every gate of an elementwise
+    # bias (its gradient reads no sum), and of another the gates the loss reads only inside its
+    # channel sums' terms, where a gate of channel j meets channel j's term (a LayerNorm's weight
+    # and bias). A gate outside the sums (the robust bias's radius) scales a whole-vector
+    # quantity: per head only.
+    channel_gates: tuple[str, ...] = ()
 
     def text(self) -> str:
         return self.display

@@ -33,6 +33,7 @@ autocast (bf16 training) it computes in its state's precision, float32, as `rule
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -101,6 +102,24 @@ KNOWN_SPECS: dict[str, dict[str, Any]] = {
         },
         "retention": {"kind": "l2", "grad_at": "retained", "decay_channels": "key"},
         "optimizer": {"kind": "gd", "lr": 1},
+    },
+    # Preconditioned Gated DeltaNet (chunk_precond_gated_delta_rule at fla's defaults x = 1.5,
+    # eps = 1e-6, log_atk_scale = -0.2): the step scaled per key channel by M(A_t).
+    "precond_gdn": {
+        "name": "precond_gdn",
+        "memory": "matrix",
+        "bias": "l2",
+        "retention": {"kind": "l2", "grad_at": "retained"},
+        "optimizer": "preconditioned",
+    },
+    # TTT-linear: the l2 loss of the prediction's LayerNorm (chunk_ttt_linear at eps = 1e-6;
+    # the op adds the memory's bias column, the residual target and the output LayerNorm).
+    "ttt_linear": {
+        "name": "ttt_linear",
+        "memory": "matrix",
+        "bias": "layer_norm",
+        "retention": "none",
+        "optimizer": "gd",
     },
     # MesaNet as fla's chunk_mesa_net runs it: q and k as given (no normalization inside).
     "mesanet": {
@@ -793,6 +812,330 @@ def chunk_gdn2(
     )
 
 
+@functools.cache
+def precond_rule(x: float, eps: float, center: float | None) -> MemoryRule:
+    """The preconditioned Gated DeltaNet with fla's squash range `x`, `eps` and a fixed center
+    (None: the center is a gate, fla's log_atk_scale per head). fla's defaults are
+    `known_rule("precond_gdn")`."""
+    spec = dict(KNOWN_SPECS["precond_gdn"])
+    if (x, eps, center) != (1.5, 1e-6, -0.2):
+        spec["name"] = "precond_gdn_custom"
+        spec["optimizer"] = {
+            "kind": "preconditioned",
+            "precond_range": x,
+            "precond_eps": eps,
+            "precond_center": "gate" if center is None else center,
+        }
+    return miras.compile(spec)
+
+
+def chunk_precond_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g_atk: torch.Tensor,
+    g: torch.Tensor,
+    beta_atk: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    initial_A_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: Any = None,
+    transpose_state_layout: bool = False,
+    x: float = 1.5,
+    eps: float = 1e-6,
+    log_atk_scale: torch.Tensor | float | None = None,
+    *,
+    backend: str = "chunk",
+    chunk_size: int = 64,
+    **kwargs,
+):
+    """Preconditioned Gated DeltaNet, fla's `chunk_precond_gated_delta_rule`
+    (`specs/precond_gdn.yaml`): per key head a curvature sum A_t = exp(g_atk,t) A_{t-1} +
+    beta_atk,t k_t^2 over the key channels, M_t = x^(-r_t / (1 + |r_t|)) with
+    r_t = log(A_t + eps) - log_atk_scale, then S_t = exp(g_t) S_{t-1} and the delta rule at the
+    decayed state written at M_t * k_t: S_t += beta_t (M_t * k_t) (v_t - S_t^T k_t)^T.
+
+    q, k [B, T, H, K]; v [B, T, HV, V] (grouped value heads: the HV / H value heads of a key
+    head share its A); g_atk, beta_atk [B, T, H]; g, beta [B, T, HV]; states S [N, HV, K, V]
+    (`transpose_state_layout=True`: [N, HV, V, K]) and A [N, H, K]. `log_atk_scale`: a float
+    or a tensor [H] (one center per key head, differentiable), default -0.2. q and k are
+    l2-normalized unless `use_qk_l2norm_in_kernel=False` (fla's default True). Returns
+    (o, final S, final A), the states None unless `output_final_state`. The chunk backend's
+    exact form (`miras.runtime.exact_keys`, the step per key channel in the written key) equals
+    the recurrence at any chunk size; `cp_context` is refused."""
+    op = "chunk_precond_gated_delta_rule"
+    _refuse_kwargs(op, kwargs)
+    _refuse(op, cp_context=(cp_context, None))
+    for name, value in (("x", x), ("eps", eps)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name}: expected a Python float, got {type(value).__name__}")
+    center = -0.2 if log_atk_scale is None else log_atk_scale
+    if isinstance(center, bool) or not isinstance(center, (int, float, torch.Tensor)):
+        raise ValueError(
+            f"log_atk_scale: expected a float, a tensor [H] or None, got {type(center).__name__}"
+        )
+    try:
+        rule = precond_rule(
+            float(x), float(eps), None if isinstance(center, torch.Tensor) else float(center)
+        )
+    except miras.SpecError as err:  # x <= 1, eps <= 0: name fla's arguments
+        fields = {"precond_range": "x", "precond_eps": "eps", "precond_center": "log_atk_scale"}
+        problems = "; ".join(
+            f"{fields.get(p.path.split('.')[-1], p.path)}: {p.message}" for p in err.problems
+        )
+        raise ValueError(f"{op}: {problems}") from None
+    expanded = _expand_value_heads(q, k, v)  # head counts checked in fla's words
+    shapes = check_qkv(*expanded, v)  # HV heads
+    heads, d_key = k.shape[2], shapes.d_key  # H key heads
+    repeat = shapes.heads // heads  # value heads per key head
+    infos = {info.name: info for info in rule.plan.gates}
+    head = [shapes.batch, shapes.length, heads]
+    gates: dict[str, Any] = {}
+    for name, value, gate, meaning in (
+        ("g_atk", g_atk, "precond_decay", "the log-decay of the curvature sum A, per key head"),
+        ("beta_atk", beta_atk, "precond_lr", "the weight of k_t^2 in A, per key head"),
+    ):
+        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+            got = _dtype_name(value) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"{name}: expected a floating tensor {head} ({meaning}), got {got}")
+        if list(value.shape) != head:
+            raise ValueError(
+                f"{name}: expected [B, T, H] = {head} ({meaning}), got {list(value.shape)}"
+            )
+        allowed = infos[gate].allowed
+        natural = _decay_of(name, value, allowed, q.dtype) if name == "g_atk" else value
+        what = "exp(g_atk)" if name == "g_atk" else "values"
+        _check_fla_range(name, what, natural, allowed, meaning, q.dtype)
+        gates[gate] = natural.to(q.dtype).repeat_interleave(repeat, dim=2)  # [B, T, HV]
+    if isinstance(center, torch.Tensor):
+        if tuple(center.shape) != (heads,) or not center.dtype.is_floating_point:
+            raise ValueError(
+                f"log_atk_scale: expected a float or a floating tensor [H] = [{heads}] (one "
+                f"center per key head), got {_dtype_name(center)} {list(center.shape)}"
+            )
+        if not bool(torch.isfinite(center).all()):
+            raise ValueError("log_atk_scale: expected finite values, found NaN or inf")
+        per_value_head = center.to(q.dtype).repeat_interleave(repeat)  # [HV]
+        gates["precond_center"] = per_value_head.expand(*head[:2], shapes.heads)  # [B, T, HV]
+    state = None
+    if initial_state is not None or initial_A_state is not None:
+        n = shapes.batch if cu_seqlens is None else len(cu_seqlens) - 1
+        if initial_A_state is None:
+            a0 = q.new_zeros(n, heads, d_key)
+        elif not isinstance(initial_A_state, torch.Tensor) or tuple(initial_A_state.shape) != (
+            n,
+            heads,
+            d_key,
+        ):
+            got = (
+                list(initial_A_state.shape)
+                if isinstance(initial_A_state, torch.Tensor)
+                else type(initial_A_state).__name__
+            )
+            raise ValueError(
+                f"initial_A_state: expected [N, H, K] = {[n, heads, d_key]} (the curvature sum "
+                f"per key head and key channel), got {got}"
+            )
+        else:
+            a0 = initial_A_state
+        if initial_state is None:
+            s0 = q.new_zeros(n, shapes.heads, shapes.d_value, d_key)
+        else:
+            s0 = _state_layout(initial_state, transpose_state_layout)
+        # A [N, H, K] -> [N, HV, 1, K]: each value head starts from its key head's A.
+        state = {"W": s0, "P.W": a0.repeat_interleave(repeat, dim=1).unsqueeze(-2)}
+    q, k = _l2norm(q, k, use_qk_l2norm_in_kernel)
+    o, final = call(
+        rule,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        state,
+        output_final_state,
+        cu_seqlens,
+        gates=gates,
+        state_v_first=True,  # the state is passed and returned in miras's layout here
+        cu_seqlens_cpu=cu_seqlens_cpu,
+        backend=backend,
+        chunk_size=chunk_size,
+    )
+    if not output_final_state:
+        return o, None, None
+    s_final = _state_layout(final["W"], transpose_state_layout)
+    # Every value head of a group carries its key head's A: one copy per key head.
+    return o, s_final, final["P.W"].squeeze(-2)[:, ::repeat]
+
+
+@functools.cache
+def ttt_rule(eps: float) -> MemoryRule:
+    """TTT-linear with the LayerNorm's `eps`; fla's default 1e-6 is `known_rule("ttt_linear")`."""
+    if eps == 1e-6:
+        return known_rule("ttt_linear")
+    spec = dict(KNOWN_SPECS["ttt_linear"], name="ttt_linear_eps")
+    spec["bias"] = {"kind": "layer_norm", "ln_eps": eps}
+    return miras.compile(spec)
+
+
+def _layer_norm(x: torch.Tensor, w, b, eps: float) -> torch.Tensor:
+    """LN(x) * w + b over the last axis, the variance biased (fla's ttt_linear)."""
+    centered = x - x.mean(-1, keepdim=True)
+    var = centered.pow(2).mean(-1, keepdim=True)
+    return centered / torch.sqrt(var + eps) * w + b
+
+
+def _constant_per_mini_batch(eta: torch.Tensor, bounds: list[int], size: int) -> None:
+    """fla's eta_t scales the sum of a mini-batch's gradients up to token t, so it is a step size
+    per token only where it is one number per mini-batch: refuse any other, naming where.
+    eta [B, T, H]; the mini-batches of `size` tokens count from each sequence's start."""
+    for lo, hi in itertools.pairwise(bounds):
+        part = eta[:, lo:hi].detach()
+        pad = -(hi - lo) % size  # the last mini-batch padded with its own last value
+        part = torch.cat([part, part[:, -1:].expand(-1, pad, -1)], 1)
+        chunks = part.unflatten(1, (-1, size))  # [B, NT, size, H]
+        varies = (chunks != chunks[:, :, :1]).flatten(2).any(-1).any(0)  # [NT]
+        if bool(varies.any()):
+            first = lo + int(varies.nonzero()[0]) * size
+            raise ValueError(
+                f"eta: chunk_ttt_linear takes one learning rate per mini-batch of chunk_size="
+                f"{size} tokens; eta varies inside the mini-batch of tokens {first} to "
+                f"{min(first + size, hi) - 1}. fla's ttt_linear steps every token t of a "
+                "mini-batch with eta_t times the sum of the mini-batch's gradients up to t, "
+                "W_t = W_0 - eta_t sum_(s<=t) g_s (the reading token's rate rescales the "
+                "earlier tokens' gradients), which is no step of its own per token; with one "
+                "eta per mini-batch it is the chunk-start gradient step (docs/ops.md)"
+            )
+
+
+def chunk_ttt_linear(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    eta: torch.Tensor | float,
+    scale: float | None = None,
+    eps: float = 1e-6,
+    chunk_size: int = 16,
+    initial_state: torch.Tensor | None = None,
+    initial_state_bias: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    *,
+    backend: str = "chunk",
+    **kwargs,
+):
+    """TTT-linear, fla's `chunk_ttt_linear` (`specs/ttt_linear.yaml`): per mini-batch of
+    `chunk_size` tokens, every gradient taken at the mini-batch's start state (miras's
+    chunk-start form at that chunk size) of 1/2 ||LN(k_t h + hb) * w + b - (v_t - k_t)||^2,
+    h [K, V] and hb [1, V] stepped by eta; o_t = z_t + LN(z_t) * w + b with
+    z_t = (scale q_t) h_t + hb_t.
+
+    In miras's terms: a matrix memory W = [h^T | hb^T] [V, K + 1] read at the key [k_t, 1] (its
+    last column is the affine memory's bias), the layer_norm bias with its weight and bias
+    gates per value channel, gd with lr = eta, no retention, the target v - k; the output
+    LayerNorm is applied here, outside the memory. q, k [B, T, H, K], v [B, T, H, V] with V = K
+    (the residual target); w, b [H, V]; eta [B, T, H, 1] (or a float), one number per
+    mini-batch (`_constant_per_mini_batch` says why); states h [N, H, K, V] and hb
+    [N, H, 1, V]. Returns (o, h, hb), the states None unless `output_final_state`.
+
+    Where T (or a packed sequence) is not a multiple of chunk_size, fla's final hb also holds
+    the gradients of the zero tokens it pads the last mini-batch with (their prediction hb
+    against the target 0); miras's does not (docs/ops.md). Only the chunk backend runs it;
+    `backend="recurrent"` is mini-batches of one token (`chunk_size=1`)."""
+    op = "chunk_ttt_linear"
+    _refuse_kwargs(op, kwargs)
+    if backend == "triton":
+        raise ValueError(
+            f"backend: 'triton' does not cover {op}: the layer_norm bias reads channel "
+            "statistics the kernels do not chain through; use backend='chunk'"
+        )
+    if backend == "recurrent" and chunk_size != 1:
+        raise ValueError(
+            f"backend: 'recurrent' steps one token at a time, mini-batches of 1, but "
+            f"chunk_size={chunk_size}; use backend='chunk' (mini-batches of chunk_size tokens) "
+            "or chunk_size=1"
+        )
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise ValueError(f"eps: expected a Python float, got {type(eps).__name__}")
+    try:
+        rule = ttt_rule(float(eps))
+    except miras.SpecError as err:
+        raise ValueError(f"eps: {err.problems[0].message}") from None
+    shapes = check_qkv(q, k, v)
+    if shapes.d_value != shapes.d_key:
+        raise ValueError(
+            f"v: {op} learns the residual target v - k, so V must equal K; got K = "
+            f"{shapes.d_key}, V = {shapes.d_value}"
+        )
+    _check_packing(cu_seqlens, cu_seqlens_cpu, None, chunk_size, shapes)
+    heads, d = shapes.heads, shapes.d_key
+    for name, x in (("w", w), ("b", b)):
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (heads, d):
+            got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(
+                f"{name}: expected the LayerNorm's {'weight' if name == 'w' else 'bias'} [H, V] "
+                f"= [{heads}, {d}], got {got}"
+            )
+    head = [shapes.batch, shapes.length, heads]
+    _check_scalar_or_tensor("eta", eta)
+    if eta is None:
+        raise ValueError("eta: expected a tensor [B, T, H, 1] or a float (the learning rate)")
+    lr_range = next(info.allowed for info in rule.plan.gates if info.name == "lr")
+    _check_fla_range("eta", "values", eta, lr_range, "the learning rate", q.dtype)
+    if isinstance(eta, torch.Tensor):
+        if list(eta.shape) != [*head, 1]:
+            raise ValueError(f"eta: expected [B, T, H, 1] = {[*head, 1]}, got {list(eta.shape)}")
+        eta = eta.squeeze(-1)
+        bounds = [0, shapes.length] if cu_seqlens is None else check_cu_seqlens(cu_seqlens, shapes)
+        _constant_per_mini_batch(eta, bounds, chunk_size)
+    else:
+        eta = float(eta)
+    scale = _check_scale(scale, q)
+    # The key [k, 1] and the query [scale q, 1]: W's last column is the affine memory's bias hb.
+    one = q.new_ones(*q.shape[:3], 1)
+    key, query = torch.cat([k, one], -1), torch.cat([q * scale, one], -1)
+    norm_w, norm_b = (x.to(q.dtype).expand(*head, d) for x in (w, b))  # per value channel
+    gates = {"lr": eta if isinstance(eta, float) else eta.to(q.dtype)}
+    gates |= {"ln_weight": norm_w, "ln_bias": norm_b}
+    state = None
+    if initial_state is not None or initial_state_bias is not None:
+        n = shapes.batch if cu_seqlens is None else len(cu_seqlens) - 1
+        h0 = q.new_zeros(n, heads, d, d) if initial_state is None else initial_state
+        hb0 = q.new_zeros(n, heads, 1, d) if initial_state_bias is None else initial_state_bias
+        for name, x, shape in (("initial_state", h0, (n, heads, d, d)),
+                               ("initial_state_bias", hb0, (n, heads, 1, d))):  # fmt: skip
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
+                got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name}: expected {list(shape)}, got {got}")
+        state = torch.cat([h0, hb0], -2).transpose(-1, -2)  # [N, H, V, K + 1]
+    z, final = rule(
+        query,
+        key,
+        v - k,
+        gates,
+        backend=backend,
+        chunk_size=chunk_size,
+        chunk_mode="start" if backend != "recurrent" else "auto",
+        initial_state=state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
+    o = z + _layer_norm(z, norm_w, norm_b, float(eps))
+    if not output_final_state:
+        return o, None, None
+    final = final.transpose(-1, -2)  # [N, H, K + 1, V]
+    return o, final[..., :d, :], final[..., d:, :]
+
+
 def deltaproduct_spec(n: int, gated: bool) -> dict[str, Any]:
     """The spec of DeltaProduct with n Householder steps per token (Siems et al. 2025,
     arXiv:2502.10297): the delta rule taking n gradient steps per token, each on a key and
@@ -1093,9 +1436,13 @@ __all__ = [
     "chunk_kda",
     "chunk_linear_attn",
     "chunk_mesa_net",
+    "chunk_precond_gated_delta_rule",
     "chunk_simple_gla",
+    "chunk_ttt_linear",
     "deltaproduct_rule",
     "deltaproduct_spec",
     "functional",
     "known_rule",
+    "precond_rule",
+    "ttt_rule",
 ]

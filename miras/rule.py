@@ -21,6 +21,7 @@ from miras.check import CheckResult
 from miras.compiler.bias_check import check_bias
 from miras.compiler.describe import Derivation, describe
 from miras.compiler.pipeline import compile_ir
+from miras.compiler.precondition_check import check_precondition
 from miras.compiler.retention_check import check_retention
 from miras.compiler.triton_kernels import TritonKernels
 from miras.ir import BiasRule, CompiledRule, Plan, RetentionRule
@@ -92,6 +93,7 @@ class MemoryRule:
         pieces = check_bias(self.spec.bias, self.bias, seed=seed) + check_retention(
             self.spec.retention, self.retention, seed=seed
         )
+        pieces += check_precondition(self.spec, self.plan, self.functions, seed=seed)
         return pieces + check_end_to_end(self, seed=seed, triton=triton)
 
     def __repr__(self) -> str:

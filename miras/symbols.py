@@ -10,6 +10,9 @@ import sympy as sp
 
 # Attentional bias: one channel j of the prediction y = M(phi(k)), the target v and e = y - v.
 e, y, v = sp.symbols("e y v", real=True)
+# The number of value channels Dv, which a whole-vector bias may read (a LayerNorm's mean and
+# variance over the channels); the emitted code reads it off the prediction's last axis.
+channels = sp.Symbol("Dv", positive=True)
 
 # Retention: one entry of the new memory w, the previous memory w0 and the update u.
 w, w0, u = sp.symbols("w w0 u", real=True)
@@ -105,19 +108,65 @@ def channel_gradient(loss: sp.Expr) -> tuple[list[tuple[sp.Symbol, sp.Expr]], sp
     """dL/dy_j of a bias loss by the chain rule through its channel sums.
 
     Returns the sums as (symbol s_i, channel term f_i), the loss with each sum replaced by its
-    symbol (G), and dL/dy_j = sum_i dG/ds_i * df_i/dy (e_j, y_j, v_j), in e, v and the s_i.
-    The derivative is the almost-everywhere one: sign(e) and Heaviside(e) differentiate to
-    DiracDelta, which is dropped (0), as torch's autograd does for sign."""
-    channel_sums = sorted(loss.atoms(ChannelSum), key=sp.default_sort_key)
+    symbol (G), and dL/dy_j = sum_i dG/ds_i * ds_i/dy_j, in e, v and the s_i, where
+    ds_i/dy_j = df_i/dy (e_j, y_j, v_j) for a term of one channel alone. The derivative is the
+    almost-everywhere one: sign(e) and Heaviside(e) differentiate to DiracDelta, which is
+    dropped (0), as torch's autograd does for sign.
+
+    Channel statistics: a sum's term may read other channel sums (a LayerNorm's mean inside its
+    variance, both inside its loss), which are the same for every channel. Then
+    ds_i/dy_j = df_i/dy (j) + sum_m c_im ds_m/dy_j, with c_im = sum_k df_i/ds_m (k) a channel
+    sum of its own, returned after the sums it reads; the sums come innermost first, so each
+    is computed after those its term reads."""
+    channel_sums = sorted(loss.atoms(ChannelSum), key=lambda c: (_depth(c), sp.default_sort_key(c)))
     symbols = [sp.Symbol(f"s{i}", real=True) for i in range(len(channel_sums))]
-    outer = loss.subs(dict(zip(channel_sums, symbols, strict=True)))
+    if not any(_depth(c) for c in channel_sums):  # every term is of one channel alone
+        outer = loss.subs(dict(zip(channel_sums, symbols, strict=True)))
+        gradient = sp.Integer(0)
+        for s, term in zip(symbols, channel_sums, strict=True):
+            gradient += sp.diff(outer, s) * _channel_slope(term.args[0])
+        gradient = gradient.subs(y, e + v)  # y outside a sum (refused by the compiler)
+        sums = [(s, c.args[0]) for s, c in zip(symbols, channel_sums, strict=True)]
+        return sums, outer, gradient
+    names = dict(zip(channel_sums, symbols, strict=True))
+    terms = {s: c.args[0].xreplace(names) for c, s in names.items()}  # inner sums by symbol
+    outer = loss.xreplace(names)
+    extra: list[tuple[sp.Symbol, sp.Expr]] = []  # the c_im
+    totals: dict[sp.Symbol, sp.Expr] = {}
+
+    def total(s: sp.Symbol) -> sp.Expr:
+        """ds/dy_j."""
+        if s not in totals:
+            term = terms[s]
+            slope = _channel_slope(term)
+            for m in sorted(term.free_symbols & set(terms), key=sp.default_sort_key):
+                through = sp.diff(term.subs(e, y - v), m)
+                through = through.replace(sp.DiracDelta, lambda *_: sp.S.Zero)
+                c = sp.Symbol(f"s{len(symbols) + len(extra)}", real=True)
+                extra.append((c, through))
+                slope += c * total(m)
+            totals[s] = slope
+        return totals[s]
+
     gradient = sp.Integer(0)
-    for s, term in zip(symbols, channel_sums, strict=True):
-        inner = sp.diff(term.args[0].subs(e, y - v), y)
-        inner = inner.replace(sp.DiracDelta, lambda *_: sp.S.Zero)
-        if inner.has(y):  # back in e, v (y = e + v)
-            inner = sp.expand_mul(inner.subs(y, e + v))
-        gradient += sp.diff(outer, s) * inner
-    gradient = gradient.subs(y, e + v)  # y outside a sum (refused by the compiler)
-    sums = [(s, c.args[0]) for s, c in zip(symbols, channel_sums, strict=True)]
-    return sums, outer, gradient
+    for s in symbols:
+        if outer.has(s):
+            gradient += sp.diff(outer, s) * total(s)
+    gradient = gradient.subs(y, e + v)
+    return [*((s, terms[s]) for s in symbols), *extra], outer, gradient
+
+
+def _depth(expr: sp.Expr) -> int:
+    """How deep channel sums nest inside `expr`'s outermost one (0: none inside it)."""
+    inner = [_depth(c) + 1 for a in expr.args for c in a.atoms(ChannelSum)]
+    return max(inner, default=0)
+
+
+def _channel_slope(term: sp.Expr) -> sp.Expr:
+    """d term / dy at one channel, in e and v where it still reads y (y = e + v), DiracDelta
+    dropped."""
+    slope = sp.diff(term.subs(e, y - v), y)
+    slope = slope.replace(sp.DiracDelta, lambda *_: sp.S.Zero)
+    if slope.has(y):  # back in e, v (y = e + v)
+        slope = sp.expand_mul(slope.subs(y, e + v))
+    return slope

@@ -109,7 +109,10 @@ def _varies_in_y(slope: sp.Expr) -> bool:
 def start_path(spec: SpecParts, step: LinearStep | None) -> str:
     """How the chunk-start form runs `spec`: "linear" (masked matmuls, no per-token state)
     when the memory is linear in its weights and the whole step is linear (`step`, the
-    compiler's record); "general" otherwise."""
+    compiler's record); "general" otherwise, and for a step size per key channel (the
+    preconditioned optimizer's), which scales W's columns where the linear path scales rows."""
+    if spec.optimizer.preconditioned:
+        return "general"
     return "linear" if spec.memory.linear and step is not None else "general"
 
 

@@ -25,7 +25,7 @@ from miras.components.base import Bias
 from miras.errors import DerivationError
 from miras.formula import bounded_simplify
 from miras.ir import BiasRule
-from miras.symbols import ChannelSum, channel_gradient, e, v, y
+from miras.symbols import ChannelSum, channel_gradient, e, gate_symbol, v, y
 
 
 def bias_lines(loss: sp.Expr, sums, gradient: sp.Expr, elementwise: bool) -> list[Line]:
@@ -86,7 +86,12 @@ def derive_bias(bias: Bias) -> BiasRule:
     if stray:
         raise DerivationError(f"bias {bias.kind}: {sorted(map(str, stray))} outside a channel sum")
     gradient = _tidy(gradient)
-    used = tuple((s, f) for s, f in sums if gradient.has(s))
+    # The sums the gradient reads, and those their terms read (channel statistics).
+    needed = gradient.free_symbols
+    for s, f in reversed(sums):
+        if s in needed:
+            needed = needed | f.free_symbols
+    used = tuple((s, f) for s, f in sums if s in needed)
     gates = tuple(bias.gates())
     lines = bias_lines(loss, used, gradient, not used)
     try:
@@ -95,6 +100,10 @@ def derive_bias(bias: Bias) -> BiasRule:
         raise DerivationError(
             f"bias {bias.kind}: the loss or dL/dy has no torch form ({err})"
         ) from None
+    # The gates that may come per channel: every gate of an elementwise gradient (it reads no
+    # sum, so a gate meets channel j's term wherever it stands); otherwise those G does not
+    # read outside the sums.
+    outside = outer.free_symbols if used else set()
     return BiasRule(
         kind=bias.kind,
         loss=loss,
@@ -105,4 +114,5 @@ def derive_bias(bias: Bias) -> BiasRule:
         source=source,
         display="\n".join(plain_lines(lines)),
         display_latex=latex_lines(lines),
+        channel_gates=tuple(g for g in gates if gate_symbol(g) not in outside),
     )

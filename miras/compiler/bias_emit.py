@@ -9,7 +9,7 @@ from __future__ import annotations
 import sympy as sp
 
 from miras.compiler.printer import torch_code
-from miras.symbols import ChannelSum
+from miras.symbols import ChannelSum, channels
 
 
 def bias_source(loss, sums, gradient, gates, fixed) -> str:
@@ -17,16 +17,20 @@ def bias_source(loss, sums, gradient, gates, fixed) -> str:
     values = {sp.Symbol(n, positive=True): sp.nsimplify(x) for n, x in fixed.items()}
     args = ", ".join(["y", "v", *gates])
     loss_body = torch_code(loss.subs(values))
+    # The channel count, where the loss reads it (a mean over the channels).
+    count = [f"    {channels} = e.shape[-1]"] if loss.has(channels) else []
     lines = [
         f"def bias_loss({args}):",
         '    """L per vector: [..., Dv] -> [..., 1]."""',
         "    e = y - v",
+        *count,
         f"    return torch.zeros_like(e[..., :1]) + {loss_body}",
         "",
         "",
         f"def bias_grad({args}):",
         '    """dL/dy: [..., Dv] -> [..., Dv]."""',
         "    e = y - v",
+        *count,
     ]
     lines += [f"    {s} = {torch_code(ChannelSum(f).subs(values))}" for s, f in sums]
     # zeros_like keeps the output a full tensor when the gradient is constant or misses e.

@@ -24,13 +24,14 @@ from miras.compiler.emit import function_source, load_module, module_source
 from miras.compiler.linear_step import derive_linear_step
 from miras.compiler.minimizer import minimizer_form
 from miras.compiler.plan import make_plan
+from miras.compiler.precondition_check import check_precondition
 from miras.compiler.retention_check import check_retention
 from miras.compiler.retention_derive import derive_retention
 from miras.compiler.triton_kernels import compiled_source, emit_kernels
 from miras.errors import DerivationError
 from miras.ir import CompiledRule
 from miras.spec import Spec, load_spec
-from miras.symbols import e, gate_symbol, u, v, w0
+from miras.symbols import channels, e, gate_symbol, u, v, w0
 
 # Passes ------------------------------------------------------------------------------------
 
@@ -50,7 +51,7 @@ def resolve(c: CompiledRule[Spec]) -> str:
 def bias_gradient(c: CompiledRule[Spec]) -> str:
     c.bias = derive_bias(c.spec.bias)
     sums = {s for s, _ in c.bias.sums}
-    allowed = {e, v, *sums, *(gate_symbol(g) for g in c.spec.bias.scalars())}
+    allowed = {e, v, channels, *sums, *(gate_symbol(g) for g in c.spec.bias.scalars())}
     stray = c.bias.gradient.free_symbols - allowed
     _invariant(not stray, f"bias gradient has unexpected symbols {sorted(map(str, stray))}")
     return c.bias.text()
@@ -149,6 +150,7 @@ def check(c: CompiledRule[Spec]) -> str:
     # first compiled under a caller's torch.no_grad() or inference_mode.
     with torch.inference_mode(False), torch.enable_grad():
         c.checks = check_bias(c.spec.bias, c.bias) + check_retention(c.spec.retention, c.retention)
+        c.checks += check_precondition(c.spec, c.plan, c.functions)
     failed = [r for r in c.checks if not r.passed]
     if failed:
         lines = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from miras.components.base import POSITIVE
 from miras.errors import DerivationError
-from miras.ir import GateInfo, ImplicitStep, Plan
+from miras.ir import GateInfo, ImplicitStep, Plan, Precondition
 from miras.spec import Spec
 
 
@@ -38,6 +38,11 @@ def make_plan(spec: Spec) -> Plan:
     state = _memory_state(spec)
     if spec.optimizer.stateful:
         state.append("S (momentum): same shapes as the memory")
+    if spec.optimizer.preconditioned:
+        state.append(
+            "P (the preconditioner's curvature sum A): [B, H, 1, Dphi] float32 (float64 for "
+            "float64 inputs)"
+        )
     gates = []
     # Spec.gates() is empty where the memory has no inner step for a gate to scale (softmax
     # attention); then neither are the components' gates taken.
@@ -51,12 +56,35 @@ def make_plan(spec: Spec) -> Plan:
         for name in component.gates():
             allowed = component.gateable.get(name, POSITIVE)
             defaults = component.defaults_of(name)
-            gates.append(GateInfo(name, field, allowed, defaults, roles.get((field, name))))
+            channels = "key" if name in component.key_channel_gates else "value"
+            role = roles.get((field, name))
+            gates.append(GateInfo(name, field, allowed, defaults, role, channels))
     window = spec.window
     for name in window.gates() if fields else ():
         gates.append(GateInfo(name, "window", POSITIVE, window.gate_defaults[name]))
     schedule = spec.memory.schedule()
-    return Plan(tuple(state), tuple(gates), schedule, implicit_step=_implicit_step(spec))
+    return Plan(
+        tuple(state),
+        tuple(gates),
+        schedule,
+        implicit_step=_implicit_step(spec),
+        precondition=_precondition(spec),
+    )
+
+
+def _precondition(spec: Spec) -> Precondition | None:
+    """The preconditioned optimizer's step size map, with the bias's constant d2L/dy^2, the
+    curvature per unit phi(k)^2 (validation has refused a spec without one)."""
+    opt = spec.optimizer
+    if not opt.preconditioned or not spec.memory.parametric:
+        return None
+    slope, why = spec.bias.constant_slope()
+    if slope is None or opt.step_size_gate is None:
+        raise DerivationError(
+            f"the {opt.kind} optimizer needs a bias with a constant d2L/dy^2 and a step size "
+            f"gate ({why or 'no step size gate'})"
+        )
+    return Precondition(opt.step_size_gate, slope)
 
 
 def _implicit_step(spec: Spec) -> ImplicitStep | None:

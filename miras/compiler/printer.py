@@ -15,7 +15,7 @@ from sympy.codegen.numpy_nodes import logaddexp
 from sympy.printing.printer import Printer
 
 from miras.compiler.stabilize import stable_forms
-from miras.symbols import ChannelSum, sigmoid, soft_threshold, softplus
+from miras.symbols import ChannelSum, e, sigmoid, soft_threshold, softplus, v, y
 
 
 class UnsupportedExpression(ValueError):
@@ -219,7 +219,12 @@ class TorchPrinter(StrictPrinter):
         return f"(torch.sign({z})*torch.clamp(torch.abs({z}) - {t}, min=0))"
 
     def _print_ChannelSum(self, expr: ChannelSum) -> str:
-        return f"{self._print(expr.args[0])}.sum(dim=-1, keepdim=True)"
+        term = expr.args[0]
+        if not term.free_symbols & {e, y, v}:
+            # A term without e, y, v (a gate per head, sum_j(a**2)) is broadcast over the value
+            # channels first: its sum is Dv times it, not it.
+            return f"(torch.zeros_like(e) + {self._print(term)}).sum(dim=-1, keepdim=True)"
+        return f"{self._print(term)}.sum(dim=-1, keepdim=True)"
 
 
 def torch_code(expr: sp.Expr) -> str:

@@ -13,7 +13,8 @@ Covered: matrix memory, every bias and retention the printer can emit, every opt
 update the compiler proves linear in the gradient and its state (gd, momentum, Nesterov; the
 proximal step, as gd with its step size computed in torch), any window and feature map
 (applied in torch before the kernels). Not covered, with the reason named: mlp and gated-mlp
-memories, Muon, the exact minimizer, a Bregman retention solved by Newton steps, gate names
+memories, Muon, the exact minimizer, the preconditioned optimizer (a step size per key
+channel), a Bregman retention solved by Newton steps, gate names
 the kernels reserve, and any expression the printer cannot emit. The printing itself is
 `miras.compiler.triton.emit_source`; this module says what to print. The runtime never
 imports it: a `Program` carries a `TritonKernels`, which writes and imports the module (and
@@ -31,6 +32,7 @@ from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.triton import RESERVED, Gates, emit_source
 from miras.ir import CompiledRule
 from miras.spec import Spec
+from miras.symbols import ChannelSum, channels
 from miras.triton_template import linear_applies
 
 
@@ -59,6 +61,12 @@ def gate_plan(spec: Spec) -> Gates:
     return Gates(window, optimizer + retention, bias, retention, fixed)
 
 
+def reads_channel_statistics(loss) -> bool:
+    """Whether a bias loss reads the channel count or a channel sum inside another (a mean
+    inside a variance: `miras.symbols.channel_gradient`)."""
+    return loss.has(channels) or any(s.args[0].has(ChannelSum) for s in loss.atoms(ChannelSum))
+
+
 def unsupported_reason(spec: Spec) -> str | None:
     """Why the Triton kernels do not cover `spec`, or None when they do."""
     if not spec.memory.linear:
@@ -68,6 +76,17 @@ def unsupported_reason(spec: Spec) -> str | None:
         return f"the {kind} optimizer (the kernels take gradient steps; its solve is in torch)"
     if spec.window.is_global:
         return "window: global (the kernels take a fixed window c; the whole prefix grows per call)"
+    if reads_channel_statistics(spec.bias.expression()):
+        return (
+            f"{spec.bias.label()} (it reads channel statistics, a channel sum inside another or "
+            "the channel count Dv, which the kernels' backward does not chain through)"
+        )
+    if spec.optimizer.preconditioned:
+        kind = spec.optimizer.kind
+        return (
+            f"the {kind} optimizer (its step size per key channel scales W's columns; the "
+            "kernels scale rows)"
+        )
     step, why = linear_update(spec)
     if step is None:
         kind = spec.optimizer.kind

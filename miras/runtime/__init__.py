@@ -23,7 +23,7 @@ import torch
 
 from miras.components.base import Range
 from miras.ir import GateInfo
-from miras.runtime import exact_keys, forms, implicit, substeps
+from miras.runtime import exact_keys, forms, implicit, precondition, substeps
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.inputs import (
     check_backend,
@@ -85,14 +85,15 @@ def _state_out(state: State):
 def per_channel_gates(program: Program) -> set[str]:
     """The gates `program` also takes per value channel, [B, T, H, Dv]; the rest are per head.
 
-    A bias gate may vary per channel only where the bias is a sum over channels of an
-    elementwise term: in a whole-vector loss (a norm, a channel sum inside a function) it would
-    scale no single term. In a matrix memory the step's gates act row by row; gamma weighs a
-    whole loss term."""
+    A bias gate may vary per channel only where the loss reads it inside its channel sums'
+    terms, next to channel j's own (every gate of an elementwise bias, a LayerNorm's weight):
+    outside them (a norm's weight, a function of a channel sum) it would scale no single term
+    (`BiasRule.channel_gates`). In a matrix memory the step's gates act row by row; gamma
+    weighs a whole loss term."""
     if program.spec.optimizer.solves_exactly:  # one H_kk serves every value channel
         return set()
     bias_gates = set(program.spec.bias.gates())
-    gates = set(bias_gates) if program.bias.elementwise else set()
+    gates = set(program.bias.channel_gates)
     if program.spec.memory.linear:
         gates |= set(program.gates) - {program.spec.window.weight_gate} - bias_gates
     return gates - per_key_gates(program)
@@ -111,9 +112,11 @@ def _refuse_key_channel_gates(program: Program, gates: dict, form_name: str) -> 
     recurrent form and the exact chunk form (`exact_keys`, for gd at window 1) only: the
     chunk-start forms and the Triton kernels scale the state by rows (a gate per head or per
     value channel), so they would compute another rule; refused, naming the gate, rather
-    than run."""
+    than run. The preconditioned optimizer's step size per key channel runs on those two and
+    on the chunk-start form's general path, which calls the optimizer per token."""
     if form_name == "recurrent":
         return
+    _refuse_steps_per_key(program, form_name)
     why = exact_keys.refusal(program.runtime) if form_name == "exact" else None
     if form_name == "exact" and why is None:
         return
@@ -132,6 +135,26 @@ def _refuse_key_channel_gates(program: Program, gates: dict, form_name: str) -> 
                 f"(backend='chunk', chunk_mode 'auto' or 'exact') only; {where}. Pass "
                 "backend='recurrent', or a decay per head [B, T, H]"
             )
+
+
+def _refuse_steps_per_key(program: Program, form_name: str) -> None:
+    """The preconditioned optimizer's step size lr_t M_t scales the update's columns, one per
+    key channel: the forms that scale the state by rows (the chunk-start form's linear path,
+    the Triton kernels) would compute another rule, so they refuse it, naming the optimizer."""
+    opt = program.spec.optimizer
+    if not opt.preconditioned:
+        return
+    rt = program.runtime
+    if form_name == "exact" and exact_keys.refusal(rt) is None:
+        return
+    if form_name == "start" and rt.start_path == "general":
+        return
+    raise ValueError(
+        f"optimizer {opt.kind!r}: the preconditioner scales the step per key channel (the columns "
+        f"of W), which the {form_name!r} form does not take (it scales the state by rows); it "
+        "runs on backend='recurrent' and on backend='chunk' (the exact chunk form, or "
+        "chunk_mode='start')"
+    )
 
 
 def run(
@@ -277,10 +300,11 @@ def run(
             f"v: the residual form x + LN(MLP(x)) needs Dv = Dphi = {d_phi} (the feature map's "
             f"width), got Dv = {shapes.d_value}"
         )
-    for name in program.spec.retention.key_channel_gates:
+    for name in sorted(rt.key_gates & set(gates_)):
         if gates_[name].shape[-1] not in (1, d_phi):
+            what = "a decay" if name in program.spec.retention.key_channel_gates else "a gate"
             raise ValueError(
-                f"gates[{name!r}]: a decay per key channel scales the columns of W [Dv, Dphi], "
+                f"gates[{name!r}]: {what} per key channel scales the columns of W [Dv, Dphi], "
                 f"so it needs Dphi = Dk; the {program.spec.feature_map.kind} feature map gives "
                 f"Dphi = {d_phi} at Dk = {shapes.d_key}: pass it per head [B, T, H]"
             )
@@ -293,8 +317,12 @@ def run(
     seq = _tokens(rt, phi_q, phi_k, v_, gates_, state, pads)
     if program.plan.implicit_step is not None:  # the proximal step: gd with eta_t for lr_t
         rt, seq = implicit.prepare(rt, seq, program.plan.implicit_step)
+    preconditioner = {}
+    if program.plan.precondition is not None:  # gd with lr_t M_t per key channel for lr_t
+        rt, seq, preconditioner = precondition.prepare(rt, seq, state, program.plan.precondition)
 
     o, final = chosen.forward(dataclasses.replace(call, rt=rt, seq=seq, state=state))
+    final.update(preconditioner)  # the curvature sums A_T, "P.<name>"
     if seq.past:  # carry the window's last c - 1 tokens
         final["window.k"] = seq.phi_k[:, :, -seq.past :]
         final["window.v"] = seq.v[:, :, -seq.past :]

@@ -1,8 +1,9 @@
 """What every backend shares: the compiled pieces of a rule, its state and its gates.
 
 Layout inside the backends: tokens on axis 2, `[B, H, T, D]`; a gate is `[B, H, T, X]` with
-X = 1 (per head) or Dv (per channel). Memory state is a dict name -> `[B, H, out, in]`, plus
-`S.<name>` for the momentum of momentum and Muon.
+X = 1 (per head) or Dv (per channel), or Dphi for a gate per key channel. Memory state is a
+dict name -> `[B, H, out, in]`, plus `S.<name>` for the momentum of momentum and Muon and
+`P.<name>` `[B, H, 1, in]` for the preconditioned optimizer's curvature sum.
 """
 
 from __future__ import annotations
@@ -88,11 +89,20 @@ class Runtime:
         decay = self.param_gate(factor, value)
         return {n: decay * w for n, w in weights.items()}
 
+    @property
+    def key_gates(self) -> set[str]:
+        """The gates the retention and the optimizer declare per key channel
+        (`key_channel_gates`): a decay per column of W (KDA), a step size per column (the
+        preconditioned optimizer's)."""
+        spec = self.spec
+        return {*spec.retention.key_channel_gates, *spec.optimizer.key_channel_gates}
+
     def param_gate(self, name: str, g: torch.Tensor | float) -> torch.Tensor | float:
-        """Retention gate `name` at a token or a chunk's tokens ([.., X]) shaped to scale a
-        parameter [.., out, in]: by rows ([.., X, 1]), or by columns ([.., 1, X]) for a gate
-        per key channel (the retention's `key_channel_gates`; X = 1 is the same either way)."""
-        if isinstance(g, torch.Tensor) and name in self.spec.retention.key_channel_gates:
+        """Gate `name` of the retention or the optimizer at a token or a chunk's tokens
+        ([.., X]) shaped to scale a parameter [.., out, in]: by rows ([.., X, 1]), or by
+        columns ([.., 1, X]) for a gate per key channel (`key_gates`; X = 1 is the same either
+        way)."""
+        if isinstance(g, torch.Tensor) and name in self.key_gates:
             return g.unsqueeze(-2)
         return as_param_gate(g)
 
@@ -100,7 +110,7 @@ class Runtime:
         """u_t for every parameter from g_t (the optimizer component's `update`); the
         optimizer's states "S.<name>" are updated in `state`."""
         opt = self.spec.optimizer
-        values = {n: as_param_gate(self.scalar(opt, n, gates, t)) for n in opt.gateable}
+        values = {n: self.param_gate(n, self.scalar(opt, n, gates, t)) for n in opt.gateable}
         updates = {}
         for n, g in grads.items():
             u, s = opt.update(g, state.get(f"S.{n}"), **values)
@@ -143,8 +153,11 @@ class Runtime:
             shape = (batch, heads, d_out, d_in)
             w = self.spec.memory.initial_weights(shape, domain, row_sum, gen)
             state[name] = w.to(dtype=dtype, device=device)
+        weights = dict(state)
         if self.has_momentum:
             state.update({f"S.{n}": torch.zeros_like(w) for n, w in list(state.items())})
+        if self.spec.optimizer.preconditioned:  # the curvature sum A per key channel: [B, H, 1, in]
+            state.update({f"P.{n}": torch.zeros_like(w[..., :1, :]) for n, w in weights.items()})
         return state
 
     @property

@@ -166,7 +166,7 @@ def _recurrent(call: Call):
 
 
 def _exact(call: Call):
-    if exact_keys.decays_per_key(call.rt, call.seq):  # KDA's decay: the form of its own
+    if exact_keys.applies(call.rt, call.seq):  # KDA's decay, a step per key: the form of its own
         return exact_keys.forward(call.rt, call.seq, call.state, call.chunk_size, call.chunk)
     return exact_chunk.forward(call.rt, call.seq, call.state, call.chunk_size, call.chunk)
 
@@ -241,7 +241,7 @@ FORMS: dict[str, Form] = {
         Form(
             "exact",
             "each chunk solved exactly, equal to the recurrence at any chunk size (exact_chunk.py; "
-            "a decay per key channel: exact_keys.py)",
+            "a decay or a step size per key channel: exact_keys.py)",
             ("chunk",),
             ("exact",),
             _exact,

@@ -14,8 +14,9 @@ from miras.compiler.bias_check import check_bias
 from miras.compiler.bias_derive import _sign_to_abs, derive_bias
 from miras.compiler.emit import load_module, module_source
 from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, RobustBias
+from miras.components.bias.layer_norm import LayerNormBias
 from miras.errors import DerivationError
-from miras.symbols import e, gate_symbol, v
+from miras.symbols import channels, e, gate_symbol, v, y
 
 TOL = 1e-10
 
@@ -23,6 +24,9 @@ TOL = 1e-10
 class BiasContract:
     bias = None
     elementwise = True
+    # Whether its gates may come per value channel (`BiasRule.channel_gates`); None: where it
+    # is elementwise. A whole-vector loss may still read a gate inside its channel sums only.
+    channel_gates = None
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -44,13 +48,18 @@ class BiasContract:
     def test_elementwise_detection(self, rule):
         assert rule.elementwise is self.elementwise
 
+    def test_channel_gates_are_declared(self, rule):
+        per_channel = self.elementwise if self.channel_gates is None else self.channel_gates
+        assert set(rule.channel_gates) == (set(self.bias.gates()) if per_channel else set())
+
     def test_per_channel_gates_and_odd_shapes(self, module):
         """Gates per channel [..., Dv] broadcast like per-head ones [..., 1]. A whole-vector
-        loss has no per-channel gate (its gate scales a norm), so it gets one per vector."""
+        loss whose gate scales a norm has no per-channel gate, so it gets one per vector."""
         gen = torch.Generator().manual_seed(5)
         y = torch.randn(2, 5, 3, 60, dtype=torch.float64, generator=gen, requires_grad=True)
         v_ = torch.randn(2, 5, 3, 60, dtype=torch.float64, generator=gen)
-        width = 60 if self.elementwise else 1
+        per_channel = self.elementwise if self.channel_gates is None else self.channel_gates
+        width = 60 if per_channel else 1
         gates = [
             0.1 + torch.rand(2, 5, 3, width, dtype=torch.float64, generator=gen)
             for _ in self.bias.gates()
@@ -112,6 +121,43 @@ class TestRobust(BiasContract):
 
 class TestRobustFixed(BiasContract):
     bias = RobustBias(radius=0.3)
+    elementwise = False
+
+
+class TestLayerNorm(BiasContract):
+    bias = LayerNormBias()
+    elementwise = False
+    channel_gates = True  # the weight and bias of channel j meet channel j's term
+
+    def test_gradient_is_the_layer_norm_backward(self, module):
+        """The derived dL/dy is LayerNorm's backward written out (as fla's ttt_linear writes it):
+        with n = LN(y), s = sqrt(var + eps) and g = w (w n + b - v),
+        dL/dy = (D g - sum(g) - n sum(g n)) / (s D); per-head and per-channel w, b, and a mean
+        far from 0 (the two-pass variance)."""
+        gen = torch.Generator().manual_seed(3)
+        y = 5.0 + torch.randn(4, 3, 24, dtype=torch.float64, generator=gen)
+        v_ = torch.randn(4, 3, 24, dtype=torch.float64, generator=gen)
+        for width in (1, 24):
+            w, b = (torch.randn(4, 3, width, dtype=torch.float64, generator=gen) for _ in "wb")
+            mean = y.mean(-1, keepdim=True)
+            s = torch.sqrt(y.var(-1, unbiased=False, keepdim=True) + 1e-6)
+            n = (y - mean) / s
+            g = w * (w * n + b - v_)
+            d = y.shape[-1]
+            want = (d * g - g.sum(-1, keepdim=True) - n * (g * n).sum(-1, keepdim=True)) / (s * d)
+            torch.testing.assert_close(module.bias_grad(y, v_, w, b), want, rtol=1e-9, atol=1e-12)
+
+    def test_the_mean_and_variance_are_sums_inside_the_loss(self, rule):
+        """Channel statistics: the variance's sum reads the mean's (two passes, as torch's
+        layer_norm), and the gradient reads both."""
+        mean = next(s for s, f in rule.sums if f == y)
+        variance = next(s for s, f in rule.sums if f == (y - mean / channels) ** 2)
+        assert rule.gradient.has(mean) and rule.gradient.has(variance)
+        assert not rule.elementwise
+
+
+class TestLayerNormFixed(BiasContract):
+    bias = LayerNormBias(ln_weight=1.5, ln_bias=-0.25, ln_eps=1e-5)
     elementwise = False
 
 

@@ -68,11 +68,18 @@ def test_triton_backend_passes_end_to_end(path):
 
 
 @pytest.mark.parametrize(
-    "path", ["specs/gated_deltanet.yaml", "specs/omeganet.yaml", "specs/yaad.yaml"]
+    "path",
+    [
+        "specs/gated_deltanet.yaml",
+        "specs/omeganet.yaml",
+        "specs/yaad.yaml",
+        "specs/ttt_linear.yaml",
+    ],
 )
 def test_per_channel_gates_pass_end_to_end(path):
-    """Gates [B, T, H, Dv] where the runtime takes them per channel (a bias's gate; every gate
-    but gamma for a matrix memory)."""
+    """Gates [B, T, H, Dv] where the runtime takes them per channel (a bias's gate, also inside
+    a whole-vector loss's sums: the LayerNorm's weight and bias; every gate but gamma for a
+    matrix memory)."""
     rule = miras.compile(ROOT / path, checked=False)
     *_, gates = random_inputs(rule, sizes_for(rule), seed=0, per_channel=True)
     assert any(g.dim() == 4 for g in gates.values())

@@ -2,7 +2,8 @@
 and its one unrolling for the torch fast forms (miras/runtime/unroll.py).
 
 - The record exists exactly where the composed step is linear: retention none or l2 (the
-  derived step a_t w0 - u, the state read as it is) with gd, proximal, momentum or Nesterov;
+  derived step a_t w0 - u, the state read as it is) with gd, proximal, preconditioned (gd's
+  step at the step size the runtime makes first, as proximal's), momentum or Nesterov;
   its coefficients are the gates the components name, or the fixed values.
 - Nesterov, linear but of neither hand-tagged shape, gets the exact form, equal to the
   recurrence, and the linear chunk-start path.
@@ -26,7 +27,13 @@ from miras.spec import load_spec
 
 f64 = torch.float64
 LINEAR = {"none", "l2"}
-SHAPES = {"gd": "step", "proximal": "step", "momentum": "momentum", "nesterov": "general"}
+SHAPES = {
+    "gd": "step",
+    "proximal": "step",
+    "preconditioned": "step",
+    "momentum": "momentum",
+    "nesterov": "general",
+}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -40,6 +40,7 @@ from miras.components.optimizer.gd import GD
 from miras.components.optimizer.momentum import Momentum
 from miras.components.optimizer.muon import Muon, newton_schulz
 from miras.components.optimizer.nesterov import Nesterov
+from miras.components.optimizer.preconditioned import Preconditioned
 from miras.components.optimizer.proximal import Proximal
 from miras.components.retention.f_divergence import FDivergenceRetention
 from miras.errors import DerivationError
@@ -319,6 +320,46 @@ class TestProximal(OptimizerContract):
             eta = self.optimizer.step_size(lr, torch.tensor(curvature, dtype=f64))
             torch.testing.assert_close(eta, lr / (1 + lr * curvature), rtol=RTOL, atol=0)
             assert bool((eta <= lr).all()) and bool((eta * curvature < 1).all())
+
+
+class TestPreconditioned(OptimizerContract):
+    optimizer = Preconditioned()
+    # A matrix memory (the preconditioner scales its columns) with KL retention: the general
+    # chunk-start path, which calls `update` per token.
+    backend_fields = {"memory": "matrix", "retention": "kl"}
+
+    def expected(self, g, s, gates):
+        # `update` takes the step size lr_t M_t that the runtime made of lr_t (one per key
+        # channel: miras.runtime.precondition), so u_t = (lr_t M_t) g_t.
+        return gates["lr"] * g, None
+
+    def test_triton_runs_only_the_linear_forms(self):
+        """Its update is linear (gd's, at lr_t M_t), but the step size per key channel scales
+        W's columns, where the kernels scale rows: refused, naming the optimizer."""
+        assert self.optimizer.linear_form == "step"
+        spec = miras.load_spec({"name": "contract", "optimizer": "preconditioned"})
+        assert "preconditioned optimizer" in unsupported_reason(spec)
+
+    def test_factor_is_fla_squash(self):
+        """M = x^(-r / (1 + |r|)), r = log(A + eps) - c (fla's precond_gated_delta_rule), inside
+        (1/x, x), 1 where log(A + eps) = c, and decreasing in A."""
+        opt = Preconditioned(precond_range=2.0, precond_eps=1e-3)
+        a = torch.tensor([0.0, 1e-6, 0.1, 1.0, 10.0, 1e6], dtype=f64)
+        center = torch.tensor(0.3, dtype=f64)
+        r = torch.log(a + 1e-3) - center
+        want = torch.exp(-math.log(2.0) * r / (1 + r.abs()))
+        m = opt.factor(a, center)
+        torch.testing.assert_close(m, want, rtol=RTOL, atol=0)
+        assert bool(((m > 0.5) & (m < 2.0)).all()) and bool((m.diff() < 0).all())
+        at_center = opt.factor(torch.tensor(math.exp(0.3) - 1e-3, dtype=f64), center)
+        torch.testing.assert_close(at_center, torch.tensor(1.0, dtype=f64), rtol=RTOL, atol=0)
+
+    def test_accumulate_is_the_decayed_sum(self):
+        a, c = _randn(B, H, 1, 6, seed=1).abs(), _randn(B, H, 1, 6, seed=2).abs()
+        decay = torch.full((B, H, 1, 1), 0.7, dtype=f64)
+        rate = torch.full((B, H, 1, 1), 0.3, dtype=f64)
+        got = self.optimizer.accumulate(a, c, decay, rate)
+        torch.testing.assert_close(got, 0.7 * a + 0.3 * c, rtol=RTOL, atol=0)
 
 
 # Memories --------------------------------------------------------------------------------------

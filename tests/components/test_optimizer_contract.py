@@ -7,7 +7,8 @@ equation, are checked in test_component_contracts.py.)
                            refused at the field's path with the range
     the update equation    one recurrent token from a random state equals W_e minus the
                            component's own update of the autograd gradient (an implicit step:
-                           W_e minus the numerical argmin of its objective), state included
+                           W_e minus the numerical argmin of its objective; a preconditioned
+                           one: at its step size times M(A_t)), state included
     derived vs autograd    `miras check`'s end-to-end stage passes on every backend it runs
     the forms it claims    an exact chunk form equals the recurrence at chunk size 4 (forward
                            and backward); a chunk-start form equals it at chunk size 1; a
@@ -43,6 +44,7 @@ def gates_for(rule, b, t, h, seed=0) -> dict[str, torch.Tensor]:
     gates = {}
     for info in rule.plan.gates:
         lo, hi = info.allowed.lo, info.allowed.hi
+        lo = lo if math.isfinite(lo) else -1.0  # a real-valued gate (a center): in (-1, 0)
         hi = hi if math.isfinite(hi) else lo + 1.0
         r = torch.rand(b, t, h, generator=gen, dtype=f64)
         gates[info.name] = lo + (hi - lo) * (0.1 + 0.8 * r)
@@ -114,6 +116,9 @@ class OptimizerRungContract:
             state["S.W"] = torch.randn(
                 w.shape, generator=torch.Generator().manual_seed(6), dtype=f64
             )
+        if opt.preconditioned:  # the curvature sum A_{t-1} per key channel, >= 0
+            a = torch.rand(2, 2, 1, 4, generator=torch.Generator().manual_seed(8), dtype=f64)
+            state["P.W"] = a
         _, final = rule(q, k, v, gates, backend="recurrent", initial_state=dict(state),
                         output_final_state=True)  # fmt: skip
         final = final if isinstance(final, dict) else {"W": final}
@@ -123,6 +128,13 @@ class OptimizerRungContract:
             return value if value != "gate" else gates[name][:, 0, :, None, None]
 
         x, target = k[:, 0], v[:, 0]  # [B, H, D]
+        if opt.preconditioned:
+            # A_t = a'_t A_{t-1} + b'_t phi(k_t)^2 (l2: s = 1), the step size lr_t M(A_t) per
+            # column of W.
+            a = opt.accumulate(state["P.W"], x.unsqueeze(-2) ** 2, per_matrix("precond_decay"),
+                               per_matrix("precond_lr"))  # fmt: skip
+            torch.testing.assert_close(final["P.W"], a, rtol=1e-12, atol=1e-12)
+            lr = per_matrix("lr") * opt.factor(a, per_matrix("precond_center"))
         # `steps: n` takes the step n times on the token, the decay at the first only.
         current, s = w, state.get("S.W")
         for j in range(opt.steps_per_token()):
@@ -134,6 +146,8 @@ class OptimizerRungContract:
                 loss = rule.spec.bias.reference_loss(y, target).sum()
                 (g,) = torch.autograd.grad(loss, point)
                 values = {name: per_matrix(name) for name in opt.gateable}
+                if opt.preconditioned:
+                    values["lr"] = lr
                 u, s = opt.update(g, s, **values)
             current = (per_matrix("decay") if j == 0 else 1.0) * current - u
         if opt.stateful:
@@ -203,3 +217,11 @@ class TestProximal(OptimizerRungContract):
 
 class TestProximalFixedDot(OptimizerRungContract):
     fields = {"optimizer": {"kind": "proximal", "lr": 0.7}, "bias": "dot"}
+
+
+class TestPreconditioned(OptimizerRungContract):
+    fields = {"optimizer": "preconditioned"}
+
+
+class TestPreconditionedCenterGate(OptimizerRungContract):
+    fields = {"optimizer": {"kind": "preconditioned", "precond_center": "gate", "precond_range": 3}}

@@ -50,9 +50,18 @@ def arguments(op, batch: int, gen: torch.Generator) -> dict:
         "num_householder": lambda: n,
         "b": lambda: 0.5 + torch.rand(batch, T, H, generator=gen),  # GDN-2's erase, > 0
         "w": lambda: torch.rand(batch, T, H, V, generator=gen),  # GDN-2's write gate
+        "g_atk": lambda: -torch.rand(batch, T, H, generator=gen),  # the preconditioner's decay
+        "beta_atk": lambda: torch.rand(batch, T, H, generator=gen),  # its weight, >= 0
+        # TTT-linear's LayerNorm weight and bias [H, V] (shared by the rows) and learning rate
+        # [B, T, H, 1], one per mini-batch (here one for all T < 16 tokens)
+        "w_ln": lambda: 1 + 0.1 * torch.randn(H, V, generator=gen),
+        "b_ln": lambda: 0.1 * torch.randn(H, V, generator=gen),
+        "eta": lambda: torch.full((batch, T, H, 1), 0.1),
     }
     if op.__name__ in PER_KEY_DECAY:  # its own layout: a log-decay per key channel
         makers["g"] = lambda: -torch.rand(batch, T, H, K, generator=gen)
+    if op.__name__ == "chunk_ttt_linear":  # w, b: the LayerNorm's, not GDN-2's gates
+        makers["w"], makers["b"] = makers["w_ln"], makers["b_ln"]
     unknown = [name for name in names if name not in makers]
     assert not unknown, f"{op.__name__}: add an input for {unknown} to `arguments`"
     return {name: makers[name]() for name in names}
@@ -67,7 +76,13 @@ def op_call(op, backend: str):
         args = arguments(op, batch, torch.Generator().manual_seed(0))
         leaves = {n: x.requires_grad_(True) for n, x in args.items() if isinstance(x, torch.Tensor)}
         out = op(**args, output_final_state=True, backend=backend)
-        if "initial_state" in parameters:
+        if "initial_A_state" in parameters:  # chunk_precond_gated_delta_rule: (o, S, A)
+            carried = op(**args, initial_state=out[1], initial_A_state=out[2],
+                         output_final_state=True, backend=backend)  # fmt: skip
+        elif "initial_state_bias" in parameters:  # chunk_ttt_linear: (o, h, hb)
+            carried = op(**args, initial_state=out[1], initial_state_bias=out[2],
+                         output_final_state=True, backend=backend)  # fmt: skip
+        elif "initial_state" in parameters:
             carried = op(**args, initial_state=out[1], output_final_state=True, backend=backend)
         else:  # chunk_mesa_net: (o, h_kk, h_kv)
             carried = op(**args, h_kk_init=out[1], h_kv_init=out[2], output_final_state=True,

@@ -23,7 +23,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_exact_fla import as_miras, momentum_inputs
-from test_known_models import FLA_TOL, assert_rel_rms, f32_exact, fla_naive, loss_and_grads
+from test_known_models import (
+    FLA_TOL,
+    assert_rel_rms,
+    f32_exact,
+    fla_naive,
+    loss_and_grads,
+    rel_rms,
+)
 
 import miras
 from miras import ops
@@ -482,3 +489,339 @@ def test_fla_titans_linear_step_is_not_the_gradient_of_its_loss():
     gradient_step = m0.detach() - theta * grad
     err = ((m1 - gradient_step).norm() / (gradient_step - m0).norm()).item()
     assert err > 1.0, f"fla's titans step is now within {err:.2g} of the gradient step"
+
+
+# The preconditioned gated delta rule -------------------------------------------------------------
+
+PRECOND = "specs/precond_gdn.yaml"
+PRECOND_NAMES = ["q", "k", "v", "g_atk", "g", "beta_atk", "beta", "S0", "A0"]
+
+
+def precond_inputs(seed: int, batch: int = B, value_heads: int = H):
+    """fla's inputs for naive_recurrent_precond_gated_delta_rule: q, k ~ N(0, 1) [B, T, H, Dk]
+    (fla normalizes them), v [B, T, HV, Dv], log-decays g_atk [B, T, H] and g [B, T, HV] in
+    [-0.3, 0], beta_atk [B, T, H] in [0, 1], beta [B, T, HV] in [0.1, 0.9], a non-zero initial
+    state S0 [B, HV, Dk, Dv] and curvature sum A0 [B, H, Dk] >= 0; all leaves require grad."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(*shape, lo=None, hi=None):
+        x = torch.randn(*shape, generator=gen, dtype=f64)
+        if lo is not None:
+            x = lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=f64)
+        return f32_exact(x)
+
+    hv = value_heads
+    leaves = [
+        draw(batch, T, H, DK),
+        draw(batch, T, H, DK),
+        draw(batch, T, hv, DV),
+        draw(batch, T, H, lo=-0.3, hi=0.0),
+        draw(batch, T, hv, lo=-0.3, hi=0.0),
+        draw(batch, T, H, lo=0.0, hi=1.0),
+        draw(batch, T, hv, lo=0.1, hi=0.9),
+        f32_exact(0.1 * torch.randn(batch, hv, DK, DV, generator=gen, dtype=f64)),
+        draw(batch, H, DK, lo=0.0, hi=2.0),
+    ]
+    for x in leaves:
+        x.requires_grad_(True)
+    return leaves
+
+
+def fla_precond(*args, initial_state, initial_A_state, **options):
+    """fla's naive recurrence; its states start as given (no cast), so they go in as float32."""
+    return fla_naive("precond_gated_delta_rule", "naive_recurrent_precond_gated_delta_rule")(
+        *args, initial_state=initial_state.float(), initial_A_state=initial_A_state.float(),
+        output_final_state=True, **options,
+    )  # fmt: skip
+
+
+def assert_o_and_states_close(outputs, references, leaves, names=PRECOND_NAMES):
+    """Outputs (o, S, A) and the gradients of a random linear functional of all three."""
+    for what, x, ref in zip(["o", "final state", "final A"], outputs, references, strict=True):
+        assert_rel_rms(x, ref, FLA_TOL, what)
+    grads = loss_and_grads(outputs[0], dict(zip("SA", outputs[1:], strict=True)), leaves)
+    refs = dict(zip("SA", (x.double() for x in references[1:]), strict=True))
+    grads_ref = loss_and_grads(references[0].double(), refs, leaves)
+    for what, grad, grad_ref in zip(names, grads, grads_ref, strict=True):
+        assert_rel_rms(grad, grad_ref, FLA_TOL, f"d/d{what}")
+
+
+@pytest.mark.parametrize(
+    ("backend", "chunk_size"), [("recurrent", 1), ("chunk", 64), ("chunk", 16)]
+)
+def test_precond_gdn_matches_fla_naive(backend, chunk_size):
+    """specs/precond_gdn.yaml in miras's own call against fla's naive recurrence: the
+    recurrence and the exact chunk form (exact_keys.py, the step per key channel in the written
+    key) at 64 (T = 70: a partial chunk) and 16. fla normalizes q and k and scales q by K^-0.5;
+    miras is handed them so. States: W = S^T, the curvature sum A as "P.W" [B, H, 1, Dk]."""
+    rule = miras.compile(PRECOND)
+    assert rule.gates == ["decay", "lr", "precond_decay", "precond_lr"]
+    assert rule.plan.chunk_form.form == "exact"
+    q, k, v, g_atk, g, beta_atk, beta, s0, a0 = leaves = precond_inputs(seed=20)
+    gates = {"decay": g.exp(), "lr": beta, "precond_decay": g_atk.exp(), "precond_lr": beta_atk}
+    o, state = rule(
+        F.normalize(q, dim=-1) * DK**-0.5, F.normalize(k, dim=-1), v, gates,
+        initial_state={"W": s0.mT, "P.W": a0.unsqueeze(-2)}, output_final_state=True,
+        backend=backend, chunk_size=chunk_size,
+    )  # fmt: skip
+    outputs = (o, state["W"].mT, state["P.W"].squeeze(-2))
+    references = fla_precond(
+        q, k, v, g_atk, g, beta_atk, beta, initial_state=s0, initial_A_state=a0
+    )
+    assert_o_and_states_close(outputs, references, leaves)
+
+
+@pytest.mark.parametrize("chunk_size", [64, 16])
+def test_chunk_precond_alias_matches_fla_with_grouped_heads_and_packed_sequences(chunk_size):
+    """ops.chunk_precond_gated_delta_rule in fla's signature against fla's naive function on the
+    same call: grouped value heads (HV = 2 H: a key head's A shared by its two value heads),
+    packed sequences (cu_seqlens [0, 30, 70], B = 1) with an initial S and A per sequence, a
+    center per key head (log_atk_scale [H], differentiable), fla's default scale and its
+    in-kernel l2 normalization of q and k; every gradient."""
+    q, k, v, g_atk, g, beta_atk, beta, s0, a0 = precond_inputs(seed=21, batch=2, value_heads=2 * H)
+    leaves = [x.detach()[:1].requires_grad_() for x in (q, k, v, g_atk, g, beta_atk, beta)]
+    leaves += [s0.detach().requires_grad_(), a0.detach().requires_grad_()]  # N = 2 sequences
+    center = f32_exact(torch.tensor([-0.5, 0.1], dtype=f64)).requires_grad_()
+    leaves.append(center)
+    cu = torch.tensor([0, 30, T])
+    *inputs, s0, a0, _ = leaves
+    options = dict(initial_state=s0, initial_A_state=a0, log_atk_scale=center, cu_seqlens=cu)
+    outputs = ops.chunk_precond_gated_delta_rule(
+        *inputs, output_final_state=True, chunk_size=chunk_size, **options
+    )
+    references = fla_precond(*inputs, **options)
+    assert_o_and_states_close(outputs, references, leaves, [*PRECOND_NAMES, "log_atk_scale"])
+
+
+def test_precond_gdn_chunk_forms_equal_the_recurrence_with_gates_per_key_channel():
+    """float64, against miras's own recurrence at 1e-10, with every preconditioner gate and the
+    step size per key channel [B, T, H, Dk] (the scan's per-channel decays; lr_t M_t then
+    carries the caller's per-key lr) and the decay per head: the exact form at 64 and 5, and
+    the chunk-start form's general path at chunk size 1 (the exact step) and 4 (it runs, and
+    is the chunk-start approximation, another rule)."""
+    rule = miras.compile(PRECOND)
+    gen = torch.Generator().manual_seed(22)
+    q, k = (F.normalize(torch.randn(B, T, H, DK, generator=gen, dtype=f64), dim=-1) for _ in "qk")
+    v = torch.randn(B, T, H, DV, generator=gen, dtype=f64)
+    gates = {
+        "decay": 0.8 + 0.2 * torch.rand(B, T, H, generator=gen, dtype=f64),
+        "lr": 0.1 + 0.8 * torch.rand(B, T, H, DK, generator=gen, dtype=f64),
+        "precond_decay": 0.5 + 0.5 * torch.rand(B, T, H, DK, generator=gen, dtype=f64),
+        "precond_lr": torch.rand(B, T, H, DK, generator=gen, dtype=f64),
+    }
+    init = {
+        "W": 0.1 * torch.randn(B, H, DV, DK, generator=gen, dtype=f64),
+        "P.W": torch.rand(B, H, 1, DK, generator=gen, dtype=f64),
+    }
+    leaves = [q, k, v, *gates.values(), *init.values()]
+    for x in leaves:
+        x.requires_grad_(True)
+    common = dict(initial_state=init, output_final_state=True)
+    o_ref, state_ref = rule(q, k, v, gates, backend="recurrent", **common)
+    grads_ref = loss_and_grads(o_ref, state_ref, leaves)
+    exact = dict(rtol=1e-10, atol=1e-10)
+    for chunk_size, mode in ((64, "auto"), (5, "exact"), (1, "start")):
+        o, state = rule(
+            q, k, v, gates, backend="chunk", chunk_size=chunk_size, chunk_mode=mode, **common
+        )
+        torch.testing.assert_close(o, o_ref, **exact)
+        for name in state_ref:
+            torch.testing.assert_close(state[name], state_ref[name], **exact)
+        for grad, grad_ref in zip(loss_and_grads(o, state, leaves), grads_ref, strict=True):
+            torch.testing.assert_close(grad, grad_ref, **exact)
+    o_start, _ = rule(q, k, v, gates, backend="chunk", chunk_size=4, chunk_mode="start")
+    assert bool(torch.isfinite(o_start).all())
+    assert not torch.allclose(o_start, o_ref, rtol=1e-3, atol=1e-3)  # the approximation
+
+
+def test_precond_gdn_is_refused_where_the_step_per_key_channel_is_not_taken():
+    """The Triton kernels scale the state by rows: refused at compile time, naming the
+    optimizer; the chunk-start form's linear path (matmuls over rows) refuses it at run time
+    rather than compute another rule (the compiler sends the preconditioned optimizer to the
+    general path, so this is the guard behind that choice)."""
+    import dataclasses
+
+    from miras.runtime import run
+
+    rule = miras.compile(PRECOND)
+    assert "preconditioned optimizer" in rule.ir.triton_refusal
+    assert rule.program.runtime.start_path == "general"
+    q, k, v, g_atk, g, beta_atk, beta, _, _ = (x.detach() for x in precond_inputs(seed=23))
+    gates = {"decay": g.exp(), "lr": beta, "precond_decay": g_atk.exp(), "precond_lr": beta_atk}
+    with pytest.raises(ValueError, match="does not cover spec 'precond_gdn': the preconditioned"):
+        rule(q, k, v, gates, backend="triton")
+    linear = dataclasses.replace(rule.program.runtime, start_path="linear")
+    program = dataclasses.replace(rule.program, runtime=linear)
+    with pytest.raises(ValueError, match=r"per key channel .* the 'start' form does not take"):
+        run(program, q, k, v, gates, backend="chunk", chunk_mode="start")
+
+
+def test_preconditioned_spec_problems_name_the_field():
+    cases = [
+        ({"memory": "mlp"}, r"optimizer\.kind: the preconditioner scales the step per key"),
+        ({"bias": "huber"}, r"optimizer\.kind: .*constant d2L/dy\^2"),
+        ({"window": 2}, r"window\.c: the preconditioner sums each token's own curvature"),
+        ({"optimizer": {"kind": "preconditioned", "precond_range": 1}}, r"precond_range"),
+        ({"optimizer": {"kind": "preconditioned", "precond_eps": 0}}, r"precond_eps"),
+    ]
+    for fields, message in cases:
+        spec = {"name": "x", "optimizer": "preconditioned", **fields}
+        with pytest.raises(miras.SpecError, match=message):
+            miras.load_spec(spec)
+
+
+def test_chunk_precond_alias_refuses_bad_arguments():
+    q, k, v, g_atk, g, beta_atk, beta, _, _ = (x.detach() for x in precond_inputs(seed=24))
+    op = ops.chunk_precond_gated_delta_rule
+    with pytest.raises(ValueError, match=r"cp_context=.* is not supported"):
+        op(q, k, v, g_atk, g, beta_atk, beta, cp_context=object())
+    with pytest.raises(ValueError, match=r"g_atk: expected \[B, T, H\] = \[2, 70, 2\]"):
+        op(q, k, v, g_atk[..., None], g, beta_atk, beta)
+    with pytest.raises(ValueError, match=r"g_atk: expected log-decays g <= 0"):
+        op(q, k, v, -g_atk, g, beta_atk, beta)
+    with pytest.raises(ValueError, match=r"beta_atk: values must lie in \[0, inf\)"):
+        op(q, k, v, g_atk, g, -beta_atk - 0.1, beta)
+    with pytest.raises(ValueError, match=r"log_atk_scale: expected a float or a floating tensor"):
+        op(q, k, v, g_atk, g, beta_atk, beta, log_atk_scale=torch.zeros(3, dtype=f64))
+    with pytest.raises(ValueError, match=r"x: expected a number in \(1, inf\)"):
+        op(q, k, v, g_atk, g, beta_atk, beta, x=1.0)
+    with pytest.raises(ValueError, match=r"initial_A_state: expected \[N, H, K\] = \[2, 2, 16\]"):
+        op(q, k, v, g_atk, g, beta_atk, beta, initial_A_state=torch.zeros(2, 2, 3, dtype=f64))
+
+
+# TTT-linear --------------------------------------------------------------------------------------
+
+TTT = "specs/ttt_linear.yaml"
+TTT_NAMES = ["q", "k", "v", "w", "b", "eta per mini-batch", "h0", "hb0"]
+MINI = 16  # fla's default mini-batch (chunk_size)
+
+
+def ttt_inputs(seed: int, length: int, batch: int = B, dim: int = DK):
+    """fla's inputs for chunk_ttt_linear_ref: q, k, v ~ N(0, 1) [B, T, H, D] (V = K: the target
+    is v - k), the LayerNorm's w ~ 1 + N(0, 0.3^2) and b ~ N(0, 0.3^2) [H, D], one learning
+    rate per mini-batch in [0.05, 0.15] [B, NT, H] (the leaf; `ttt_eta` spreads it over the
+    mini-batch's tokens), initial h [B, H, D, D] and hb [B, H, 1, D]; all leaves require grad."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(*shape, lo=0.0, spread=1.0):
+        return f32_exact(lo + spread * torch.randn(*shape, generator=gen, dtype=f64))
+
+    chunks = -(-length // MINI)
+    leaves = [
+        *(draw(batch, length, H, dim) for _ in "qkv"),
+        draw(H, dim, lo=1.0, spread=0.3),
+        draw(H, dim, spread=0.3),
+        f32_exact(0.05 + 0.1 * torch.rand(batch, chunks, H, generator=gen, dtype=f64)),
+        draw(batch, H, dim, dim, spread=0.1),
+        draw(batch, H, 1, dim, spread=0.1),
+    ]
+    for x in leaves:
+        x.requires_grad_(True)
+    return leaves
+
+
+def ttt_eta(eta: torch.Tensor, length: int, starts=(0,)) -> torch.Tensor:
+    """[B, NT, H] one rate per mini-batch -> fla's eta [B, T, H, 1]: mini-batch i's rate on each
+    of its tokens, the mini-batches counted from each sequence's start in `starts` (packed)."""
+    index, first = [], 0
+    for lo, hi in itertools.pairwise([*starts, length]):
+        index.append(first + torch.arange(hi - lo) // MINI)
+        first += -(-(hi - lo) // MINI)  # this sequence's mini-batches
+    return eta[:, torch.cat(index), :, None]
+
+
+def fla_ttt(q, k, v, w, b, eta, h0, hb0):
+    return fla_naive("ttt", "chunk_ttt_linear_ref")(
+        *(x.float() for x in (q, k, v, w, b, eta)), eps=1e-6, mini_batch_size=MINI,
+        initial_state=h0.float(), initial_state_bias=hb0.float(), output_final_state=True,
+    )  # fmt: skip
+
+
+def test_ttt_linear_spec_runs_the_chunk_start_form():
+    rule = miras.compile(TTT)
+    assert rule.plan.chunk_form.form == "start"
+    assert "couples the value channels" in rule.plan.chunk_form.reason
+    assert sorted(rule.gates) == ["ln_bias", "ln_weight", "lr"]
+    assert "channel statistics" in rule.ir.triton_refusal
+
+
+def test_chunk_ttt_linear_matches_fla():
+    """ops.chunk_ttt_linear against fla's chunk_ttt_linear_ref at its mini-batch 16, T = 48 (three
+    mini-batches): outputs, both final states and every gradient, the learning rate one number
+    per mini-batch (its gradient compared per mini-batch: below)."""
+    length = 48
+    q, k, v, w, b, eta, h0, hb0 = leaves = ttt_inputs(seed=30, length=length)
+    options = dict(initial_state=h0, initial_state_bias=hb0, output_final_state=True)
+    outputs = ops.chunk_ttt_linear(q, k, v, w, b, ttt_eta(eta, length), chunk_size=MINI, **options)
+    references = fla_ttt(q, k, v, w, b, ttt_eta(eta, length), h0, hb0)
+    assert_o_and_states_close(outputs, references, leaves, TTT_NAMES)
+
+
+def test_chunk_ttt_linear_packed_sequences_match_fla_per_sequence():
+    """cu_seqlens [0, 32, 80] (B = 1; mini-batches from each sequence's start), one initial h
+    and hb per sequence, against fla's reference run on each sequence alone."""
+    length, cu = 80, [0, 32, 80]
+    q, k, v, w, b, eta, h0, hb0 = leaves = ttt_inputs(seed=31, length=length, batch=1)
+
+    def shared():  # built per graph, as each is freed in its backward
+        h_starts, hb_starts = (torch.cat([x, -0.5 * x]) for x in (h0, hb0))  # N = 2
+        return h_starts, hb_starts, ttt_eta(eta, length, starts=cu[:-1])
+
+    h_starts, hb_starts, eta_tokens = shared()
+    outputs = ops.chunk_ttt_linear(
+        q, k, v, w, b, eta_tokens, chunk_size=MINI, initial_state=h_starts,
+        initial_state_bias=hb_starts, output_final_state=True, cu_seqlens=torch.tensor(cu),
+    )  # fmt: skip
+    h_starts, hb_starts, eta_tokens = shared()
+    parts = []
+    for i, (lo, hi) in enumerate(itertools.pairwise(cu)):
+        inputs = [x[:, lo:hi] for x in (q, k, v)] + [w, b, eta_tokens[:, lo:hi]]
+        parts.append(fla_ttt(*inputs, h_starts[i : i + 1], hb_starts[i : i + 1]))
+    o_ref, h_ref, hb_ref = zip(*parts, strict=True)
+    references = (torch.cat(o_ref, 1), torch.cat(h_ref), torch.cat(hb_ref))
+    assert_o_and_states_close(outputs, references, leaves, TTT_NAMES)
+
+
+def test_chunk_ttt_linear_partial_mini_batch_differs_from_fla_by_its_padding_only():
+    """T = 40 at mini-batch 16: the outputs and h equal fla's, but fla's final hb also holds the
+    gradients of the 8 zero tokens it pads the last mini-batch with (k = 0: the prediction hb of
+    the last mini-batch's start, against the target 0), which miras's does not: adding them
+    gives fla's. This holds docs/ops.md's claim to fla 0.6."""
+    length = 40
+    q, k, v, w, b, eta, h0, hb0 = (x.detach() for x in ttt_inputs(seed=32, length=length))
+    eta_tokens = ttt_eta(eta, length)
+    options = dict(chunk_size=MINI, initial_state=h0, initial_state_bias=hb0)
+    o, h, hb = ops.chunk_ttt_linear(q, k, v, w, b, eta_tokens, output_final_state=True, **options)
+    o_ref, h_ref, hb_ref = fla_ttt(q, k, v, w, b, eta_tokens, h0, hb0)
+    assert_rel_rms(o, o_ref, FLA_TOL, "o")
+    assert_rel_rms(h, h_ref, FLA_TOL, "h")
+    assert rel_rms(hb, hb_ref.double()) > 1e-2  # the padding's gradients are not miras's
+    full = 32
+    _, _, hb_start = ops.chunk_ttt_linear(
+        *(x[:, :full] for x in (q, k, v)), w, b, eta_tokens[:, :full], output_final_state=True,
+        **options,
+    )  # fmt: skip
+    y = hb_start.clone().requires_grad_()  # the pads' prediction [B, H, 1, D]
+    bias = miras.compile(TTT).spec.bias
+    loss = bias.reference_loss(y, torch.zeros_like(y), w[:, None], b[:, None]).sum()
+    (pad_gradient,) = torch.autograd.grad(loss, y)
+    pads = -(-length // MINI) * MINI - length
+    with_pads = hb - eta[:, -1, :, None, None] * pads * pad_gradient
+    assert_rel_rms(with_pads, hb_ref, FLA_TOL, "hb with the padding's gradients")
+
+
+def test_chunk_ttt_linear_refuses_what_is_not_a_gradient_step():
+    q, k, v, w, b, _, _, _ = (x.detach() for x in ttt_inputs(seed=33, length=32))
+    per_token = 0.05 + 0.01 * torch.arange(32, dtype=f64)[None, :, None, None].expand(B, 32, H, 1)
+    with pytest.raises(ValueError, match=r"eta: .*varies inside the mini-batch of tokens 0 to 15"):
+        ops.chunk_ttt_linear(q, k, v, w, b, per_token)
+    with pytest.raises(ValueError, match=r"eta: values must lie in \[0, inf\)"):
+        ops.chunk_ttt_linear(q, k, v, w, b, -0.1)
+    with pytest.raises(ValueError, match=r"v: chunk_ttt_linear learns the residual target"):
+        ops.chunk_ttt_linear(q, k, v[..., :3], w, b, 0.1)
+    with pytest.raises(ValueError, match=r"w: expected the LayerNorm's weight \[H, V\]"):
+        ops.chunk_ttt_linear(q, k, v, w[0], b, 0.1)
+    with pytest.raises(ValueError, match="backend: 'triton' does not cover chunk_ttt_linear"):
+        ops.chunk_ttt_linear(q, k, v, w, b, 0.1, backend="triton")
+    with pytest.raises(ValueError, match="backend: 'recurrent' steps one token at a time"):
+        ops.chunk_ttt_linear(q, k, v, w, b, 0.1, backend="recurrent")
