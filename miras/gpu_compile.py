@@ -263,7 +263,9 @@ def gpu_configs(tuner, kwargs: dict) -> list:
     from miras.kernels.common.tuning import scan_layout, scan_layout_configs
 
     if tuner.early_config_prune is scan_layout:
-        return scan_layout_configs(tuner.configs, kwargs.get("PER_CHANNEL", False))
+        return scan_layout_configs(
+            tuner.configs, kwargs.get("PER_CHANNEL", False), kwargs.get("DK")
+        )
     return list(tuner.configs)
 
 

@@ -76,14 +76,27 @@ def scan_configs() -> list:
     ]
 
 
-def scan_layout_configs(configs: list, per_channel: bool) -> list:
-    """The configs (of `scan_configs()`) for one layout: per head or per channel."""
-    return configs[len(SCAN) :] if per_channel else configs[: len(SCAN)]
+# Two stages prefetch a chunk's tiles into shared memory beside the current ones. Compiled for
+# every covered spec (the whole compile matrix, docs/kernels.md), the per-head scan's two-stage
+# config needs 246272 B in the backward at Dphi = 128 on sm_90 (of the 232448 B a block may
+# use) and 303360 B in the forward at 256 (213504 B on sm_80, of 166912): a launch could never
+# run it, so it is tried up to this width only.
+TWO_STAGE_MAX_DK = 64
+
+
+def scan_layout_configs(configs: list, per_channel: bool, dk: int | None = None) -> list:
+    """The configs (of `scan_configs()`) for one layout, per head or per channel, at feature
+    width `dk` (None: every width's)."""
+    chosen = configs[len(SCAN) :] if per_channel else configs[: len(SCAN)]
+    if dk is not None and dk > TWO_STAGE_MAX_DK:
+        chosen = [c for c in chosen if c.num_stages == 1]
+    return chosen
 
 
 def scan_layout(configs, named_args, **kwargs) -> list:
-    """The configs a scan launch tries: its layout's (the first alone under the interpreter)."""
-    chosen = scan_layout_configs(configs, kwargs.get("PER_CHANNEL", False))
+    """The configs a scan launch tries: its layout's at its width (the first alone under the
+    interpreter)."""
+    chosen = scan_layout_configs(configs, kwargs.get("PER_CHANNEL", False), kwargs.get("DK"))
     return first_under_interpreter(chosen, named_args, **kwargs)
 
 

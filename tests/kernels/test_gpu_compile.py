@@ -106,7 +106,8 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
         assert meta["DOT_PRECISION"] == "tf32" and meta["ACC"] == "fp32"  # the default
         if job.form == "scan":  # BV is the config's; the state in [64, BV] key tiles
             per_channel = job.variant == "per channel"
-            config = tuning.scan_layout_configs(tuning.scan_configs(), per_channel)[job.config]
+            configs = tuning.scan_layout_configs(tuning.scan_configs(), per_channel, 128)
+            config = configs[job.config]
             assert (job.num_warps, job.num_stages) == (config.num_warps, config.num_stages)
             assert meta["BV"] == config.kwargs["BV"]
             assert meta["BV"] == 16 if job.variant == "per channel" else meta["BV"] in (32, 64)
@@ -124,10 +125,26 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
                 assert job.grid == (-(-1000 // 64), 8, blocks)
             else:
                 assert job.grid == (8, blocks)
-    scan_configs = len(tuning.SCAN) + len(tuning.SCAN_PER_CHANNEL)
+    # at d = 128 the per-head scan's two-stage config is not tried (tuning.TWO_STAGE_MAX_DK)
+    per_head = tuning.scan_layout_configs(tuning.scan_configs(), False, 128)
+    assert len(per_head) == len(tuning.SCAN) - 1
+    scan_configs = len(per_head) + len(tuning.SCAN_PER_CHANNEL)
     # 6 chunk kernels (general fwd / bwd; linear state, output, state bwd, bwd: the linear
     # forward and backward are two each)
     assert len(found) == 6 * len(tuning.CHUNK) + 2 * scan_configs
+
+
+def test_the_scan_tries_two_stages_only_where_they_fit():
+    """Two stages of the per-head scan need more shared memory than a block has past
+    Dphi = 64 (246272 B of 232448 in the backward at 128 on sm_90): a launch's prune leaves
+    them out there, and keeps them at 64 and below."""
+    configs = tuning.scan_configs()
+    for dk, stages in ((32, {1, 2}), (64, {1, 2}), (128, {1}), (256, {1})):
+        kept = tuning.scan_layout(configs, {}, PER_CHANNEL=False, DK=dk)
+        if triton_backend.runs_on_cpu():
+            assert kept == configs[:1]  # the interpreter tries one
+            kept = tuning.scan_layout_configs(configs, False, dk)
+        assert {c.num_stages for c in kept} == stages, dk
 
 
 def test_the_default_chunk_is_the_layers():
