@@ -121,6 +121,16 @@ KNOWN_SPECS: dict[str, dict[str, Any]] = {
         "retention": "none",
         "optimizer": "gd",
     },
+    # Titans with a linear memory: the same loss with momentum and the forget gate
+    # (chunk_titans_linear at eps = 1e-6; the op adds the residual target and the output
+    # LayerNorm).
+    "titans_linear": {
+        "name": "titans_linear",
+        "memory": "matrix",
+        "bias": "layer_norm",
+        "retention": "l2",
+        "optimizer": "momentum",
+    },
     # MesaNet as fla's chunk_mesa_net runs it: q and k as given (no normalization inside).
     "mesanet": {
         "name": "mesanet",
@@ -984,6 +994,17 @@ def ttt_rule(eps: float) -> MemoryRule:
     return miras.compile(spec)
 
 
+@functools.cache
+def titans_linear_rule(eps: float) -> MemoryRule:
+    """Titans-linear with the LayerNorm's `eps`; fla's default 1e-6 is
+    `known_rule("titans_linear")`."""
+    if eps == 1e-6:
+        return known_rule("titans_linear")
+    spec = dict(KNOWN_SPECS["titans_linear"], name="titans_linear_eps")
+    spec["bias"] = {"kind": "layer_norm", "ln_eps": eps}
+    return miras.compile(spec)
+
+
 def _layer_norm(x: torch.Tensor, w, b, eps: float) -> torch.Tensor:
     """LN(x) * w + b over the last axis, the variance biased (fla's ttt_linear)."""
     centered = x - x.mean(-1, keepdim=True)
@@ -1134,6 +1155,139 @@ def chunk_ttt_linear(
         return o, None, None
     final = final.transpose(-1, -2)  # [N, H, K + 1, V]
     return o, final[..., :d, :], final[..., d:, :]
+
+
+def _titans_gate(name: str, x, head: list[int], allowed, what: str, natural, meaning: str, dtype):
+    """One of fla's titans gates theta, alpha, eta: a tensor [B, T, H, 1] or a Python float,
+    mapped to its miras gate by `natural` (a tensor [B, T, H] or a float) and range-checked
+    there in the inputs' dtype, the message naming `name`."""
+    _check_scalar_or_tensor(name, x)
+    if x is None:
+        raise ValueError(f"{name}: expected a tensor [B, T, H, 1] or a float ({meaning})")
+    if isinstance(x, torch.Tensor) and list(x.shape) != [*head, 1]:
+        raise ValueError(f"{name}: expected [B, T, H, 1] = {[*head, 1]}, got {list(x.shape)}")
+    gate = natural(x.squeeze(-1) if isinstance(x, torch.Tensor) else float(x))
+    _check_fla_range(name, what, gate, allowed, meaning, dtype)
+    return gate.to(dtype) if isinstance(gate, torch.Tensor) else gate
+
+
+def chunk_titans_linear(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    theta: torch.Tensor | float,
+    alpha: torch.Tensor | float,
+    eta: torch.Tensor | float,
+    eps: float = 1e-6,
+    chunk_size: int = 16,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_chunk: bool = True,
+    *,
+    backend: str = "chunk",
+    **kwargs,
+):
+    """Titans with a linear memory, fla's `chunk_titans_linear_ref` (`fla.ops.titans.naive`,
+    [B, T, H, D] layout; fla's exported `chunk_titans_linear` is the same rule in [B, H, T, D])
+    as `specs/titans_linear.yaml`, with the gradient of its loss (below): a memory M [K, V]
+    read through a LayerNorm, L = 1/2 ||LN(k_t M) * w + b - (v_t - k_t)||^2, every gradient of a
+    chunk of `chunk_size` tokens taken at the chunk's start state (miras's chunk-start form),
+    then per token the momentum S_t = eta_t S_{t-1} - 2 theta_t dL/dM and the forget gate
+    M_t = (1 - alpha_t) M_{t-1} + S_t, S_0 = 0; o_t = z_t + LN(z_t) * w + b, z_t = q_t M_t.
+
+    In miras's terms (W = M^T, s = -S^T): a matrix memory, the layer_norm bias with its weight
+    and bias gates per value channel, l2 retention at decay = 1 - alpha, momentum with
+    lr = 2 theta (fla steps along the gradient of ||.||^2, the bias's loss is half of it) and
+    momentum = eta, the target v - k; the output LayerNorm is applied here, outside the memory.
+    q, k, v [B, T, H, D] (V = K: the residual target); w, b [H, D]; theta, alpha, eta
+    [B, T, H, 1] (or floats); the state M [B, H, K, V]. Returns (o, M_T), M_T None unless
+    `output_final_state`. fla scales nothing, and neither does this op.
+
+    fla's own step is not this gradient: its LayerNorm backward misses a 1 / (rstd D) on the
+    D * grad term, so the two rules differ wherever D sqrt(var(k_t M) + eps) != 1 (docs/ops.md,
+    "Titans-linear"; measured in tests/runtime/test_fla_delta_family.py). Where T is not a
+    multiple of chunk_size, fla's final state is taken after its zero padding, which drops the
+    momentum and decays M once more (by the last token's 1 - alpha); miras's is the state after
+    the last real token. `use_chunk` picks one of fla's two implementations of the same rule;
+    both are this one. Only the chunk backend runs it; `backend="recurrent"` is chunks of one
+    token (`chunk_size=1`)."""
+    op = "chunk_titans_linear"
+    _refuse_kwargs(op, kwargs)
+    if not isinstance(use_chunk, bool):
+        raise ValueError(f"use_chunk: expected a bool, got {type(use_chunk).__name__}")
+    if backend == "triton":
+        raise ValueError(
+            f"backend: 'triton' does not cover {op}: the layer_norm bias reads channel "
+            "statistics the kernels do not chain through; use backend='chunk'"
+        )
+    if backend == "recurrent" and chunk_size != 1:
+        raise ValueError(
+            f"backend: 'recurrent' steps one token at a time, chunks of 1, but "
+            f"chunk_size={chunk_size}; use backend='chunk' (gradients at each chunk's start "
+            "state, as fla) or chunk_size=1"
+        )
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise ValueError(f"eps: expected a Python float, got {type(eps).__name__}")
+    try:
+        rule = titans_linear_rule(float(eps))
+    except miras.SpecError as err:
+        raise ValueError(f"eps: {err.problems[0].message}") from None
+    shapes = check_qkv(q, k, v)
+    if shapes.d_value != shapes.d_key:
+        raise ValueError(
+            f"v: {op} learns the residual target v - k, so V must equal K; got K = "
+            f"{shapes.d_key}, V = {shapes.d_value}"
+        )
+    heads, d = shapes.heads, shapes.d_key
+    for name, x in (("w", w), ("b", b)):
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (heads, d):
+            got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(
+                f"{name}: expected the LayerNorm's {'weight' if name == 'w' else 'bias'} [H, D] "
+                f"= [{heads}, {d}], got {got}"
+            )
+    head = [shapes.batch, shapes.length, heads]
+    ranges = {info.name: info.allowed for info in rule.plan.gates}
+    # fla's gate -> miras's gate, whose range the check reads (the message names fla's).
+    gates = {
+        "lr": _titans_gate("theta", theta, head, ranges["lr"], "values", lambda x: 2 * x,
+                           "the learning rate, lr = 2 theta", q.dtype),
+        "decay": _titans_gate("alpha", alpha, head, ranges["decay"], "1 - alpha",
+                              lambda x: 1 - x, "the decay; the chunk-start form takes its log, "
+                              "so alpha = 1 is refused", q.dtype),
+        "momentum": _titans_gate("eta", eta, head, ranges["momentum"], "values", lambda x: x,
+                                 "the momentum", q.dtype),
+    }  # fmt: skip
+    norm_w, norm_b = (x.to(q.dtype).expand(*head, d) for x in (w, b))  # per value channel
+    gates |= {"ln_weight": norm_w, "ln_bias": norm_b}
+    state = None
+    if initial_state is not None:
+        shape = (shapes.batch, heads, d, d)
+        if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != shape:
+            got = (
+                list(initial_state.shape)
+                if isinstance(initial_state, torch.Tensor)
+                else type(initial_state).__name__
+            )
+            raise ValueError(f"initial_state: expected M_0 {list(shape)}, got {got}")
+        # fla starts the momentum at zero; miras's state is W = M^T [B, H, V, K] and s.
+        w0 = initial_state.transpose(-1, -2)
+        state = {"W": w0, "S.W": torch.zeros_like(w0)}
+    z, final = rule(
+        q,
+        k,
+        v - k,
+        gates,
+        backend=backend,
+        chunk_size=chunk_size,
+        chunk_mode="start" if backend != "recurrent" else "auto",
+        initial_state=state,
+        output_final_state=output_final_state,
+    )
+    o = z + _layer_norm(z, norm_w, norm_b, float(eps))
+    return o, final["W"].transpose(-1, -2) if output_final_state else None
 
 
 def deltaproduct_spec(n: int, gated: bool) -> dict[str, Any]:
@@ -1438,11 +1592,13 @@ __all__ = [
     "chunk_mesa_net",
     "chunk_precond_gated_delta_rule",
     "chunk_simple_gla",
+    "chunk_titans_linear",
     "chunk_ttt_linear",
     "deltaproduct_rule",
     "deltaproduct_spec",
     "functional",
     "known_rule",
     "precond_rule",
+    "titans_linear_rule",
     "ttt_rule",
 ]

@@ -240,12 +240,14 @@ class LearnedState(nn.Module):
         self.learned = nn.ParameterDict()
         self.zeros: dict[str, tuple[int, ...]] = {}
         # An exact optimizer's statistics start at zero, unlearned: a learned H_kk could leave
-        # the positive semidefinite cone, where the read's solve has no Cholesky factor.
+        # the positive semidefinite cone, where the read's solve has no Cholesky factor. So do
+        # a preconditioner's curvature sums A ("P.<name>"): a learned A below -eps makes
+        # log(A + eps) NaN from the first token (precond_gdn diverged at its second step).
         statistics = rule.plan.chunk_form.form == "minimizer"
         # The dtype and device of the zeros when nothing is learned.
         self.register_buffer("anchor", torch.zeros(()), persistent=False)
         for name, value in state.items():
-            if name.startswith("S.") or statistics:
+            if name.startswith(("S.", "P.")) or statistics:
                 self.zeros[name] = tuple(value.shape)
             else:
                 # Computed in float32, kept in the default dtype as every other parameter

@@ -158,7 +158,9 @@ def parse(raw: Any, path: str, spec_path: str = "", name: str = "") -> tuple[Nod
             message = f"a distribution takes one of choices, int, float; got {' and '.join(kinds)}"
             return Broken(), [Problem(path, message)]
         if kinds[0] == "choices":
-            return _parse_choice(raw, path, spec_path, name)
+            # A choice of whole sections (`spec: {choices: [...]}`, a study over known specs)
+            # has no field to name it: its parameter is the section's name ('spec').
+            return _parse_choice(raw, path, spec_path, name or path)
         return _parse_range(raw, kinds[0], path, spec_path, name)
     if isinstance(raw, dict):
         fields: dict[str, Node] = {}

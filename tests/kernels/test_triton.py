@@ -416,6 +416,7 @@ MATRIX_SPECS = [
 NO_KERNEL = {
     "specs/mesanet.yaml": "the exact optimizer",
     "specs/precond_gdn.yaml": "the preconditioned optimizer",
+    "specs/titans_linear.yaml": "the layer_norm bias",
     "specs/ttt_linear.yaml": "the layer_norm bias",
 }
 

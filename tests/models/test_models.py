@@ -215,6 +215,15 @@ def test_learned_state_stays_in_the_retention_domain():
     assert all((w > 0).all() for w in layer.state0(1).values())
 
 
+def test_preconditioner_statistics_start_at_zero_unlearned():
+    """A preconditioner's curvature sum A ("P.W") is not a parameter: a learned A turned
+    negative after an optimizer step, and log(A + eps) made the layer's output NaN."""
+    layer = MirasLayer(miras.load_spec("specs/precond_gdn.yaml"), 16, 2)
+    assert [n for n, _ in layer.state0.named_parameters()] == ["learned.W"]
+    state = layer.state0(3)
+    assert state["P.W"].shape[0] == 3 and (state["P.W"] == 0).all()
+
+
 def test_polynomial_coefficients_are_parameters():
     layer = MirasLayer(OMEGA, 16, 2)
     names = [n for n, _ in layer.named_parameters()]

@@ -57,10 +57,13 @@ def arguments(op, batch: int, gen: torch.Generator) -> dict:
         "w_ln": lambda: 1 + 0.1 * torch.randn(H, V, generator=gen),
         "b_ln": lambda: 0.1 * torch.randn(H, V, generator=gen),
         "eta": lambda: torch.full((batch, T, H, 1), 0.1),
+        # Titans-linear's learning rate and forget gate [B, T, H, 1] (eta: its momentum)
+        "theta": lambda: torch.full((batch, T, H, 1), 0.02),
+        "alpha": lambda: torch.full((batch, T, H, 1), 0.05),
     }
     if op.__name__ in PER_KEY_DECAY:  # its own layout: a log-decay per key channel
         makers["g"] = lambda: -torch.rand(batch, T, H, K, generator=gen)
-    if op.__name__ == "chunk_ttt_linear":  # w, b: the LayerNorm's, not GDN-2's gates
+    if op.__name__ in ("chunk_ttt_linear", "chunk_titans_linear"):  # w, b: the LayerNorm's
         makers["w"], makers["b"] = makers["w_ln"], makers["b_ln"]
     unknown = [name for name in names if name not in makers]
     assert not unknown, f"{op.__name__}: add an input for {unknown} to `arguments`"
