@@ -101,6 +101,16 @@ def test_quick_study_cuts_the_sweeps_seeds_and_steps():
     assert base["train"]["steps"] == 250
 
 
+def test_quick_study_takes_a_logspace_sweep_as_its_lowest_values():
+    base = rep.load_yaml("studies/mad.yaml")
+    base["train"]["lr"] = {"sweep": {"logspace": [1e-3, 1e-1, 3], "extend": True}}
+    quick = rep.quick_study(base, points=2)
+    assert quick["train"]["lr"] == {"sweep": [1e-3, pytest.approx(1e-2)]}  # a list: no extension
+    assert load_study(quick).sweep_points[0] == {"lr": 1e-3}
+    assert rep.sweep_values({"logspace": [1e-4, 1e-2, 3]}) == [1e-4, pytest.approx(1e-3), 1e-2]
+    assert rep.sweep_values([3e-3, 1e-2]) == [3e-3, 1e-2]
+
+
 def test_beats_needs_a_higher_mean_and_p_below_005():
     assert rep.beats(HIGH, LOW) == (True, welch_p(HIGH, LOW))
     assert rep.beats(LOW, HIGH)[0] is False  # separated, but below
