@@ -37,9 +37,9 @@ Calibration (2026-12-07, single `miras train` runs at these sizes, lr 3e-3 and 1
 thread): after 500 steps DeltaNet was still on MQAR's loss plateau at either lr (validation
 accuracy 0.016 and 0.011, chance is 1/128), as was linear attention at 1e-2 (0.013), and adding
 4-pair batches to the training mixture did not lift DeltaNet off it by step 400 (0.016);
-issue 36's run at 800 steps (lr 3e-3) had DeltaNet at 0.724 and linear attention at 0.075. So 800
-steps, the fewest known to separate them. CPU time a step, with evaluations, from 500-step
-runs: DeltaNet 111 ms, linear attention 88 ms.
+issue 36 reports a run at 800 steps (lr 3e-3) with DeltaNet at 0.724 and linear attention at
+0.075. So 800 steps, the fewest known to separate them. CPU time a step, with evaluations,
+from 500-step runs: DeltaNet 111 ms, linear attention 88 ms.
 
 Budget (estimated): 4 models x 3 lr x 3 seeds x 800 steps at about 95 ms = 2740 CPU-s plus
 evaluations and test passes, about 2900 CPU-s: 24 minutes on 2 free cores, about 50 on 2
