@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from miras.search.space import logspace_value
 from miras.stats import confidence_interval, welch_p
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,15 +87,26 @@ def model_study(
     return study
 
 
+def sweep_values(sweep: list | dict[str, Any]) -> list:
+    """A sweep's values in order: the list, or a logspace mapping's n values from lo to hi
+    (`{logspace: [lo, hi, n], extend: ...}`, docs/search.md; the points an extension may add
+    are not listed)."""
+    if isinstance(sweep, dict):
+        low, high, count = sweep["logspace"]
+        return [logspace_value((low, high, count), i) for i in range(count)]
+    return list(sweep)
+
+
 def quick_study(study: dict[str, Any], steps: int = 8, points: int = 1, seeds: int = 2) -> dict:
     """The study at a budget that only checks that everything runs: `steps` steps, the first
-    `points` values of each sweep, `seeds` replicates, one evaluation batch."""
+    `points` values of each sweep (a logspace's lowest values, as a list: it does not
+    extend), `seeds` replicates, one evaluation batch."""
     study = copy.deepcopy(study)
     train = study["train"]
     train.update(steps=steps, warmup=0, eval_every=max(1, steps // 2), eval_batches=1)
     for key, value in train.items():
         if isinstance(value, dict) and "sweep" in value:
-            train[key] = {"sweep": value["sweep"][:points]}
+            train[key] = {"sweep": sweep_values(value["sweep"])[:points]}
     study["replicates"] = seeds
     return study
 
@@ -107,7 +119,12 @@ def quick_study(study: dict[str, Any], steps: int = 8, points: int = 1, seeds: i
 class Row:
     """One complete trial: a model at one configuration, scored on the test split.
 
-    `seeds` holds the test metric per seed at the selected sweep point."""
+    `seeds` holds the test metric per seed at the selected sweep point; `slices` the same per
+    test slice where the task has several (`{"n16": [...]}`, MQAR's `test_grid`); `at_edge`
+    the trial's mark where a sweep did not bracket its selection (`{"lr": "low"}`) and
+    `extended` the values an extending sweep ran past its ends (`{"lr": {"low": 1}}`);
+    `points` every sweep point the trial ran, in run order, with its mean validation value of
+    the first objective over the seeds (NaN where a seed diverged or is missing)."""
 
     model: str
     family: str
@@ -116,6 +133,10 @@ class Row:
     state_bytes: float
     params: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # the caller's (a MAD subtask)
+    slices: dict[str, list[float]] = field(default_factory=dict)
+    at_edge: dict[str, str] = field(default_factory=dict)
+    extended: dict[str, dict[str, int]] = field(default_factory=dict)
+    points: list[tuple[dict[str, Any], float]] = field(default_factory=list)  # (values, valid)
 
     @property
     def interval(self) -> tuple[float, float, float]:
@@ -124,6 +145,17 @@ class Row:
     @property
     def mean(self) -> float:
         return self.interval[0]
+
+
+def sweep_points(records: list[dict[str, Any]], metric: str) -> list[tuple[dict, float]]:
+    """(values, mean validation `metric` over the seeds) per point of a trial's `sweep`
+    records, in point order; NaN where a run diverged."""
+    by: dict[int, tuple[dict, list[float]]] = {}
+    for record in records:
+        by.setdefault(record["point"], (record["values"], []))[1].append(
+            record["valid"].get(metric, math.nan)
+        )
+    return [(values, sum(s) / len(s)) for _, (values, s) in sorted(by.items())]
 
 
 @dataclass
@@ -153,12 +185,19 @@ def _run_one(job: tuple[dict[str, Any], str, str, str, dict[str, Any]]) -> Study
     rows, failed = [], []
     for t in summary.trials:
         if t.state == TrialState.COMPLETE and t.user_attrs.get("replicates"):
-            seeds = [r["metrics"][metric] for r in t.user_attrs["replicates"]]
+            runs = t.user_attrs["replicates"]
+            seeds = [r["metrics"][metric] for r in runs]
+            prefix = f"{metric}_"  # per-slice test metrics: accuracy_n16 (not valid_accuracy)
+            names = [k for k in runs[0]["metrics"] if k.startswith(prefix)]
+            slices = {k.removeprefix(prefix): [r["metrics"][k] for r in runs] for k in names}
             metrics = t.user_attrs.get("metrics") or {}
             selected = (t.user_attrs.get("selected") or {}).get("values") or {}
             rows.append(
                 Row(label, family, seeds, selected, metrics.get("state_bytes", math.nan),
-                    dict(t.params), dict(extra))
+                    dict(t.params), dict(extra), slices,
+                    dict(t.user_attrs.get("at_edge") or {}),
+                    dict(t.user_attrs.get("extended") or {}),
+                    sweep_points(t.user_attrs.get("sweep") or [], metric))
             )  # fmt: skip
         elif t.state in (TrialState.PRUNED, TrialState.FAIL):
             reason = t.user_attrs.get("reason") or t.user_attrs.get("error") or "failed"
@@ -230,6 +269,19 @@ def selected_text(values: dict[str, Any]) -> str:
     return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
 
+def selected_label(row: Row) -> str:
+    """The selected sweep point, with a note per swept setting whose selection sits at the
+    edge of what the trial ran (`lr=0.001 (lr at the low edge)`) and the values an extending
+    sweep ran past its ends (`lr +1 below`)."""
+    text = selected_text(row.selected)
+    notes = [f"{k} at the {side} edge" for k, side in row.at_edge.items()]
+    for k, ends in row.extended.items():
+        past = [f"+{n} {'below' if end == 'low' else 'above'}" for end, n in ends.items() if n]
+        if past:
+            notes.append(f"{k} {', '.join(past)}")
+    return f"{text} ({'; '.join(notes)})" if notes else text
+
+
 def markdown(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -293,7 +345,7 @@ def pairwise_table(rows: list[Row], winners: Sequence[str], losers: Sequence[str
         ps = [f"{against[b]:.3g}" if b in against else "" for b in losers]
         seeds = ", ".join(f"{v:.3f}" for v in r.seeds)
         body.append([r.model, r.family, interval_text(r.seeds), seeds,
-                     selected_text(r.selected), *ps])  # fmt: skip
+                     selected_label(r), *ps])  # fmt: skip
     return markdown(header, body)
 
 

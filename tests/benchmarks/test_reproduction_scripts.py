@@ -1,5 +1,5 @@
-"""The reproduction scripts (benchmarks/zoology_forgetting.py, zoology_continuous.py,
-mad_protocol.py and their shared benchmarks/reproduction.py): the per-model studies they
+"""The reproduction scripts (benchmarks/zoology_mqar.py, zoology_forgetting.py,
+zoology_continuous.py, mad_protocol.py and their shared benchmarks/reproduction.py): the per-model studies they
 build load, and their tables and verdicts read hand-made per-seed numbers as stated. No
 training here: the scripts' --quick runs are the end-to-end check."""
 
@@ -30,6 +30,7 @@ def script(name: str, registered_as: str | None = None):
 # The scripts `import reproduction` (run as scripts, benchmarks/ is their sys.path[0]): it is
 # registered first, so their import finds it without benchmarks/ on every test's path.
 rep = script("reproduction", registered_as="reproduction")
+mqar = script("zoology_mqar")
 forgetting = script("zoology_forgetting")
 continuous = script("zoology_continuous")
 mad = script("mad_protocol")
@@ -46,14 +47,21 @@ def row(model, seeds, **params):
 
 @pytest.mark.parametrize(
     "path",
-    ["studies/zoology_forgetting.yaml", "studies/zoology_continuous.yaml", "studies/mad.yaml"],
+    [
+        "studies/zoology_mqar.yaml",
+        "studies/zoology_forgetting.yaml",
+        "studies/zoology_continuous.yaml",
+        "studies/mad.yaml",
+    ],
 )
 def test_the_study_files_load(path):
     study = load_study(ROOT / path)
     assert study.sweeps and study.replicates == 3 and study.sampler_def().kind == "grid"
 
 
-@pytest.mark.parametrize("module", [forgetting, continuous], ids=["forgetting", "continuous"])
+@pytest.mark.parametrize(
+    "module", [mqar, forgetting, continuous], ids=["mqar", "forgetting", "continuous"]
+)
 @pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
 def test_every_model_study_loads(module, quick):
     found = module.jobs(quick)
@@ -99,6 +107,54 @@ def test_quick_study_cuts_the_sweeps_seeds_and_steps():
     assert quick["train"]["weight_decay"] == {"sweep": [0.0]}
     assert quick["replicates"] == 2 and quick["train"]["steps"] == 6
     assert base["train"]["steps"] == 250
+
+
+def test_quick_study_takes_a_logspace_sweep_as_its_lowest_values():
+    base = rep.load_yaml("studies/mad.yaml")
+    base["train"]["lr"] = {"sweep": {"logspace": [1e-3, 1e-1, 3], "extend": True}}
+    quick = rep.quick_study(base, points=2)
+    assert quick["train"]["lr"] == {"sweep": [1e-3, pytest.approx(1e-2)]}  # a list: no extension
+    assert load_study(quick).sweep_points[0] == {"lr": 1e-3}
+    assert rep.sweep_values({"logspace": [1e-4, 1e-2, 3]}) == [1e-4, pytest.approx(1e-3), 1e-2]
+    assert rep.sweep_values([3e-3, 1e-2]) == [3e-3, 1e-2]
+
+
+def test_mqar_studies_run_the_four_models_at_the_study_width():
+    found = mqar.jobs(False)
+    assert [j.label for j in found] == ["deltanet", "gated_deltanet", "linear_attention", "retnet"]
+    for job in found:
+        study = load_study(job.study)
+        assert study.spec["model"]["d_model"] == 64 and study.spec["model"]["conv_size"] == 4
+        assert [p["lr"] for p in study.sweep_points] == [3e-3, 1e-2]  # and one past the edge
+        assert job.study["train"]["lr"]["sweep"]["max_extend"] == 1
+
+
+def mqar_rows(gdn=HIGH, dn=HIGH, la=LOW, ret=LOW):
+    rows = forgetting_rows(gdn, dn, la, ret)
+    for r in rows:
+        r.slices = {"n4": [1.0] * 3, "n16": list(r.seeds)}
+        r.points = [({"lr": 1e-3}, 0.3), ({"lr": 0.01}, 0.6), ({"lr": 0.0031}, 0.5)]
+    rows[0].at_edge, rows[0].extended = {"lr": "high"}, {"lr": {"low": 0, "high": 1}}
+    return rows
+
+
+def test_mqar_verdict_needs_both_delta_models_above_both_additive():
+    assert mqar.verdict(mqar_rows()).startswith("verdict: reproduced")
+    line = mqar.verdict(mqar_rows(gdn=NOISY))
+    assert line.startswith("verdict: not reproduced")
+    assert "gated_deltanet vs linear_attention" in line and "gated_deltanet vs retnet" in line
+    assert "deltanet vs" not in line.replace("gated_deltanet vs", "")
+
+
+def test_mqar_table_marks_the_edge_and_lists_every_lr_run():
+    text = mqar.table(mqar_rows())
+    gdn = next(line for line in text.splitlines() if line.startswith("| gated_deltanet"))
+    assert "lr=0.01 (lr at the high edge; lr +1 above)" in gdn
+    assert "n4 1.000, n16 0.960" in gdn and "1,024" in gdn
+    dn = next(line for line in text.splitlines() if line.startswith("| deltanet"))
+    assert "edge" not in dn
+    listed = next(line for line in text.splitlines() if line.startswith("  retnet"))
+    assert listed.endswith("lr=0.001 0.300, lr=0.0031 0.500, lr=0.01 0.600*")
 
 
 def test_beats_needs_a_higher_mean_and_p_below_005():
