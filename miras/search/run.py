@@ -163,13 +163,20 @@ class _Interrupts:
         self.seen: int | None = None
         self.previous: dict[int, Any] = {}
         self.unraisable: Any = None
+        # An interrupt is on its way out of the running trial: a further one (a search process
+        # killed by SIGKILL sends two, the parent-death signal and then the parent watch's) is
+        # remembered in `seen` but raises nothing. Raised while the trial is marked, queued
+        # again and told failed, it would leave it failed with no reason and not queued, or
+        # RUNNING until the heartbeat's grace ran out (seen in the full suite under load).
+        self.stopping = False
 
     def error(self) -> KeyboardInterrupt:
         return Terminated() if self.seen == signal.SIGTERM else KeyboardInterrupt()
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.seen = signum
-        raise self.error()
+        if not self.stopping:
+            raise self.error()
 
     def _drop_interrupt(self, unraisable: Any) -> None:
         if not isinstance(unraisable.exc_value, KeyboardInterrupt):
@@ -205,23 +212,28 @@ def _run_worker(
     poll = min(1.0, study.heartbeat.interval)
 
     def objective(trial: optuna.Trial) -> Any:
-        trials = handle.get_trials(deepcopy=False)
-        if rank(trials, trial.number) >= options.trials:
-            trial.set_user_attr("reason", "over budget: another worker took the last trial")
-            raise OverBudget(f"trial {trial.number} is over the budget of {options.trials}")
+        # Everything from the trial's start inside the try: an interrupt that lands in the
+        # budget check's storage read (the trial is already RUNNING) is marked and queued
+        # again like one in training (the full suite under load saw a trial failed with no
+        # reason there).
         try:
+            trials = handle.get_trials(deepcopy=False)
+            if rank(trials, trial.number) >= options.trials:
+                trial.set_user_attr("reason", "over budget: another worker took the last trial")
+                raise OverBudget(f"trial {trial.number} is over the budget of {options.trials}")
             value = run_trial(study, task, trial)
             if interrupts.seen:  # an interrupt whose exception Python dropped
                 raise interrupts.error()
             return value
         except KeyboardInterrupt as stop:
-            try:
+            interrupts.stopping = True  # this one ends the worker: no other may cut it short
+            try:  # queued before the reason is set: the copy starts without it
                 _queue_again_if_sampled(handle, trial.number)
             except Exception as err:  # the interrupt goes on; a re-run samples a new trial
                 log.warning("trial %d could not be queued again: %s", trial.number, err)
             trial.set_user_attr("reason", _interrupt_reason(stop))
             raise
-        except optuna.TrialPruned:
+        except (optuna.TrialPruned, OverBudget):
             raise
         except Exception as err:
             trial.set_user_attr("error", f"{type(err).__name__}: {err}")
