@@ -1035,6 +1035,36 @@ def _constant_per_mini_batch(eta: torch.Tensor, bounds: list[int], size: int) ->
             )
 
 
+def _layer_norm_op(op, backend, chunk_size, eps, make_rule, q, k, v, unit: str, chunked: str):
+    """The checks the ops over a `layer_norm` bias share (`chunk_ttt_linear`'s mini-batches,
+    `chunk_titans_linear`'s chunks: `unit`, and what the chunk backend makes of them,
+    `chunked`): the backend, eps, and V = K for the residual target v - k. Returns the rule
+    (`make_rule(eps)`) and the shapes of q, k, v."""
+    if backend == "triton":
+        raise ValueError(
+            f"backend: 'triton' does not cover {op}: the layer_norm bias reads channel "
+            "statistics the kernels do not chain through; use backend='chunk'"
+        )
+    if backend == "recurrent" and chunk_size != 1:
+        raise ValueError(
+            f"backend: 'recurrent' steps one token at a time, {unit} of 1, but "
+            f"chunk_size={chunk_size}; use backend='chunk' ({chunked}) or chunk_size=1"
+        )
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise ValueError(f"eps: expected a Python float, got {type(eps).__name__}")
+    try:
+        rule = make_rule(float(eps))
+    except miras.SpecError as err:
+        raise ValueError(f"eps: {err.problems[0].message}") from None
+    shapes = check_qkv(q, k, v)
+    if shapes.d_value != shapes.d_key:
+        raise ValueError(
+            f"v: {op} learns the residual target v - k, so V must equal K; got K = "
+            f"{shapes.d_key}, V = {shapes.d_value}"
+        )
+    return rule, shapes
+
+
 def chunk_ttt_linear(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1074,29 +1104,10 @@ def chunk_ttt_linear(
     `backend="recurrent"` is mini-batches of one token (`chunk_size=1`)."""
     op = "chunk_ttt_linear"
     _refuse_kwargs(op, kwargs)
-    if backend == "triton":
-        raise ValueError(
-            f"backend: 'triton' does not cover {op}: the layer_norm bias reads channel "
-            "statistics the kernels do not chain through; use backend='chunk'"
-        )
-    if backend == "recurrent" and chunk_size != 1:
-        raise ValueError(
-            f"backend: 'recurrent' steps one token at a time, mini-batches of 1, but "
-            f"chunk_size={chunk_size}; use backend='chunk' (mini-batches of chunk_size tokens) "
-            "or chunk_size=1"
-        )
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise ValueError(f"eps: expected a Python float, got {type(eps).__name__}")
-    try:
-        rule = ttt_rule(float(eps))
-    except miras.SpecError as err:
-        raise ValueError(f"eps: {err.problems[0].message}") from None
-    shapes = check_qkv(q, k, v)
-    if shapes.d_value != shapes.d_key:
-        raise ValueError(
-            f"v: {op} learns the residual target v - k, so V must equal K; got K = "
-            f"{shapes.d_key}, V = {shapes.d_value}"
-        )
+    rule, shapes = _layer_norm_op(
+        op, backend, chunk_size, eps, ttt_rule, q, k, v,
+        unit="mini-batches", chunked="mini-batches of chunk_size tokens",
+    )  # fmt: skip
     _check_packing(cu_seqlens, cu_seqlens_cpu, None, chunk_size, shapes)
     heads, d = shapes.heads, shapes.d_key
     for name, x in (("w", w), ("b", b)):
@@ -1217,29 +1228,10 @@ def chunk_titans_linear(
     _refuse_kwargs(op, kwargs)
     if not isinstance(use_chunk, bool):
         raise ValueError(f"use_chunk: expected a bool, got {type(use_chunk).__name__}")
-    if backend == "triton":
-        raise ValueError(
-            f"backend: 'triton' does not cover {op}: the layer_norm bias reads channel "
-            "statistics the kernels do not chain through; use backend='chunk'"
-        )
-    if backend == "recurrent" and chunk_size != 1:
-        raise ValueError(
-            f"backend: 'recurrent' steps one token at a time, chunks of 1, but "
-            f"chunk_size={chunk_size}; use backend='chunk' (gradients at each chunk's start "
-            "state, as fla) or chunk_size=1"
-        )
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise ValueError(f"eps: expected a Python float, got {type(eps).__name__}")
-    try:
-        rule = titans_linear_rule(float(eps))
-    except miras.SpecError as err:
-        raise ValueError(f"eps: {err.problems[0].message}") from None
-    shapes = check_qkv(q, k, v)
-    if shapes.d_value != shapes.d_key:
-        raise ValueError(
-            f"v: {op} learns the residual target v - k, so V must equal K; got K = "
-            f"{shapes.d_key}, V = {shapes.d_value}"
-        )
+    rule, shapes = _layer_norm_op(
+        op, backend, chunk_size, eps, titans_linear_rule, q, k, v,
+        unit="chunks", chunked="gradients at each chunk's start state, as fla",
+    )  # fmt: skip
     heads, d = shapes.heads, shapes.d_key
     for name, x in (("w", w), ("b", b)):
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != (heads, d):
