@@ -150,6 +150,19 @@ def run_worker(options: WorkerOptions, on_trial: Callable[[], None] | None = Non
         torch.set_num_threads(previous)  # an in-process search leaves the caller's setting
 
 
+_TRITON = os.sep + "triton" + os.sep
+
+
+def _under_triton(frame: Any) -> bool:
+    """Whether the main thread runs inside triton (torch imports and calls it), where its
+    Python may have been called from its C++ extension."""
+    while frame is not None:
+        if _TRITON in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _Interrupts:
     """Ctrl-C and SIGTERM raise at once (KeyboardInterrupt, `Terminated`) and are also
     remembered (`seen`, the signal's number): Python drops an exception raised while it runs a
@@ -175,8 +188,16 @@ class _Interrupts:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.seen = signum
-        if not self.stopping:
-            raise self.error()
+        if self.stopping:
+            return
+        if _under_triton(frame):
+            # Raised here, the interrupt could cross a frame of triton's C++ extension, which
+            # cannot carry it and aborts the process (`terminate called after throwing an
+            # instance of 'nanobind::python_error'`: the trial stays RUNNING). Ask again shortly,
+            # when the main thread is likely elsewhere.
+            threading.Timer(0.01, _thread.interrupt_main, args=(signum,)).start()
+            return
+        raise self.error()
 
     def _drop_interrupt(self, unraisable: Any) -> None:
         if not isinstance(unraisable.exc_value, KeyboardInterrupt):
