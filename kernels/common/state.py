@@ -76,6 +76,33 @@ def store_tile(ptr, cv, mv, col0, ckt, DK, value):
 
 
 @triton.jit
+def load_tiles(ptr, cv, mv, ckt, DK, BK: tl.constexpr, KT: tl.constexpr, ACC: tl.constexpr):
+    """A row-major [DV, DK] state as up to four [KT, BV] key tiles (`load_tile`), the ones past
+    BK zero: the linear state kernels' layout (BK <= 4 KT)."""
+    t1 = load_tile(ptr, cv, mv, 0, ckt, DK, ACC)
+    t2 = tl.zeros_like(t1)
+    t3 = tl.zeros_like(t1)
+    t4 = tl.zeros_like(t1)
+    if BK > KT:
+        t2 = load_tile(ptr, cv, mv, KT, ckt, DK, ACC)
+    if BK > 2 * KT:
+        t3 = load_tile(ptr, cv, mv, 2 * KT, ckt, DK, ACC)
+        t4 = load_tile(ptr, cv, mv, 3 * KT, ckt, DK, ACC)
+    return t1, t2, t3, t4
+
+
+@triton.jit
+def store_tiles(ptr, cv, mv, ckt, DK, t1, t2, t3, t4, BK: tl.constexpr, KT: tl.constexpr):
+    """`load_tiles`' inverse: the key tiles t1..t4 (those past BK are not written)."""
+    store_tile(ptr, cv, mv, 0, ckt, DK, t1)
+    if BK > KT:
+        store_tile(ptr, cv, mv, KT, ckt, DK, t2)
+    if BK > 2 * KT:
+        store_tile(ptr, cv, mv, 2 * KT, ckt, DK, t3)
+        store_tile(ptr, cv, mv, 3 * KT, ckt, DK, t4)
+
+
+@triton.jit
 def rows_by_tiles(
     ptr, rows, row_mask, ckt, DK, t1, t2, t3, t4,
     BK: tl.constexpr, KT: tl.constexpr, OP: tl.constexpr, ACC: tl.constexpr,

@@ -57,24 +57,11 @@ def linear_state(
     mv = cv < DV
     cmask = mv[None, :]
     base = pid * DV * DK
-    w1 = load_tile(w0 + base, cv, mv, 0, ckt, DK, ACC)
-    w2 = tl.zeros([KT, BV], dtype=ACC)
-    w3 = tl.zeros([KT, BV], dtype=ACC)
-    w4 = tl.zeros([KT, BV], dtype=ACC)
-    if BK > KT:
-        w2 = load_tile(w0 + base, cv, mv, KT, ckt, DK, ACC)
-    if BK > 2 * KT:
-        w3 = load_tile(w0 + base, cv, mv, 2 * KT, ckt, DK, ACC)
-        w4 = load_tile(w0 + base, cv, mv, 3 * KT, ckt, DK, ACC)
+    w1, w2, w3, w4 = load_tiles(w0 + base, cv, mv, ckt, DK, BK, KT, ACC)
     for ic in range(0, NC):
         start = ic * CS
         chunk = w_chunks + (pid * NC + ic) * DV * DK
-        store_tile(chunk, cv, mv, 0, ckt, DK, w1)
-        if BK > KT:
-            store_tile(chunk, cv, mv, KT, ckt, DK, w2)
-        if BK > 2 * KT:
-            store_tile(chunk, cv, mv, 2 * KT, ckt, DK, w3)
-            store_tile(chunk, cv, mv, 3 * KT, ckt, DK, w4)
+        store_tiles(chunk, cv, mv, ckt, DK, w1, w2, w3, w4, BK, KT)
         tok = start + rows
         mt = (rows < CS) & (tok < T)
         $load_scale_block
@@ -132,12 +119,7 @@ def linear_state(
                 w3 = tl.dot(xt, ghk, w3, input_precision=DOT_PRECISION, out_dtype=ACC)
                 xt = tl.trans(load_rows(keys + 3 * KT, wi, mt, ckt, 3 * KT + ckt < DK, DK, 1, 0.0, OP))
                 w4 = tl.dot(xt, ghk, w4, input_precision=DOT_PRECISION, out_dtype=ACC)
-    store_tile(w_out + base, cv, mv, 0, ckt, DK, w1)
-    if BK > KT:
-        store_tile(w_out + base, cv, mv, KT, ckt, DK, w2)
-    if BK > 2 * KT:
-        store_tile(w_out + base, cv, mv, 2 * KT, ckt, DK, w3)
-        store_tile(w_out + base, cv, mv, 3 * KT, ckt, DK, w4)
+    store_tiles(w_out + base, cv, mv, ckt, DK, w1, w2, w3, w4, BK, KT)
 
 
 @triton.autotune(configs=configs(CHUNK_WIDE), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
@@ -185,11 +167,12 @@ def linear_output(
     store_rows(o + pid * T * DV, tok, mt, cv, mv, DV, ob)
 '''
 
-# The backward as fla's chunk kernels split it (chunk_bwd_dh, then dq/dk/dv per chunk): the
-# gradient of the carried state alone in a sequential kernel over (BH, NVB) that walks the chunks
-# in reverse with dW as [KT, BV] key tiles updated in place and stores dW at every chunk's end,
-# then every other gradient in a chunk-parallel kernel over (NC, BH, NVB) from the stored
-# states and their gradients. The carried gradient is
+# The backward as fla's chunk kernels split it (chunk_bwd_dh, then chunk_bwd_dv and
+# chunk_bwd_dqkwg): the gradient of the carried state alone in a sequential kernel over
+# (BH, NVB) that walks the chunks in reverse with dW as [KT, BV] key tiles updated in place and
+# stores dW at every chunk's end, then every other gradient in chunk-parallel kernels from the
+# stored states and their gradients: Q X_j^T over (NC, BH), the value side over (NC, BH, NVB),
+# the key side (dq, dk) over (NC, BH, key tiles). The carried gradient is
 #
 #     dW_S = D_last dW_e + (D dO)^T Q + sum_j dY_j^T X_j
 #
@@ -229,27 +212,14 @@ def linear_state_backward(
     mk = ck < DK
     cmask = mv[None, :]
     base = pid * DV * DK
-    d1 = load_tile(dw_out + base, cv, mv, 0, ckt, DK, ACC)
-    d2 = tl.zeros([KT, BV], dtype=ACC)
-    d3 = tl.zeros([KT, BV], dtype=ACC)
-    d4 = tl.zeros([KT, BV], dtype=ACC)
-    if BK > KT:
-        d2 = load_tile(dw_out + base, cv, mv, KT, ckt, DK, ACC)
-    if BK > 2 * KT:
-        d3 = load_tile(dw_out + base, cv, mv, 2 * KT, ckt, DK, ACC)
-        d4 = load_tile(dw_out + base, cv, mv, 3 * KT, ckt, DK, ACC)
+    d1, d2, d3, d4 = load_tiles(dw_out + base, cv, mv, ckt, DK, BK, KT, ACC)
     queries = q + pid * T * DK
     keys = k + pid * NR * DK
     for r in range(0, NC):
         ic = NC - 1 - r
         start = ic * CS
         chunk = (pid * NC + ic) * DV * DK
-        store_tile(dw_chunks + chunk, cv, mv, 0, ckt, DK, d1)
-        if BK > KT:
-            store_tile(dw_chunks + chunk, cv, mv, KT, ckt, DK, d2)
-        if BK > 2 * KT:
-            store_tile(dw_chunks + chunk, cv, mv, 2 * KT, ckt, DK, d3)
-            store_tile(dw_chunks + chunk, cv, mv, 3 * KT, ckt, DK, d4)
+        store_tiles(dw_chunks + chunk, cv, mv, ckt, DK, d1, d2, d3, d4, BK, KT)
         tok = start + rows
         mt = (rows < CS) & (tok < T)
         log_a = tl.zeros([BT], dtype=ACC)
@@ -265,15 +235,7 @@ def linear_state_backward(
             mix = decay_matrix(log_a, rows)
             k_last = decay_to_end(log_a, rows)
             qb = load_rows(queries, tok, mt, ck, mk, DK, 1, 0.0, OP)
-            w1 = load_tile(w_chunks + chunk, cv, mv, 0, ckt, DK, ACC)
-            w2 = tl.zeros([KT, BV], dtype=ACC)
-            w3 = tl.zeros([KT, BV], dtype=ACC)
-            w4 = tl.zeros([KT, BV], dtype=ACC)
-            if BK > KT:
-                w2 = load_tile(w_chunks + chunk, cv, mv, KT, ckt, DK, ACC)
-            if BK > 2 * KT:
-                w3 = load_tile(w_chunks + chunk, cv, mv, 2 * KT, ckt, DK, ACC)
-                w4 = load_tile(w_chunks + chunk, cv, mv, 3 * KT, ckt, DK, ACC)
+            w1, w2, w3, w4 = load_tiles(w_chunks + chunk, cv, mv, ckt, DK, BK, KT, ACC)
             for j in range(0, WINDOW):
                 wi = tok + PAST - j
                 y = rows_by_tiles(keys, wi, mt, ckt, DK, w1, w2, w3, w4, BK, KT, OP, ACC, DOT_PRECISION)
@@ -316,37 +278,68 @@ def linear_state_backward(
                 if BK > 2 * KT:
                     d3 = tile_plus_rows_t(d3, keys, wi, mt, 2 * KT, ckt, DK, dy, OP, ACC, DOT_PRECISION)
                     d4 = tile_plus_rows_t(d4, keys, wi, mt, 3 * KT, ckt, DK, dy, OP, ACC, DOT_PRECISION)
-    store_tile(dw0 + base, cv, mv, 0, ckt, DK, d1)
-    if BK > KT:
-        store_tile(dw0 + base, cv, mv, KT, ckt, DK, d2)
-    if BK > 2 * KT:
-        store_tile(dw0 + base, cv, mv, 2 * KT, ckt, DK, d3)
-        store_tile(dw0 + base, cv, mv, 3 * KT, ckt, DK, d4)
+    store_tiles(dw0 + base, cv, mv, ckt, DK, d1, d2, d3, d4, BK, KT)
+
+
+@triton.autotune(configs=configs(CHUNK), key=["CS", "DK"], prune_configs_by=PRUNE)
+@triton.jit
+def linear_scores(
+    q, k, qx_rows,
+    T, CS, NC, DK,
+    BT: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KT: tl.constexpr,
+):
+    """Q X_j^T [BT, BT] of one chunk for every window offset j (fla's A = Q K^T of its
+    backward), into qx_rows [WINDOW, BH, NC, BT, BT]: the product no value block changes,
+    computed once for `linear_backward`'s value blocks, which read it instead of each
+    contracting the key axis for it. Grid (NC, BH)."""
+    OP: tl.constexpr = q.dtype.element_ty  # products' operands: the inputs' dtype (fla's)
+    ic = tl.program_id(0)
+    pid = tl.program_id(1).to(tl.int64)
+    BH = tl.num_programs(1)
+    NR = T + PAST
+    rows = tl.arange(0, BT)
+    ckt = tl.arange(0, KT)
+    tok = ic * CS + rows
+    mt = (rows < CS) & (tok < T)
+    for j in range(0, WINDOW):
+        qx = tl.zeros([BT, BT], dtype=ACC)
+        for c0 in range(0, BK, KT):
+            cols = c0 + ckt
+            mc = cols < DK
+            qt = load_rows(q + pid * T * DK, tok, mt, cols, mc, DK, 1, 0.0, OP)
+            xt = load_rows(k + pid * NR * DK, tok + PAST - j, mt, cols, mc, DK, 1, 0.0, OP)
+            qx = tl.dot(qt, tl.trans(xt), qx, input_precision=DOT_PRECISION, out_dtype=ACC)
+        block = qx_rows + ((j * BH + pid) * NC + ic) * BT * BT
+        tl.store(block + rows[:, None] * BT + rows[None, :], qx)
 
 
 @triton.autotune(configs=configs(CHUNK_WIDE), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
 @triton.jit
 def linear_backward(
-    q, k, v, valid, w_chunks, dw_chunks, do,
+    q, k, v, valid, w_chunks, dw_chunks, do, qx_rows,
     $gate_params
     $gate_grad_params
-    dq, dk, dv,
+    dv, decays, dqx_parts, gk_rows, dy_rows,
     T, CS, NC, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
     DOT_PRECISION: tl.constexpr, KT: tl.constexpr,
 ):
-    """The chunk-parallel half of the backward: every gradient but the state's, for one
-    chunk, from its start state w_chunks and the gradient at its end dw_chunks (both
-    [BH, NC, DV, DK]). Grid (NC, BH, NVB). Each program writes only its own chunk's rows:
-    dq [NVB, BH, T, DK] one part per value block; dk [NVB, WINDOW, BH, T, DK], dv
-    [WINDOW, BH, T, DV] and the window gates' gradients [WINDOW, BH, T, DV] one part per
-    window offset j at the token t that reads row t + PAST - j (the caller adds them there); the
-    step gates' [BH, T, DV] per channel (the decay's, a per-head gate, in each block's first
-    channel). The caller sums parts and channels.
+    """The chunk-parallel value side of the backward (fla's chunk_bwd_dv with the gates'
+    gradients): for one chunk, from its start state w_chunks and the gradient at its end
+    dw_chunks (both [BH, NC, DV, DK]), every gradient on the value side, and what
+    `linear_backward_keys` needs for dq and dk. Grid (NC, BH, NVB). Each program writes only
+    its own chunk's rows: dv [WINDOW, BH, T, DV] and the window gates' gradients
+    [WINDOW, BH, T, DV] one part per window offset j at the token t that reads row
+    t + PAST - j (the caller adds them there); the step gates' [BH, T, DV] per channel (the
+    decay's, a per-head gate, in each block's first channel). For the keys' kernel: the decay
+    D [BH, T] (first value block), dQX_j [NVB, WINDOW, BH, NC, BT, BT] (this block's part),
+    -k_last Ghat_j and dY_j (D-scaled where retained) in gk_rows and dy_rows
+    [WINDOW, BH, T, DV] (dy_rows: CURVED only).
 
-    The key axis is walked in [*, KT] tiles twice per window offset: once to contract it
-    (Q W^T, X W^T, X dW^T, Q X^T), once to write dq and dk a tile at a time, so no [BT, BK]
-    or [BV, BK] block is ever live (at BK = 128 they spilled)."""
+    The key axis is walked in [*, KT] tiles to contract it (Q W^T, X W^T, X dW^T); Q X_j^T
+    comes from `linear_scores`. No key-wide block is ever live, nor any dq or dk tile: they
+    spilled beside the [BT, BT] decay and score matrices on sm_80."""
     OP: tl.constexpr = q.dtype.element_ty  # products' operands: the inputs' dtype (fla's)
     ic = tl.program_id(0)
     pid = tl.program_id(1).to(tl.int64)
@@ -372,9 +365,11 @@ def linear_backward(
     cs = tl.cumsum(log_a, axis=0)
     cs_last = tl.sum(log_a, axis=0)
     decay = tl.exp(cs)
+    if DECAY:
+        if iv == 0:
+            tl.store(decays + pid * T + tok, decay, mask=mt)
     dob = load_rows(do + pid * T * DV, tok, mt, cv, mv, DV, 1, 0.0, ACC)
     # o = D (Q W^T) - ...; W_e = D_last W - ...
-    dod = decay[:, None] * dob
     qw = tl.zeros([BT, BV], dtype=ACC)
     wdw = tl.zeros([BV], dtype=ACC)
     for c0 in range(0, BK, KT):
@@ -385,20 +380,15 @@ def linear_backward(
         qw = tl.dot(qt, tl.trans(wt.to(OP)), qw, input_precision=DOT_PRECISION, out_dtype=ACC)
         dwt = load_rows(dw_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, ACC)
         wdw += tl.sum(dwt * wt, axis=1)
-        # dq = (D dO) W: the state's part, the window's added below
-        dqt = tl.dot(dod.to(OP), wt.to(OP), input_precision=DOT_PRECISION, out_dtype=ACC)
-        store_rows(dq + (iv * BH + pid) * T * DK, tok, mt, cols, mc, DK, dqt)
     d_cs = decay * tl.sum(dob * qw, axis=1)
     d_last = tl.exp(cs_last) * tl.sum(wdw, axis=0)
     d_mix = tl.zeros([BT], dtype=ACC)  # the decay matrix's part of d log a (decay_matrix_vjp)
     d_k_last = tl.zeros([BT], dtype=ACC)
     d_scale = tl.zeros([BT, BV], dtype=ACC)
-    tl.debug_barrier()  # dq's first part is read back below
     for j in range(0, WINDOW):
         wi = tok + PAST - j
         y0 = tl.zeros([BT, BV], dtype=ACC)
         xdw = tl.zeros([BT, BV], dtype=ACC)
-        qx = tl.zeros([BT, BT], dtype=ACC)
         for c0 in range(0, BK, KT):
             cols = c0 + ckt
             mc = cols < DK
@@ -408,8 +398,6 @@ def linear_backward(
                 y0 = tl.dot(xt, tl.trans(wt), y0, input_precision=DOT_PRECISION, out_dtype=ACC)
             dwt = load_rows(dw_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, OP)
             xdw = tl.dot(xt, tl.trans(dwt), xdw, input_precision=DOT_PRECISION, out_dtype=ACC)
-            qt = load_rows(queries, tok, mt, cols, mc, DK, 1, 0.0, OP)
-            qx = tl.dot(qt, tl.trans(xt), qx, input_precision=DOT_PRECISION, out_dtype=ACC)
         # The decay matrices, here: live from the contraction on, not across it.
         mix = decay_matrix(log_a, rows)
         k_last = decay_to_end(log_a, rows)
@@ -424,14 +412,21 @@ def linear_backward(
         mb = mt[:, None] & cmask
         bg = tl.where(mb, bias_grad(y - vj, vj, cmask$bias_args) * live[:, None], 0.0)
         gh = bg * g_gamma * scale
-        dqx = -mix * tl.dot(dob, tl.trans(gh), input_precision=DOT_PRECISION, out_dtype=ACC)
+        # o -= (L * Q X_j^T) Ghat_j: each [BT, BT] factor dies as soon as it is used
+        qx = qx_rows + ((j * BH + pid) * NC + ic) * BT * BT
+        scores = mix * tl.load(qx + rows[:, None] * BT + rows[None, :])
+        dscores = tl.dot(dob, tl.trans(gh), input_precision=DOT_PRECISION, out_dtype=ACC)
+        # dq += dQX X_j and dX_j = dQX^T Q - k_last (Ghat_j dW_e) + dY_j W_S: the keys' kernel
+        part = j * BH + pid  # this window offset's part of a window row's gradient
+        block = dqx_parts + (((iv * WINDOW + j) * BH + pid) * NC + ic) * BT * BT
+        tl.store(block + rows[:, None] * BT + rows[None, :], -mix * dscores)
+        store_rows(gk_rows + part * T * DV, tok, mt, cv, mv, DV, -k_last[:, None] * gh)
         if DECAY:
-            d_mix += decay_matrix_vjp(dqx * qx, rows)
-        dgh = -tl.dot(tl.trans(mix * qx), dob, input_precision=DOT_PRECISION, out_dtype=ACC) - k_last[:, None] * xdw
+            d_mix -= decay_matrix_vjp(scores * dscores, rows)  # dL * L, dL = -dscores * QX
+        dgh = -tl.dot(tl.trans(scores), dob, input_precision=DOT_PRECISION, out_dtype=ACC) - k_last[:, None] * xdw
         d_k_last -= tl.sum(gh * xdw, axis=1)
         d_scale += dgh * g_gamma * bg
         dg = tl.where(mb, scale * dgh, 0.0)
-        part = j * BH + pid  # this window offset's part of a window row's gradient
         $store_gamma_grad_part
         dy, dvj$bias_grads = bias_vjp(y - vj, vj, cmask$bias_args, dg * g_gamma * live[:, None])
         dy = tl.where(mb, dy, 0.0)
@@ -440,25 +435,8 @@ def linear_backward(
         if RETAINED:
             d_cs += decay * tl.sum(dy * y0, axis=1)
             dy = decay[:, None] * dy
-        # dq += dQX X_j; dX_j = dQX^T Q - k_last (Ghat_j dW_e) + dY_j W_S, a key tile at a time
-        dqx = dqx.to(OP)
-        gk = (-k_last[:, None] * gh).to(OP)
-        dy = dy.to(OP)
-        for c0 in range(0, BK, KT):
-            cols = c0 + ckt
-            mc = cols < DK
-            xt = load_rows(keys, wi, mt, cols, mc, DK, 1, 0.0, OP)
-            dqt = tl.dot(dqx, xt, input_precision=DOT_PRECISION, out_dtype=ACC)
-            add_rows(dq + (iv * BH + pid) * T * DK, tok, mt, cols, mc, DK, dqt)
-            qt = load_rows(queries, tok, mt, cols, mc, DK, 1, 0.0, OP)
-            dx = tl.dot(tl.trans(dqx), qt, input_precision=DOT_PRECISION, out_dtype=ACC)
-            dwt = load_rows(dw_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, OP)
-            dx = tl.dot(gk, dwt, dx, input_precision=DOT_PRECISION, out_dtype=ACC)
-            if CURVED:
-                wt = load_rows(w_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, OP)
-                dx = tl.dot(dy, wt, dx, input_precision=DOT_PRECISION, out_dtype=ACC)
-            store_rows(dk + ((iv * WINDOW + j) * BH + pid) * T * DK, tok, mt, cols, mc, DK, dx)
-        tl.debug_barrier()  # the next offset's adds read these dq rows
+        if CURVED:
+            store_rows(dy_rows + part * T * DV, tok, mt, cv, mv, DV, dy)
     $store_scale_grad
     if DECAY:
         # mix[t, s] = prod_{s<j<=t} a_j, k_last[s] = prod_{j>s} a_j, D_t = prod_{j<=t} a_j
@@ -466,4 +444,73 @@ def linear_backward(
         d_log_a = log_decay_vjp(d_mix, d_k_last * decay_to_end(log_a, rows), d_cs, d_last, rows)
         d_a = d_log_a / a
         $store_decay_grad
+
+
+@triton.autotune(configs=configs(CHUNK), key=["CS", "DK", "DV"], prune_configs_by=PRUNE)
+@triton.jit
+def linear_backward_keys(
+    q, k, w_chunks, dw_chunks, do, decays, dqx_parts, gk_rows, dy_rows,
+    dq, dk,
+    T, CS, NC, DK, DV, NVB,
+    BT: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KT: tl.constexpr,
+):
+    """The chunk-parallel key side of the backward (fla's chunk_bwd_dqkwg): dq [BH, T, DK]
+    and dk [WINDOW, BH, T, DK] (one part per window offset, as `linear_backward`'s dv) of one
+    chunk and one [*, KT] key tile, contracting the value axis BV channels at a time:
+
+        dq   = (D dO) W_S + sum_j dQX_j X_j
+        dX_j = dQX_j^T Q + (-k_last Ghat_j) dW_e + dY_j W_S      (dY_j: CURVED only)
+
+    from `linear_backward`'s D, dQX_j (summed over its NVB value-block parts), -k_last Ghat_j
+    and dY_j. Grid (NC, BH, key tiles); no two programs write the same element."""
+    OP: tl.constexpr = q.dtype.element_ty  # products' operands: the inputs' dtype (fla's)
+    ic = tl.program_id(0)
+    pid = tl.program_id(1).to(tl.int64)
+    ik = tl.program_id(2)  # the key tile (columns of W) this program owns
+    BH = tl.num_programs(1)
+    NR = T + PAST
+    rows = tl.arange(0, BT)
+    cols = ik * KT + tl.arange(0, KT)
+    mc = cols < DK
+    cbv = tl.arange(0, BV)
+    state = (pid * NC + ic) * DV * DK  # W_S and dW_e of this chunk: [DV, DK] row-major
+    queries = q + pid * T * DK
+    keys = k + pid * NR * DK
+    tok = ic * CS + rows
+    mt = (rows < CS) & (tok < T)
+    decay = tl.zeros([BT], dtype=ACC) + 1.0
+    if DECAY:
+        decay = tl.load(decays + pid * T + tok, mask=mt, other=0.0).to(ACC)
+    dqb = tl.zeros([BT, KT], dtype=ACC)
+    for v0 in range(0, DV, BV):
+        cv = v0 + cbv
+        mv = cv < DV
+        dod = decay[:, None] * load_rows(do + pid * T * DV, tok, mt, cv, mv, DV, 1, 0.0, ACC)
+        wt = load_rows(w_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, OP)  # [BV, KT]
+        dqb = tl.dot(dod.to(OP), wt, dqb, input_precision=DOT_PRECISION, out_dtype=ACC)
+    qb = load_rows(queries, tok, mt, cols, mc, DK, 1, 0.0, OP)
+    for j in range(0, WINDOW):
+        wi = tok + PAST - j
+        part = j * BH + pid
+        dqx = tl.zeros([BT, BT], dtype=ACC)
+        for b in range(0, NVB):
+            block = dqx_parts + (((b * WINDOW + j) * BH + pid) * NC + ic) * BT * BT
+            dqx += tl.load(block + rows[:, None] * BT + rows[None, :])
+        dqx = dqx.to(OP)
+        xb = load_rows(keys, wi, mt, cols, mc, DK, 1, 0.0, OP)
+        dqb = tl.dot(dqx, xb, dqb, input_precision=DOT_PRECISION, out_dtype=ACC)
+        dx = tl.dot(tl.trans(dqx), qb, input_precision=DOT_PRECISION, out_dtype=ACC)
+        for v0 in range(0, DV, BV):
+            cv = v0 + cbv
+            mv = cv < DV
+            gk = load_rows(gk_rows + part * T * DV, tok, mt, cv, mv, DV, 1, 0.0, OP)
+            dwt = load_rows(dw_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, OP)
+            dx = tl.dot(gk, dwt, dx, input_precision=DOT_PRECISION, out_dtype=ACC)
+            if CURVED:
+                dy = load_rows(dy_rows + part * T * DV, tok, mt, cv, mv, DV, 1, 0.0, OP)
+                wt = load_rows(w_chunks + state, cv, mv, cols, mc, DK, 1, 0.0, OP)
+                dx = tl.dot(dy, wt, dx, input_precision=DOT_PRECISION, out_dtype=ACC)
+        store_rows(dk + part * T * DK, tok, mt, cols, mc, DK, dx)
+    store_rows(dq + pid * T * DK, tok, mt, cols, mc, DK, dqb)
 '''

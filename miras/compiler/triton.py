@@ -12,8 +12,9 @@ grad_at, decay), the spec's elementwise pieces printed by the strict `TritonPrin
 and read around the step; every derivative taken by sympy), then the chunk templates of
 `miras.kernels.templates` with the spec's gates and the optimizer's lines (printed from the
 compiled linear step: `OptimizerStep`) filled in: `general_forward/backward` always,
-`linear_state`, `linear_output` (the forward), `linear_state_backward` and `linear_backward`
-(the backward) when the retention is none or l2 and the update u_t = lr_t g_t.
+`linear_state`, `linear_output` (the forward), `linear_state_backward`, `linear_scores`,
+`linear_backward` and `linear_backward_keys` (the backward) when the retention is none or l2
+and the update u_t = lr_t g_t.
 Every `tl.dot` of the templates states `input_precision=DOT_PRECISION`, a constexpr argument
 of each kernel that the launcher passes (the backend's precision choice, docs/kernels.md).
 
@@ -598,7 +599,7 @@ from miras.kernels.common.math import (
     softplus, tanh,
 )
 from miras.kernels.common.state import (
-    load_tile, lq_read, lq_read_vjp, row_softmax, row_softmax_vjp, rows_by_tiles, store_tile,
+    load_tiles, lq_read, lq_read_vjp, row_softmax, row_softmax_vjp, rows_by_tiles, store_tiles,
     tile_plus_rows_t,
 )
 from miras.kernels.common.tuning import CHUNK, CHUNK_WIDE, PRUNE, configs"""

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 # one program each, when the bias is elementwise (rows then evolve independently): a smaller
 # state tile per program, and more programs. Tests lower it to exercise the split.
 LINEAR_BLOCK_V = 64
-TF32_LINEAR_BLOCK_V = 32  # the same under tf32 and tf32x3 at Dphi >= 128 (choose_kernels)
+TF32_LINEAR_BLOCK_V = 32  # on tensor cores (tf32, tf32x3, half inputs) at Dphi >= 64 (choose_kernels)
 # The linear state kernel holds W as [BV, 64] key tiles, at most four (Dphi <= 256), as fla's
 # state kernel does; wider features run on the general kernels (which refuse them on a GPU).
 LINEAR_KEY_TILE = 64
@@ -229,15 +229,17 @@ def _backward(launch: Launch, saved, do, dw_out, ds_out):
 
 def _linear_backward(launch: Launch, q, k, v, valid, w_chunks, gates, do, dw_out):
     """fla's split of the backward: `linear_state_backward` carries dW through the chunks in
-    reverse (grid (BH, value blocks)) and stores it at every chunk's end; `linear_backward`
-    then computes every other gradient of every chunk at once (grid (chunks, BH, value
-    blocks)). A window row's gradients come back as one part per window offset j, at the token
-    t that read row t + PAST - j; they are added here."""
+    reverse (grid (BH, value blocks)) and stores it at every chunk's end; then every chunk at
+    once, `linear_scores` computes Q X_j^T (grid (chunks, BH)), `linear_backward` the value
+    side (dv, the gates' gradients; grid (chunks, BH, value blocks)) and `linear_backward_keys`
+    dq and dk from what it stores (grid (chunks, BH, key tiles)). A window row's gradients come back as one part per window offset j, at
+    the token t that read row t + PAST - j; they are added here."""
     bh, nc, dv, dk, t = launch.bh, launch.n_chunks, launch.d_v, launch.d_k, launch.length
     window, parts = launch.window, launch.n_value_blocks
     meta = launch.meta(accumulator(v))
     gate_args = launch.gate_args(tuple(gates))
     curved = launch.module.CURVED.value
+    decayed = launch.module.DECAY.value
     dy_scratch = poisoned(bh, window, t, dv, like=v) if curved else v.new_zeros(1)
     dw_chunks = poisoned(bh, nc, dv, dk, like=v)
     dw0 = poisoned(bh, dv, dk, like=v)
@@ -245,31 +247,54 @@ def _linear_backward(launch: Launch, q, k, v, valid, w_chunks, gates, do, dw_out
         q, k, v, valid, w_chunks, do, dw_out, *gate_args, dy_scratch, dw_chunks, dw0,
         *launch.sizes(), **meta, **launch.state_meta,
     )  # fmt: skip
-    dq = poisoned(parts, bh, t, dk, like=v)
-    dk_parts = poisoned(parts, window, bh, t, dk, like=v)
     dv_parts = poisoned(window, bh, t, dv, like=v)
     window_gates = set(launch.window_gates)
     gate_grads = [
         poisoned(window, bh, t, dv, like=v) if name in window_gates else poisoned(bh, t, dv, like=v)
         for name in launch.gate_names
     ]
+    # Q X_j^T of every chunk, once for all value blocks ([BT, BT] a chunk, float32).
+    bt = meta["BT"]
+    qx_rows = poisoned(window, bh, nc, bt, bt, like=v)
+    scores_meta = {name: meta[name] for name in ("BT", "BK", "ACC", "DOT_PRECISION")}
+    launcher(launch.module.linear_scores, (nc, bh))(
+        q, k, qx_rows, t, launch.chunk_size, nc, dk, **scores_meta, **launch.state_meta
+    )
+    # The key side's inputs: D, dQX_j per value block ([BT, BT] a chunk, float32: summed over
+    # the blocks before it is an operand), -k_last Ghat_j and dY_j as operands (q's dtype).
+    decays = poisoned(bh, t, like=v) if decayed else v.new_zeros(1)
+    dqx_parts = poisoned(parts, window, bh, nc, bt, bt, like=v)
+    gk_rows = poisoned(window, bh, t, dv, like=q)
+    dy_rows = poisoned(window, bh, t, dv, like=q) if curved else q.new_zeros(1)
     launcher(launch.module.linear_backward, launch.output_grid)(
-        q, k, v, valid, w_chunks, dw_chunks, do, *gate_args, *gate_grads, dq, dk_parts,
-        dv_parts, *launch.sizes(), **meta, **launch.state_meta,
+        q, k, v, valid, w_chunks, dw_chunks, do, qx_rows, *gate_args, *gate_grads, dv_parts, decays,
+        dqx_parts, gk_rows, dy_rows, *launch.sizes(), **meta, **launch.state_meta,
+    )  # fmt: skip
+    dq = poisoned(bh, t, dk, like=v)
+    dk_parts = poisoned(window, bh, t, dk, like=v)
+    key_tiles = -(-dk // launch.state_meta["KT"])
+    keys_meta = {name: meta[name] for name in ("BT", "BV", "ACC", "DOT_PRECISION")}
+    launcher(launch.module.linear_backward_keys, (nc, bh, key_tiles))(
+        q, k, w_chunks, dw_chunks, do, decays, dqx_parts, gk_rows, dy_rows, dq, dk_parts,
+        *launch.sizes(), parts, **keys_meta, **launch.state_meta,
     )  # fmt: skip
     written = {"dq": dq, "dk": dk_parts, "dv": dv_parts, "d initial state": dw0}
-    written |= {"the chunk ends' dW": dw_chunks}
+    written |= {"the chunk ends' dW": dw_chunks, "QX": qx_rows, "dQX": dqx_parts}
+    written["-k_last Ghat"] = gk_rows
+    if decayed:
+        written["the decay D"] = decays
+    if curved:
+        written["dY"] = dy_rows
     written |= {f"d {n}": g for n, g in zip(launch.gate_names, gate_grads, strict=True)}
     check_written(written)
     gate_grads = [
         _window_rows(launch, g) if name in window_gates else g
         for name, g in zip(launch.gate_names, gate_grads, strict=True)
     ]
-    dk_ = _window_rows(launch, dk_parts.sum(0))
     ds0 = torch.zeros_like(dw0)
     return (
-        dq.sum(0),
-        dk_,
+        dq,
+        _window_rows(launch, dk_parts),
         _window_rows(launch, dv_parts),
         dw0,
         ds0,
@@ -357,12 +382,12 @@ def choose_kernels(
         return False, min(pow2(d_v), GENERAL_BLOCK_V) if apart else pow2(d_v)
     split = not whole_rows
     block = LINEAR_BLOCK_V
-    if precision != "ieee" and pow2(d_k) >= 128:
-        # Tensor-core tiles at Dphi = 128: compiled for sm_90 (gated_deltanet, chunk 64), 64
-        # value channels a program spill 816 to 1680 B in the linear backward's kernels and
-        # 100 B in the state kernel on 4 warps, 32 spill nothing but the chunk-parallel
-        # backward's 4-warp config (docs/kernels.md, "Precision"). Before the backward's split,
-        # 64 needed 272 KB of shared memory, past the 227 KB a block may use.
+    if precision != "ieee" and pow2(d_k) >= 64:
+        # Tensor-core tiles: compiled for sm_80 (retnet, chunk 64), 64 value channels a program
+        # spill 28 to 40 B in the linear backward's value-side kernel at Dphi = 64, and 32
+        # spill nothing (docs/kernels.md, "The GPU profile"); at Dphi = 128, 64 spilled 816 to
+        # 1680 B on sm_90 in the backward before its split, and needed 272 KB of shared memory
+        # before that.
         block = min(block, TF32_LINEAR_BLOCK_V)
     return linear, min(pow2(d_v), block) if split else pow2(d_v)
 

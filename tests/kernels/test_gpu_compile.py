@@ -95,7 +95,8 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
     assert kernels == {
         ("general_forward", ""), ("general_backward", ""),
         ("linear_state", ""), ("linear_output", ""),
-        ("linear_state_backward", ""), ("linear_backward", ""),
+        ("linear_state_backward", ""), ("linear_scores", ""), ("linear_backward", ""),
+        ("linear_backward_keys", ""),
         ("exact_scan_forward", "per head"), ("exact_scan_backward", "per head"),
         ("exact_scan_forward", "per channel"), ("exact_scan_backward", "per channel"),
     }  # fmt: skip
@@ -119,19 +120,25 @@ def test_jobs_take_the_launchers_block_sizes_configs_and_grids():
             assert (job.num_warps, job.num_stages) == chunk[job.config]
             linear = job.form == "linear"
             block_v = triton_backend.choose_kernels(compiled, 128, 128, not linear)[1]
-            assert (meta["BT"], meta["BK"], meta["BV"]) == (64, 128, block_v)
-            blocks = 128 // meta["BV"]
+            # the key side's kernels have no BK (they own one key tile), the scores no BV
+            assert (meta["BT"], meta.get("BK", 128), meta.get("BV", block_v)) == (64, 128, block_v)
+            blocks = 128 // block_v
             if job.kernel in ("linear_output", "linear_backward"):  # every chunk at once
                 assert job.grid == (-(-1000 // 64), 8, blocks)
+            elif job.kernel == "linear_backward_keys":  # every chunk and key tile at once
+                assert "BK" not in meta and meta["KT"] == 64
+                assert job.grid == (-(-1000 // 64), 8, 128 // meta["KT"])
+            elif job.kernel == "linear_scores":  # every chunk, for all value blocks
+                assert job.grid == (-(-1000 // 64), 8)
             else:
                 assert job.grid == (8, blocks)
     # at d = 128 the per-head scan's two-stage config is not tried (tuning.TWO_STAGE_MAX_DK)
     per_head = tuning.scan_layout_configs(tuning.scan_configs(), False, 128)
     assert len(per_head) == len(tuning.SCAN) - 1
     scan_configs = len(per_head) + len(tuning.SCAN_PER_CHANNEL)
-    # 6 chunk kernels (general fwd / bwd; linear state, output, state bwd, bwd: the linear
-    # forward and backward are two each)
-    assert len(found) == 6 * len(tuning.CHUNK) + 2 * scan_configs
+    # 8 chunk kernels (general fwd / bwd; linear state, output, state bwd, scores, bwd, bwd
+    # keys: the linear forward is two, its backward four)
+    assert len(found) == 8 * len(tuning.CHUNK) + 2 * scan_configs
 
 
 def test_the_scan_tries_two_stages_only_where_they_fit():
@@ -202,8 +209,10 @@ def test_jobs_hold_the_launchs_integer_arguments():
     state = found[("linear_state", "")]  # the linear forward's sequential half
     assert state.args[-5:] == (100, 16, 7, 64, 64)  # T, CS, NC = ceil(100 / 16), DK, DV
     assert state.args[5:7] == (1, 0)  # a per-head gate after its pointer: width 1, stride 0
-    assert state.args[0] == ("tensor", "float32") and state.grid == (6, 1)
-    assert found[("linear_output", "")].grid == (7, 6, 1)  # (chunks, B*H, value blocks)
+    # (B*H, value blocks): 32 value channels a program on tensor cores (choose_kernels)
+    assert state.args[0] == ("tensor", "float32") and state.grid == (6, 2)
+    assert found[("linear_output", "")].grid == (7, 6, 2)  # (chunks, B*H, value blocks)
+    assert found[("linear_backward_keys", "")].grid == (7, 6, 1)  # (chunks, B*H, key tiles)
     scan = found[("exact_scan_backward", "per channel")]
     assert scan.args[-1] == 7  # NC, its one integer argument: R, DK, DV are constexprs
     assert {k: dict(scan.constexprs)[k] for k in ("R", "DK", "DV", "BV")} == dict(
@@ -273,7 +282,7 @@ def test_bf16_jobs_hold_what_a_bf16_launch_passes():
     half = {j.kernel for j in found if ("tensor", "bfloat16") in j.args}
     assert half == {
         "linear_state", "linear_output", "linear_state_backward", "linear_backward",
-        "exact_scan_forward", "exact_scan_backward",
+        "linear_scores", "linear_backward_keys", "exact_scan_forward", "exact_scan_backward",
     }  # fmt: skip
     fp32 = [j for j in gpu_compile.jobs(spec, d=64) if j.config == 0]
     assert not any(("tensor", "bfloat16") in j.args for j in fp32)
@@ -374,17 +383,21 @@ def test_every_kernel_of_every_covered_spec_compiles_small(request):
     assert gpu_compile.over_limits(rows) == []
 
 
-def test_tf32_splits_the_linear_kernels_value_channels_to_32_at_d_128():
-    """Under TF32 at d = 128 the linear kernels take 32 value channels a program: compiled for
-    sm_90, gated_deltanet's linear backward kernels spill 816 to 1680 B at 64 (before the
-    backward's split, 64 needed 278528 B of shared memory, past the 232448 B a block may
-    use)."""
+def test_tensor_cores_split_the_linear_kernels_value_channels_to_32_from_d_64():
+    """On tensor cores (TF32, or half inputs) from d = 64 the linear kernels take 32 value
+    channels a program: compiled for sm_80, retnet's value-side backward kernel spills 28 to
+    40 B at 64 a program and d = 64; for sm_90 at d = 128, gated_deltanet's linear backward
+    spilled 816 to 1680 B at 64 before its split (and needed 278528 B of shared memory before
+    that, past the 232448 B a block may use). Under ieee (FMA products) and below d = 64
+    every channel stays in one program."""
     compiled = compile_ir(load_spec(ROOT / "specs" / "gated_deltanet.yaml"))
     choose = triton_backend.choose_kernels
     assert choose(compiled, 128, 128, False, "ieee") == (True, 64)
     assert choose(compiled, 128, 128, False, "tf32") == (True, 32)
     assert choose(compiled, 128, 128, False, "tf32x3") == (True, 32)
-    assert choose(compiled, 64, 64, False, "tf32") == (True, 64)
+    assert choose(compiled, 64, 64, False, "tf32") == (True, 32)
+    assert choose(compiled, 64, 64, False, "ieee") == (True, 64)
+    assert choose(compiled, 32, 32, False, "tf32") == (True, 32)
     assert choose(compiled, 128, 128, True, "tf32") == (False, 32)  # general: rows apart
 
 

@@ -151,7 +151,9 @@ def _record_launches(monkeypatch, rule) -> list:
         "linear_state",
         "linear_output",
         "linear_state_backward",
+        "linear_scores",
         "linear_backward",
+        "linear_backward_keys",
         "general_forward",
         "general_backward",
     ):
@@ -200,9 +202,9 @@ def test_the_choice_reaches_every_launch(
     log = _record_launches(monkeypatch, rule)
     options = {} if argument is None else {"triton_precision": argument}
     _forward_backward(rule, dtype, chunk_mode, **options)
-    # The linear forward and backward are two kernels each (the state, then every chunk at
-    # once); the scan's one each.
-    launches = 4 if chunk_mode == "start" else 2
+    # The linear forward is two kernels (the state, then every chunk at once), its backward
+    # four (the state, then every chunk's scores, value side and key side); the scan's one each.
+    launches = 6 if chunk_mode == "start" else 2
     assert [precision for precision, _ in log] == [launched] * launches
 
 
@@ -232,7 +234,7 @@ def test_half_inputs_launch_float32_buffers(dtype, spec, monkeypatch):
     rule = miras.compile(spec)
     log = _record_launches(monkeypatch, rule)
     _forward_backward(rule, dtype)
-    assert len(log) == (4 if spec is GDN else 2)  # linear: the state, then every chunk, twice
+    assert len(log) == (6 if spec is GDN else 2)  # linear: forward 2 kernels, backward 4
     assert all(dtypes == {torch.float32} for _, dtypes in log), log
 
 
