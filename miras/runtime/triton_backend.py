@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 # one program each, when the bias is elementwise (rows then evolve independently): a smaller
 # state tile per program, and more programs. Tests lower it to exercise the split.
 LINEAR_BLOCK_V = 64
-TF32_LINEAR_BLOCK_V = (
-    32  # on tensor cores (tf32, tf32x3, half inputs) at Dphi >= 64 (choose_kernels)
-)
+# On tensor cores (tf32, tf32x3, half inputs) from Dphi = 64 on, at most this many
+# (`choose_kernels`).
+TF32_LINEAR_BLOCK_V = 32
 # The linear state kernel holds W as [BV, 64] key tiles, at most four (Dphi <= 256), as fla's
 # state kernel does; wider features run on the general kernels (which refuse them on a GPU).
 LINEAR_KEY_TILE = 64
