@@ -16,7 +16,6 @@ import math
 import pytest
 import torch
 from pydantic import ValidationError
-from test_retention import RetentionContract
 from torch.func import grad
 
 import miras
@@ -44,6 +43,7 @@ from miras.components.optimizer.preconditioned import Preconditioned
 from miras.components.optimizer.proximal import Proximal
 from miras.components.retention.f_divergence import FDivergenceRetention
 from miras.errors import DerivationError
+from tests.compiler.test_retention import RetentionContract
 
 f64 = torch.float64
 B, H, N = 2, 3, 5

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import build, tokens
+
+from tests.hf.hf_models import build, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

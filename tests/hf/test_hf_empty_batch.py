@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_empty_batch
-from hf_models import build, cases, tokens
 
 from miras.hf.modeling_miras import IGNORE_INDEX, shifted_loss
+from tests.helpers import assert_empty_batch
+from tests.hf.hf_models import build, cases, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 T = 6

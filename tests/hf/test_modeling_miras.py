@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
-from hf_models import SMALL, VOCAB, build, cases, tokens
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from miras.hf import MirasConfig, MirasForCausalLM, MirasModel
 from miras.models import LanguageModel
+from tests.hf.hf_models import SMALL, VOCAB, build, cases, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
