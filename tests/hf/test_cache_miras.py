@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
 from miras.hf import MirasCache
 from tests.hf.hf_models import VOCAB, build, cases, tokens
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
 from tests.hf.hf_models import build, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
 from miras.hf.modeling_miras import IGNORE_INDEX, shifted_loss
 from tests.helpers import assert_empty_batch
 from tests.hf.hf_models import build, cases, tokens

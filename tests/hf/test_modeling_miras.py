@@ -8,6 +8,9 @@ import json
 
 import pytest
 import torch
+
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from miras.hf import MirasConfig, MirasForCausalLM, MirasModel
