@@ -1,6 +1,6 @@
 """Every registered component kind has its contract class: each family of the catalogue
 (`miras.components.CATALOGUE`) has a contract suite, and each kind in it a subclass of that
-suite naming an instance of the kind (docs/architecture.md, "Components of your own").
+suite naming an instance of the kind (docs/architecture.md, "The layout").
 
 The suites and the modules that hold their subclasses are listed here, so the answer does not
 depend on which other test modules a run happened to import.
