@@ -9,7 +9,7 @@ import pytest
 
 from miras.compiler.bias_check import check_bias
 from miras.compiler.bias_derive import derive_bias
-from miras.components import HuberBias, L2Bias
+from miras.components import CustomBias, HuberBias, L2Bias
 
 
 class KeepsTheValueAxis(L2Bias):
@@ -67,3 +67,11 @@ def test_a_reference_loss_that_fails_on_the_gates_it_is_given_is_named(bias):
 def test_the_shipped_reference_losses_keep_the_shapes(bias):
     results = check(bias)
     assert len(results) == 3 and all(r.passed for r in results), [str(r) for r in results]
+
+
+def test_a_custom_formula_has_no_reference_and_is_checked_against_its_printed_loss():
+    """Its reference_loss raises NotImplementedError (a RuntimeError to Python): no oracle, no
+    error."""
+    results = check(CustomBias(loss="a*e**2/2", params={"a": "gate"}))
+    assert [r.piece for r in results] == ["dL/dy derived vs autograd(printed L)"]
+    assert results[0].passed
