@@ -17,11 +17,11 @@ Markers (registered in pyproject.toml): `services` for tests that start PostgreS
 Chromium, `slow` for the longest ones. `pytest -m "not slow and not services"` is the fast
 suite; a plain `pytest` (and `make test`) runs everything.
 
-The suite's folders follow the source (tests/compiler/, tests/runtime/, ...). Test modules
-import shared oracles from one another across folders (`from test_known_models import
-fla_naive`), so every folder is put on sys.path here, as pytest puts tests/ itself (this file's
-folder, for helpers.py and search_support.py); pytest would add a folder only once it collects
-a file there, too late for a folder collected earlier or a single file run on its own.
+The suite's folders follow the source (tests/compiler/, tests/runtime/, ...) and are packages
+(tests/__init__.py): test modules import shared oracles by package path (`from
+tests.runtime.test_known_models import fla_naive`, `from tests.helpers import random_inputs`).
+pytest imports every test module by its package name, the repository root first on sys.path, so
+nothing here adds to sys.path.
 """
 
 import contextlib
@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from poison import POISONED_FOLDERS, poisoned_empty
+
+from tests.poison import POISONED_FOLDERS, poisoned_empty
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -43,15 +44,14 @@ _USER_CACHE = os.environ.get("MIRAS_CACHE_DIR")
 os.environ["MIRAS_CACHE_DIR"] = _CACHE
 
 _TESTS = Path(__file__).resolve().parent
-for _folder in sorted(_TESTS.iterdir()):
-    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
-        sys.path.append(str(_folder))
+# The compile-only check's support module, once its test module has imported it.
+_GPU_COMPILE_SUPPORT = "tests.kernels.gpu_compile_support"
 
 
 def pytest_collection_modifyitems(session, config, items):
     """The compile-only check of every covered spec runs last, so its ptxas work, started when
     collection ends (below), has the whole run to finish on the core the tests leave idle."""
-    support = sys.modules.get("gpu_compile_support")
+    support = sys.modules.get(_GPU_COMPILE_SUPPORT)
     if support is not None:
         items.sort(key=support.is_early)
 
@@ -60,7 +60,7 @@ def pytest_collection_finish(session):
     """When the run includes the compile-only check of every covered spec, start its ptxas
     work now, in a child process (tests/kernels/gpu_compile_support.py, which the check's
     module imports: a run that did not collect it pays nothing here)."""
-    support = sys.modules.get("gpu_compile_support")
+    support = sys.modules.get(_GPU_COMPILE_SUPPORT)
     if support is not None and any(map(support.is_early, session.items)):
         support.start_early(session.config)
 

@@ -5,6 +5,7 @@ Each check runs in a fresh interpreter, since this test process has torch loaded
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -57,6 +58,10 @@ def test_import_miras_and_its_models_load_none_of_the_hf_extra():
     assert not HF_PACKAGES & loaded
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="the hf extra: pip install -e '.[hf]'",
+)
 def test_import_miras_hf_loads_transformers():
     """The counterpart: the check above is not vacuous."""
     assert "transformers" in loaded_after("import miras.hf")

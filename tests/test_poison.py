@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-from poison import poisoned_empty
+
+from tests.poison import poisoned_empty
 
 FACTORIES = ("empty", "empty_like", "empty_strided")
 

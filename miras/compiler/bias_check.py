@@ -48,7 +48,7 @@ def check_bias(
         )
     ]
     try:
-        reference = bias.reference_loss(y_, v_, **gates)
+        reference = reference_loss(bias, y_, v_, gates)
     except NotImplementedError:
         return results  # a custom formula has no hand-written oracle
     (autograd_reference,) = torch.autograd.grad(reference.sum(), y_)
@@ -65,6 +65,37 @@ def check_bias(
         ),
     ]
     return results
+
+
+# What `Bias.reference_loss` is handed and gives back (docs/architecture.md).
+REFERENCE_SHAPES = (
+    "reference_loss receives y and v as [..., Dv] and each gate of the bias (a field set to "
+    "'gate') as a keyword argument of shape [..., 1], one value per vector, which broadcasts "
+    "against y (a fixed field is not passed: the component reads its own value); it returns L "
+    "summed over the value axis, [...]"
+)
+
+
+def reference_loss(
+    bias: Bias, y: torch.Tensor, v: torch.Tensor, gates: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """`bias.reference_loss(y, v, **gates)`, held to REFERENCE_SHAPES: a ValueError naming the
+    component, the shapes it was given and what it gave back when the call fails on them
+    (torch's broadcasting RuntimeError, a TypeError for a keyword it does not take) or its
+    result is not [...]. NotImplementedError passes through (no hand-written oracle)."""
+    given = ", ".join(f"{n} {list(x.shape)}" for n, x in {"y": y, "v": v, **gates}.items())
+    call = f"{bias.label()} ({type(bias).__name__}): reference_loss({given})"
+    try:
+        loss = bias.reference_loss(y, v, **gates)
+    except NotImplementedError:
+        raise  # a RuntimeError to Python, but no hand-written oracle rather than a failure
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"{call} failed: {err}; {REFERENCE_SHAPES}") from err
+    expected = list(y.shape[:-1])
+    if not isinstance(loss, torch.Tensor) or list(loss.shape) != expected:
+        got = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(f"{call} returned {got}, expected {expected}; {REFERENCE_SHAPES}")
+    return loss
 
 
 def _not_finite(loss: torch.Tensor, gradient: torch.Tensor, error: torch.Tensor) -> str | None:

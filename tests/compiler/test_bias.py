@@ -7,7 +7,6 @@ so a new bias gets every check by adding one class.
 import pytest
 import sympy as sp
 import torch
-from helpers import random_inputs
 
 import miras
 from miras.compiler.bias_check import check_bias
@@ -17,6 +16,7 @@ from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, Rob
 from miras.components.bias.layer_norm import LayerNormBias
 from miras.errors import DerivationError
 from miras.symbols import channels, e, gate_symbol, v, y
+from tests.helpers import random_inputs
 
 TOL = 1e-10
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import chunk_grads, random_inputs
 
 import miras
 from miras.compiler.affine import linear_record
@@ -24,6 +23,7 @@ from miras.errors import SpecError
 from miras.ir import Coefficient, LinearStep
 from miras.runtime.unroll import decay_matrix, unroll
 from miras.spec import load_spec
+from tests.helpers import chunk_grads, random_inputs
 
 f64 = torch.float64
 LINEAR = {"none", "l2"}

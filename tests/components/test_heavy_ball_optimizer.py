@@ -16,12 +16,12 @@ from typing import ClassVar, Literal
 
 import pytest
 import torch
-from helpers import assert_runs_close, chunk_grads, projection_grads, random_inputs
 
 import miras
 from miras.components.base import NONNEGATIVE, Optimizer, Range, gate_or
 from miras.ir import Coefficient
 from miras.registry import registered
+from tests.helpers import assert_runs_close, chunk_grads, projection_grads, random_inputs
 
 FACTOR = 0.9
 f64 = torch.float64

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_inputs
 
 import miras
 from miras.components import Muon
 from miras.components.optimizer.muon import newton_schulz
+from tests.helpers import random_inputs
 
 f64 = torch.float64
 MEMORIES = {"matrix": "matrix", "mlp": {"kind": "mlp", "depth": 2, "expansion": 1}}

@@ -11,11 +11,11 @@ from typing import ClassVar, Literal
 
 import pytest
 import torch
-from helpers import random_inputs
 
 import miras
 from miras.components.base import UNIT, Range, Retention, gate_or
 from miras.registry import registered
+from tests.helpers import random_inputs
 
 
 class HandSolvedRetention(Retention):

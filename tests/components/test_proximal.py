@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_mqar_losses
-from search_support import search_grid
 
 import miras
 from miras.check_end_to_end import proximal_update
 from miras.components.optimizer.proximal import Proximal
 from miras.errors import SpecError
 from miras.spec import load_spec
+from tests.helpers import tiny_mqar_losses
+from tests.search_support import search_grid
 
 ROOT = Path(__file__).resolve().parents[2]
 LONGHORN = ROOT / "specs/longhorn.yaml"

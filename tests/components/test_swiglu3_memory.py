@@ -16,13 +16,13 @@ from typing import Literal
 
 import pytest
 import torch
-from helpers import assert_runs_close, chunk_grads, random_inputs
-from test_component_contracts import MemoryContract
 
 import miras
 from miras.components.base import Memory, Range, number
 from miras.components.memory.mlp import Activation, activation_functions
 from miras.registry import registered
+from tests.components.test_component_contracts import MemoryContract
+from tests.helpers import assert_runs_close, chunk_grads, random_inputs
 
 TOL = 1e-10  # tests/runtime/test_dual_form.py's
 

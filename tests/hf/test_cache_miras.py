@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import VOCAB, build, cases, tokens
+
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
 from miras.hf import MirasCache
+from tests.hf.hf_models import VOCAB, build, cases, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import build, tokens
+
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
+from tests.hf.hf_models import build, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -131,10 +134,10 @@ def projection_dtypes(model) -> set[torch.dtype]:
 
 
 def test_trainer_in_bf16_mixed_precision_tracks_float32(tmp_path):
-    from test_trainer_miras import TaskWindows
     from transformers import Trainer, TrainingArguments
 
     from miras.tasks import make_task
+    from tests.hf.test_trainer_miras import TaskWindows
 
     task = make_task("text", seq_len=32)
     held_out = task.batch("valid", 0, 8).inputs

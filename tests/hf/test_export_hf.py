@@ -8,6 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
 import miras.hf  # registers the Auto classes; miras.train, miras.load_model
 from miras.cli import app
 from miras.tasks import make_task

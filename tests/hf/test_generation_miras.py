@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import build, tokens
+
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
+from tests.hf.hf_models import build, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

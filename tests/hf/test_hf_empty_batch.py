@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_empty_batch
-from hf_models import build, cases, tokens
+
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
 from miras.hf.modeling_miras import IGNORE_INDEX, shifted_loss
+from tests.helpers import assert_empty_batch
+from tests.hf.hf_models import build, cases, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 T = 6

@@ -9,6 +9,11 @@ import json
 
 import pytest
 import torch
+
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+pytest.importorskip("tokenizers", reason="the hf extra: pip install -e '.[hf]'")
+pytest.importorskip("lm_eval", reason="the hf extra: pip install -e '.[hf]'")
+
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 

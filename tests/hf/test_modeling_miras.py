@@ -8,11 +8,14 @@ import json
 
 import pytest
 import torch
-from hf_models import SMALL, VOCAB, build, cases, tokens
+
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from miras.hf import MirasConfig, MirasForCausalLM, MirasModel
 from miras.models import LanguageModel
+from tests.hf.hf_models import SMALL, VOCAB, build, cases, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

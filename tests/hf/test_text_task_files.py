@@ -13,6 +13,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+pytest.importorskip("datasets", reason="the hf extra: pip install -e '.[hf]'")
+
 import miras.hf
 from miras.cli import app
 from miras.tasks import make_task

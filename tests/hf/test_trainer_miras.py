@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 from miras.hf import MirasForCausalLM

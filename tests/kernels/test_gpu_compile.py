@@ -20,7 +20,15 @@ import os
 import pytest
 import torch
 import triton.language as tl
-from gpu_compile_support import (
+
+import miras
+from miras import gpu_compile
+from miras.compiler.pipeline import compile_ir
+from miras.kernels.common import tuning
+from miras.runtime import triton_backend
+from miras.spec import load_spec
+from tests.helpers import random_inputs
+from tests.kernels.gpu_compile_support import (
     COVERED,
     EARLY,
     EARLY_TEST,
@@ -30,14 +38,6 @@ from gpu_compile_support import (
     cache_dir,
     small_pairs,
 )
-from helpers import random_inputs
-
-import miras
-from miras import gpu_compile
-from miras.compiler.pipeline import compile_ir
-from miras.kernels.common import tuning
-from miras.runtime import triton_backend
-from miras.spec import load_spec
 
 needs_ptxas = pytest.mark.skipif(
     not HAS_PTXAS,

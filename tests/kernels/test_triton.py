@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import random_inputs
 
 import miras
 from miras.compiler.pipeline import kernel_source
 from miras.runtime import triton_backend
+from tests.helpers import random_inputs
 
 TOL = 1e-5  # relative RMS, float32
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

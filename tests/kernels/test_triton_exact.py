@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_inputs
-from test_exact_chunk import CASES, make_inputs, rel_rms, rule_of, run
 
 import miras
 from miras.runtime import exact_triton, triton_backend
+from tests.helpers import random_inputs
+from tests.runtime.test_exact_chunk import CASES, make_inputs, rel_rms, rule_of, run
 
 TOL = 1e-5  # relative RMS, float32
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on a CPU

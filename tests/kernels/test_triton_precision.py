@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import random_inputs
-from test_triton import _initial_state, _mismatches, _run
 
 import miras
 from miras.compiler.pipeline import kernel_source
@@ -30,6 +28,8 @@ from miras.runtime.inputs import (
     TRITON_PRECISION_ENV,
     check_triton_precision,
 )
+from tests.helpers import random_inputs
+from tests.kernels.test_triton import _initial_state, _mismatches, _run
 
 TOL = 1e-5  # relative RMS, float32, as tests/kernels/test_triton.py
 ROOT = Path(__file__).resolve().parents[2]

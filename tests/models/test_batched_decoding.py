@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_model_masks import CASES, TIGHT, model_of, padded_batch, sequences
+
+from tests.models.test_model_masks import CASES, TIGHT, model_of, padded_batch, sequences
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_empty_batch
 
 from miras.models import MirasLayer, build_model
 from miras.spec import load_spec
+from tests.helpers import assert_empty_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted([*ROOT.glob("specs/*.yaml"), *ROOT.glob("specs/examples/*.yaml")])

@@ -21,10 +21,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_known_models import assert_rel_rms, f32_exact, fla_naive
 
 import miras
 from miras import ops
+from tests.runtime.test_known_models import assert_rel_rms, f32_exact, fla_naive
 
 B, T, H, K, V = 2, 20, 2, 8, 5  # K != V so a transposed state cannot pass
 FLA_TOL = 1e-5  # relative RMS: fla's references compute in float32

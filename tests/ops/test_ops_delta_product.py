@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_known_models import assert_rel_rms, fla_naive
 
 from miras import ops
+from tests.runtime.test_known_models import assert_rel_rms, fla_naive
 
 B, T, H, K, V = 2, 20, 2, 8, 5  # K != V so a transposed state cannot pass
 FLA_TOL = 1e-5

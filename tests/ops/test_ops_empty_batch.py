@@ -13,9 +13,9 @@ import inspect
 
 import pytest
 import torch
-from helpers import assert_empty_batch
 
 from miras import ops
+from tests.helpers import assert_empty_batch
 
 OPS = [name for name in ops.__all__ if name.startswith("chunk_")]
 BACKENDS = ("recurrent", "chunk", "triton")

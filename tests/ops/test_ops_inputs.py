@@ -18,9 +18,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_known_models import assert_rel_rms, fla_naive
 
 from miras import ops
+from tests.runtime.test_known_models import assert_rel_rms, fla_naive
 
 B, T, H, K, V = 2, 20, 2, 8, 5
 TOL = 1e-5  # relative RMS: float32 on both sides

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_known_models import FLA_TOL, assert_rel_rms, f32_exact, fla_naive
 
 from miras import ops
+from tests.runtime.test_known_models import FLA_TOL, assert_rel_rms, f32_exact, fla_naive
 
 f64 = torch.float64
 B, T, H, K = 2, 100, 2, 12

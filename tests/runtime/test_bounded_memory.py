@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import GATED_MOMENTUM, chunk_grads, random_inputs
 
 import miras
 from miras.runtime import chunk
+from tests.helpers import GATED_MOMENTUM, chunk_grads, random_inputs
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 TOL = 1e-10

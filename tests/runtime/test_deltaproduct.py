@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from helpers import tiny_mqar_losses
-from search_support import search_grid
-from test_known_models import assert_rel_rms, fla_naive
 
 import miras
 from miras.models.layer import MirasLayer
 from miras.probes.suite import capacity
 from miras.spec import load_spec
+from tests.helpers import tiny_mqar_losses
+from tests.runtime.test_known_models import assert_rel_rms, fla_naive
+from tests.search_support import search_grid
 
 ROOT = Path(__file__).resolve().parents[2]
 DELTAPRODUCT = ROOT / "specs/deltaproduct.yaml"

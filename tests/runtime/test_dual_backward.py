@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import random_inputs
 from torch.autograd import gradcheck, gradgradcheck
 
 import miras
 from miras.runtime import dual
+from tests.helpers import random_inputs
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import GATED_MOMENTUM, chunk_grads, random_inputs
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import miras
 from miras.runtime import chunk, dual
+from tests.helpers import GATED_MOMENTUM, chunk_grads, random_inputs
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 TOL = 1e-10
@@ -197,8 +197,8 @@ def test_per_token_path_is_still_the_reference_module():
 @pytest.mark.parametrize("name", ["titans_mlp", "moneta_mlp", "gated_mlp_huber"])
 def test_dual_form_equals_the_autograd_chunk_loop(name):
     """Also against tests/runtime/test_runtime.py's plain loop (inner gradients by autograd)."""
-    from test_runtime import chunk_reference
-    from test_runtime import compiled as runtime_spec
+    from tests.runtime.test_runtime import chunk_reference
+    from tests.runtime.test_runtime import compiled as runtime_spec
 
     rule = runtime_spec(name)
     if name == "moneta_mlp":  # its lq retention has no dual form: the same memory and bias on l2

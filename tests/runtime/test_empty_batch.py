@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_empty_batch, random_inputs
 
 import miras
 from miras.runtime import forms
 from miras.runtime.triton_launch import launcher
+from tests.helpers import assert_empty_batch, random_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted([*ROOT.glob("specs/*.yaml"), *ROOT.glob("specs/examples/*.yaml")])

@@ -20,7 +20,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_known_models import (
+
+import miras
+from tests.runtime.test_known_models import (
     FLA_TOL,
     assert_rel_rms,
     f32_exact,
@@ -29,8 +31,6 @@ from test_known_models import (
     fla_naive,
     loss_and_grads,
 )
-
-import miras
 
 f64 = torch.float64
 B, T, H, DK, DV = 2, 100, 2, 12, 7  # Dk != Dv so a transposed state cannot pass

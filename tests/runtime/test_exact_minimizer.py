@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_mqar_losses
 
 import miras
 from miras.check_minimizer import check_minimizer_end_to_end
 from miras.errors import SpecError
+from tests.helpers import tiny_mqar_losses
 
 ROOT = Path(__file__).resolve().parents[2]
 MESANET = ROOT / "specs/mesanet.yaml"
@@ -353,7 +353,7 @@ def test_a_study_searches_the_exact_optimizer(tmp_path):
     trial of each (a global window and an l2 decay, which both take)."""
     import math
 
-    from search_support import search_grid
+    from tests.search_support import search_grid
 
     trials = search_grid(
         tmp_path,

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import random_inputs
 
 import miras
 from miras.runtime import linear
+from tests.helpers import random_inputs
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,11 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from test_exact_fla import as_miras, momentum_inputs
-from test_known_models import (
+
+import miras
+from miras import ops
+from tests.runtime.test_exact_fla import as_miras, momentum_inputs
+from tests.runtime.test_known_models import (
     FLA_TOL,
     assert_rel_rms,
     f32_exact,
@@ -35,9 +38,6 @@ from test_known_models import (
     loss_and_grads,
     rel_rms,
 )
-
-import miras
-from miras import ops
 
 f64 = torch.float64
 B, T, H, DK, DV = 2, 70, 2, 16, 24  # Dk != Dv so a transposed state cannot pass

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import random_inputs
 
 import miras
 from miras.runtime import forms, linear, per_channel_gates
+from tests.helpers import random_inputs
 
 f64 = torch.float64
 B, H = 2, 2

@@ -18,8 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_form_contract import plain_recurrence
-from test_known_models import (
+
+import miras
+from miras.check_end_to_end import check_end_to_end
+from miras.check_inputs import random_inputs, sizes_for
+from miras.errors import SpecError
+from miras.models.layer import GateMaps, MirasLayer
+from miras.spec import load_spec
+from tests.runtime.test_form_contract import plain_recurrence
+from tests.runtime.test_known_models import (
     FLA_TOL,
     assert_rel_rms,
     f32_exact,
@@ -28,13 +35,6 @@ from test_known_models import (
     fla_naive,
     loss_and_grads,
 )
-
-import miras
-from miras.check_end_to_end import check_end_to_end
-from miras.check_inputs import random_inputs, sizes_for
-from miras.errors import SpecError
-from miras.models.layer import GateMaps, MirasLayer
-from miras.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 NEGEIG = {

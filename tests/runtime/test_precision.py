@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import random_inputs
 
 import miras
+from tests.helpers import random_inputs
 
 SPEC_DIR = Path(__file__).resolve().parents[2] / "specs"
 f64, f32, bf16 = torch.float64, torch.float32, torch.bfloat16

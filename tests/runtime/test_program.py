@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import GATED_MOMENTUM, random_inputs
 
 import miras
 from miras.runtime import run
 from miras.runtime.program import Program
+from tests.helpers import GATED_MOMENTUM, random_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = {

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import random_inputs
 
 import miras
 from miras.runtime import exact_minimizer, recurrent
 from miras.runtime.recurrent import TokenSlices
+from tests.helpers import random_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import random_inputs
 
 import miras
+from tests.helpers import random_inputs
 
 TOL = 1e-10
 

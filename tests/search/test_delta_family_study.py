@@ -9,10 +9,10 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
-from search_support import ROOT
 
 from miras.search import load_study, search
 from miras.spec import load_spec
+from tests.search_support import ROOT
 
 STUDY = ROOT / "studies" / "delta_family.yaml"
 BASELINES = ["gated_deltanet", "kda", "gdn2", "precond_gdn", "ttt_linear", "titans_linear"]

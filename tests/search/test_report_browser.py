@@ -17,10 +17,10 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
-from search_support import TINY
 
 from miras.search import load_study
 from miras.search.report import write_report
+from tests.search_support import TINY
 
 pytestmark = pytest.mark.services  # headless Chromium
 INSTALL = "run scripts/ensure-test-services.sh (as root; `make test` runs it) to install them"

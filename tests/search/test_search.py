@@ -17,15 +17,6 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
-from search_support import (
-    ROOT,
-    TINY,
-    kill_scenario,
-    start_worker,
-    trials_of,
-    wait_for_running_trial,
-    write_study,
-)
 from typer.testing import CliRunner
 
 from miras.cli import app
@@ -43,6 +34,15 @@ from miras.search.report import (
 from miras.search.run import Counts, count, rank
 from miras.search.space import sample
 from miras.spec import load_spec
+from tests.search_support import (
+    ROOT,
+    TINY,
+    kill_scenario,
+    start_worker,
+    trials_of,
+    wait_for_running_trial,
+    write_study,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 runner = CliRunner()

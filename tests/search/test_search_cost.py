@@ -10,14 +10,14 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
-from search_support import TINY
-from test_report_browser import browser, rendered  # noqa: F401  (browser: the fixture)
 
 from miras.models.model import build_model
 from miras.search import load_study, search
 from miras.search.objective import state_size
 from miras.search.report import pareto_data, write_report
 from miras.spec import load_spec
+from tests.search.test_report_browser import browser, rendered  # noqa: F401  (browser: the fixture)
+from tests.search_support import TINY
 
 
 def complete(number: int, values: list[float], **user_attrs):

@@ -13,10 +13,10 @@ import sys
 import optuna
 import pytest
 from optuna.trial import TrialState
-from search_support import write_study
 
 from miras.search import load_study
 from miras.search import run as search_run
+from tests.search_support import write_study
 
 
 class _InterruptedWhileCollected:

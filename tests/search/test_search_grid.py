@@ -7,11 +7,11 @@ from __future__ import annotations
 import optuna
 import pytest
 import yaml
-from search_support import TINY, trials_of
 
 from miras.search import StudyError, load_study, search
 from miras.search.space import sample
 from miras.search.storage import SearchError, make_sampler
+from tests.search_support import TINY, trials_of
 
 # The 2 x 2 space of the tiny study (bias x chunk_size), with a fixed learning rate.
 TWO_BY_TWO = {**TINY, "train": {**TINY["train"], "lr": 3.0e-3}, "sampler": "grid"}

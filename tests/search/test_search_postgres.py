@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
-from search_support import FINISHED, TINY, kill_scenario, start_worker, trials_of, write_study
+
+from tests.search_support import FINISHED, TINY, kill_scenario, start_worker, trials_of, write_study
 
 # A PostgreSQL server and worker processes: about a minute a test on 2 cores.
 pytestmark = [pytest.mark.services, pytest.mark.slow]

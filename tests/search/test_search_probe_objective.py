@@ -7,7 +7,6 @@ from __future__ import annotations
 import optuna
 import pytest
 from optuna.trial import TrialState
-from search_support import TINY
 
 from miras.probes import capacity
 from miras.rule import compile as compile_rule
@@ -15,6 +14,7 @@ from miras.search import StudyError, load_study, search
 from miras.search.report import leaderboard
 from miras.search.study import resolve_directions
 from miras.spec import load_spec
+from tests.search_support import TINY
 
 CAPACITY = {"d_k": 4, "trials": 4, "seeds": 2, "pair_counts": [2, 4, 8]}
 

@@ -13,7 +13,6 @@ import torch
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 from scipy import stats
-from search_support import TINY
 
 from miras.search import load_study, open_storage, open_study, search
 from miras.search.objective import run_trial
@@ -26,6 +25,7 @@ from miras.search.report import (
 )
 from miras.search.study import resolve_directions
 from miras.stats import welch_p
+from tests.search_support import TINY
 
 
 def replicated(number: int, seeds: list[float]):

@@ -12,7 +12,6 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 from rich.console import Console
-from search_support import TINY
 
 from miras.cli import print_summary
 from miras.search import StudyError, load_study
@@ -24,6 +23,7 @@ from miras.search.report import (
     sweep_data,
 )
 from miras.stats import confidence_interval
+from tests.search_support import TINY
 
 DISTRIBUTIONS = {
     "bias": CategoricalDistribution(["l2", "dot"]),

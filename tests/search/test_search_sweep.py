@@ -9,7 +9,6 @@ import pytest
 import torch
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
-from search_support import TINY
 
 from miras.search import StudyError, load_study, open_storage, open_study, search
 from miras.search import objective as objective_module
@@ -18,6 +17,7 @@ from miras.search.report import leaderboard
 from miras.search.space import grid, parse
 from miras.search.study import resolve_directions
 from miras.stats import confidence_interval
+from tests.search_support import TINY
 
 FIXED_SPEC = {**TINY["spec"], "bias": {"choices": ["l2"]}, "model": {**TINY["spec"]["model"]}}
 FIXED_SPEC["model"]["chunk_size"] = 16

@@ -12,7 +12,6 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
-from search_support import TINY
 
 from miras.search import StudyError, load_study, open_storage, open_study, search
 from miras.search import objective as objective_module
@@ -20,6 +19,7 @@ from miras.search.edges import edge, edge_text, edges_of
 from miras.search.objective import run_trial
 from miras.search.space import grid, logspace_value, parse
 from miras.search.study import resolve_directions
+from tests.search_support import TINY
 
 FIXED_SPEC = {**TINY["spec"], "bias": {"choices": ["l2"]}, "model": {**TINY["spec"]["model"]}}
 FIXED_SPEC["model"]["chunk_size"] = 16

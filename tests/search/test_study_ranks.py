@@ -12,11 +12,11 @@ from __future__ import annotations
 import optuna
 import pytest
 import yaml
-from search_support import TINY
-from test_distributed import TOL
 
 from miras.search import search
 from miras.search.study import StudyError, load_study
+from tests.search_support import TINY
+from tests.training.test_distributed import TOL
 
 # The search tests' tiny study (a 1-layer d_model 16 model, 20 steps), on a smaller MQAR, with
 # the default heartbeat (starting the ranks takes seconds). Median pruning after 5 finished

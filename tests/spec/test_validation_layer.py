@@ -7,12 +7,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from search_support import TINY
 
 from miras.errors import SpecError
 from miras.search import StudyError, load_study
 from miras.spec import load_spec
 from miras.tasks import make_task
+from tests.search_support import TINY
 
 
 def spec_problems(source) -> list[str]:

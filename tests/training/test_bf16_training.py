@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import random_inputs
 from typer.testing import CliRunner
 
 import miras
 from miras import ops, training
 from miras.cli import app
 from miras.tasks import make_task
+from tests.helpers import random_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {

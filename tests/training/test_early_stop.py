@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from search_support import TINY
 
 from miras.search import StudyError, load_study
 from miras.search.objective import trial_train
 from miras.tasks import make_task
 from miras.training import reached, train
 from miras.training_config import TrainConfig
+from tests.search_support import TINY
 
 SPEC = {
     "name": "tiny",

@@ -7,13 +7,13 @@ import inspect
 
 import pytest
 import typer.main
-from search_support import TINY
 
 import miras
 from miras.cli import app
 from miras.search import load_study
 from miras.search.objective import trial_train
 from miras.training_config import DEFAULTS, TrainConfig
+from tests.search_support import TINY
 
 
 def cli_defaults() -> dict[str, object]:
