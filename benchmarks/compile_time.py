@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIRST = """
 import sys, time
 import miras
+import miras.rule  # the compiler, torch and the runtime: imports are not compile time
 spec = miras.load_spec(sys.argv[1])
 start = time.perf_counter()
 miras.compile(spec, checked=sys.argv[2] == "1")
