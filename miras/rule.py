@@ -12,6 +12,7 @@ compiler's emission pass, and runs it under its autocast guard.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 from types import ModuleType
 
@@ -104,6 +105,7 @@ class MemoryRule:
 # rules are shared by digest (miras.compiler.pipeline); each spec gets a rule carrying its own
 # spec, model section and description included.
 _RULES: dict[str, tuple[CompiledRule[Spec], MemoryRule]] = {}
+_RULES_LOCK = threading.Lock()  # threads compiling one spec get one MemoryRule
 
 
 def compile(spec: Spec | str | dict, *, checked: bool = True) -> MemoryRule:
@@ -115,10 +117,11 @@ def compile(spec: Spec | str | dict, *, checked: bool = True) -> MemoryRule:
     spec = load_spec(spec)
     compiled = compile_ir(spec, checked=checked)
     whole = json.dumps(spec.normalized(), sort_keys=True)
-    wrapped, rule = _RULES.get(whole, (None, None))
-    if wrapped is not compiled:  # new, or the compiled rule was redone (now checked)
-        rule = MemoryRule(replace(compiled, spec=spec))
-        _RULES[whole] = (compiled, rule)
+    with _RULES_LOCK:
+        wrapped, rule = _RULES.get(whole, (None, None))
+        if wrapped is not compiled:  # new, or the compiled rule was redone (now checked)
+            rule = MemoryRule(replace(compiled, spec=spec))
+            _RULES[whole] = (compiled, rule)
     return rule
 
 

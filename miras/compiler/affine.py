@@ -27,8 +27,9 @@ import sympy as sp
 
 from miras.compiler.bias_derive import derive_bias
 from miras.compiler.linear_step import derive_linear_step, retention_decay
+from miras.compiler.memo import Memo, component_key
 from miras.formula import MAX_SIMPLIFY_OPS, bounded_simplify, not_finite, value_at
-from miras.ir import BiasRule, ChunkForm, LinearStep
+from miras.ir import BiasRule, ChunkForm, LinearStep, RetentionRule
 from miras.symbols import e, gate_symbol, v, y
 
 if TYPE_CHECKING:  # annotations only: a bias's own slope (`slope_of`) is asked for while
@@ -47,8 +48,17 @@ def bias_slope(spec: SpecParts, rule: BiasRule) -> tuple[sp.Expr | None, str]:
     return slope_of(spec.bias, rule)
 
 
+# (bias class, fields, its derived rule) -> its slope: validation (a formula's constant
+# slope), the plan and the chunk_form pass ask it of one bias; it is proved once.
+SLOPES: Memo[tuple[sp.Expr | None, str]] = Memo("slope")
+
+
 def slope_of(bias: Bias, rule: BiasRule) -> tuple[sp.Expr | None, str]:
-    """`bias_slope` of one bias and its derived rule."""
+    """`bias_slope` of one bias and its derived rule; proved once per (bias, rule)."""
+    return SLOPES.get((*component_key(bias), rule), lambda: _slope(bias, rule))
+
+
+def _slope(bias: Bias, rule: BiasRule) -> tuple[sp.Expr | None, str]:
     name = bias.label()
     fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in bias.fixed().items()}
     gradient = rule.gradient.subs(fixed).subs(e, y - v)
@@ -84,12 +94,12 @@ _PROBES = ((0.3, 0.4, 0.7), (1.7, 0.4, 0.7), (-1.1, 0.4, 0.7))
 
 
 def linear_record(spec: SpecParts) -> tuple[LinearStep | None, str]:
-    """`derive_linear_step` of `spec`, its retention's step derived here (the linear_step pass
-    has it already)."""
+    """`derive_linear_step` of `spec`, for a caller without the compiled rule (the linear_step
+    pass has it already); its retention's step is the cached derivation."""
     return derive_linear_step(spec, _retention_rule(spec))
 
 
-def _retention_rule(spec: SpecParts):
+def _retention_rule(spec: SpecParts) -> RetentionRule:
     from miras.compiler.retention_derive import derive_retention
 
     return derive_retention(spec.retention)
@@ -119,16 +129,29 @@ def start_path(spec: SpecParts, step: LinearStep | None) -> str:
 _DERIVE = object()  # `analyze`'s default: derive the linear step here
 
 
-def analyze(spec: SpecParts, bias: BiasRule | None = None, step=_DERIVE) -> ChunkForm:
-    """Decide the chunk form of `spec` from its components, derived bias gradient and linear
-    step (`LinearStep` or None, as the linear_step pass recorded it; derived when not given),
-    with the path its chunk-start form takes (also run when `chunk_mode="start"` asks for it)."""
+def analyze(
+    spec: SpecParts,
+    bias: BiasRule | None = None,
+    step=_DERIVE,
+    retention: RetentionRule | None = None,
+) -> ChunkForm:
+    """Decide the chunk form of `spec` from its components, derived bias gradient, linear
+    step (`LinearStep` or None, as the linear_step pass recorded it) and derived retention
+    step, with the path its chunk-start form takes (also run when `chunk_mode="start"` asks
+    for it). The chunk_form pass gives all three from the compiled rule; a caller without
+    one gets the cached derivations."""
     if step is _DERIVE:
-        step, _ = linear_record(spec)
-    return replace(_form(spec, bias, step), start_path=start_path(spec, step))
+        retention = retention or _retention_rule(spec)
+        step, _ = derive_linear_step(spec, retention)
+    return replace(_form(spec, bias, step, retention), start_path=start_path(spec, step))
 
 
-def _form(spec: SpecParts, bias: BiasRule | None, step: LinearStep | None) -> ChunkForm:
+def _form(
+    spec: SpecParts,
+    bias: BiasRule | None,
+    step: LinearStep | None,
+    retention_rule: RetentionRule | None,
+) -> ChunkForm:
     memory = spec.memory
     if (closed := memory.closed_form()) is not None:
         return ChunkForm("exact", f"{closed} is computed in closed form; nothing to chunk")
@@ -136,7 +159,7 @@ def _form(spec: SpecParts, bias: BiasRule | None, step: LinearStep | None) -> Ch
         return _start(f"the {memory.kind} memory's prediction is not linear in its weights")
     retention = spec.retention
     optimizer = spec.optimizer
-    if step is None and retention_decay(spec, _retention_rule(spec))[0] is None:
+    if step is None and retention_decay(spec, retention_rule or _retention_rule(spec))[0] is None:
         return _start(
             f"the {retention.kind} retention's step is not one the exact form solves (none or "
             "l2: W_t = a_t W_(t-1) - u_t)"

@@ -20,6 +20,7 @@ import sympy as sp
 
 from miras.compiler.bias_emit import bias_source
 from miras.compiler.describe import Line, Math, Name, latex_lines, plain_lines
+from miras.compiler.memo import Memo, component_key
 from miras.compiler.printer import UnsupportedExpression
 from miras.components.base import Bias
 from miras.errors import DerivationError
@@ -76,8 +77,18 @@ def _tidy(expr: sp.Expr) -> sp.Expr:
     return best
 
 
+# Bias (class, fields) -> its derived rule: validation (a formula's slope), the passes and
+# every spec with an equal bias share one derivation (miras.compiler.memo).
+BIASES: Memo[BiasRule] = Memo("bias")
+
+
 def derive_bias(bias: Bias) -> BiasRule:
-    """dL/dy of `bias` by the chain rule through its channel sums."""
+    """dL/dy of `bias` by the chain rule through its channel sums; derived once per bias
+    (its class and fields), then read from `BIASES`."""
+    return BIASES.get(component_key(bias), lambda: _derive(bias))
+
+
+def _derive(bias: Bias) -> BiasRule:
     loss = bias.expression()
     sums, outer, gradient = channel_gradient(loss)
     if not sums:

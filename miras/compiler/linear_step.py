@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import sympy as sp
 
+from miras.compiler.memo import Memo, component_key
 from miras.ir import Coefficient, LinearStep
 from miras.symbols import g, gate_symbol, s_new, s_prev, u, w0
 
@@ -39,7 +40,8 @@ if TYPE_CHECKING:  # annotations only
 
 
 class StepRetention(Protocol):
-    """A retention component, as far as its step's linearity and its state's reading go."""
+    """A retention component, as far as its step's linearity and its state's reading go (the
+    JSON of its fields keys the proof's cache)."""
 
     @property
     def kind(self) -> str: ...
@@ -50,6 +52,7 @@ class StepRetention(Protocol):
     def read_norm(self) -> float | None: ...
     def domain(self) -> str: ...
     def solved_by_newton(self) -> bool: ...
+    def model_dump_json(self) -> str: ...
 
 
 class StepOptimizer(Protocol):
@@ -75,9 +78,19 @@ class StepParts(Protocol):
     def optimizer(self) -> StepOptimizer: ...
 
 
+# (retention class, fields, its derived rule) -> its proved decay: the linear_step pass, the
+# chunk_form pass and the Triton emission ask it of one retention; it is proved once.
+_DECAYS: Memo[tuple[Coefficient | None, str]] = Memo("decay")
+
+
 def retention_decay(spec: StepParts, retention: RetentionRule) -> tuple[Coefficient | None, str]:
     """(a_t, "") where the retention's step is W_t = a_t W_{t-1} - u_t, else (None, why not)."""
     kept = spec.retention
+    key = (*component_key(kept), retention)
+    return _DECAYS.get(key, lambda: _prove_decay(kept, retention))
+
+
+def _prove_decay(kept: StepRetention, retention: RetentionRule) -> tuple[Coefficient | None, str]:
     not_read = _reads_state_as_is(kept)
     if not_read:
         return None, not_read
@@ -113,17 +126,14 @@ def linear_update(
 
 # (optimizer class, its fields as JSON) -> its proved update with a_t = 1: components ask
 # for it (`Optimizer.linear_form`) on every compile.
-_UPDATES: dict[tuple[type[StepOptimizer], str], tuple[LinearStep | None, str]] = {}
+_UPDATES: Memo[tuple[LinearStep | None, str]] = Memo("update")
 
 
 def optimizer_update(
     opt: StepOptimizer, decay: Coefficient | None = None
 ) -> tuple[LinearStep | None, str]:
     """`linear_update` of one optimizer component."""
-    key = (type(opt), opt.model_dump_json())
-    if key not in _UPDATES:
-        _UPDATES[key] = _prove_update(opt)
-    step, why = _UPDATES[key]
+    step, why = _UPDATES.get(component_key(opt), lambda: _prove_update(opt))
     if step is None or decay is None:
         return step, why
     return replace(step, decay=decay), why

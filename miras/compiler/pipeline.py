@@ -5,8 +5,12 @@ named passes.
     -> triton -> check
 
 Each pass reads and fills one `CompiledRule`; an invariant is checked after each, and
-`MIRAS_DEBUG=1` prints what every pass produced. Results are cached by the spec's digest.
-The compiler never imports the runtime: `miras.rule.MemoryRule` joins the two.
+`MIRAS_DEBUG=1` prints what every pass produced. A pass reads what the passes before it
+derived and never derives it again; the derivations themselves (a bias's gradient, a
+retention's step, a slope, a linear step) are cached by the component's canonical form
+(`miras.compiler.memo`), shared with validation and with every spec that has an equal
+component. Results are cached by the spec's digest; `check` is a pass on the cached rule,
+run once. The compiler never imports the runtime: `miras.rule.MemoryRule` joins the two.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -82,7 +87,7 @@ def chunk_form(c: CompiledRule[Spec]) -> str:
     """Exact chunks where the step is affine in the memory, chunk-start otherwise, in its dual
     form where `dual_reason` finds one."""
     step = c.plan.linear_step
-    form = minimizer_form(c.spec, c.bias) or analyze(c.spec, c.bias, step)
+    form = minimizer_form(c.spec, c.bias) or analyze(c.spec, c.bias, step, c.retention)
     dual = dual_reason(c.spec, step)
     if form.form == "start" and dual is not None:
         form = replace(form, form="dual", dual=dual)
@@ -185,31 +190,69 @@ def _invariant(ok: bool, message: str) -> None:
 
 
 def run_passes(spec: Spec, *, checked: bool = True) -> CompiledRule[Spec]:
+    """Every pass on a new `CompiledRule` (the check pass only when `checked`)."""
     c = CompiledRule(spec)
-    debug = os.environ.get("MIRAS_DEBUG", "") not in ("", "0")
     for name, run_pass in PASSES:
         if name == "check" and not checked:
             continue
-        report = run_pass(c)
-        if debug:
-            print(f"=== pass {name} ===\n{report}\n", file=sys.stderr)
+        _run(name, run_pass, c)
     return c
+
+
+def _run(name: str, run_pass: Callable[[CompiledRule[Spec]], str], c: CompiledRule[Spec]) -> None:
+    report = run_pass(c)
+    if os.environ.get("MIRAS_DEBUG", "") not in ("", "0"):
+        print(f"=== pass {name} ===\n{report}\n", file=sys.stderr)
+
+
+def check_rule(c: CompiledRule[Spec]) -> CompiledRule[Spec]:
+    """`c` with the check pass run: a copy of it with its `checks` (its derived pieces, plan
+    and emitted module are shared, not derived again); `c` itself when it is checked already."""
+    if c.checks:
+        return c
+    checked = replace(c, checks=[])
+    _run("check", check, checked)
+    return checked
 
 
 # The cache: rule digest -> what the passes produced. The digest leaves out `model` and
 # `description` (they do not change the rule), so specs that differ only there share one
-# derivation; `miras.rule.compile` gives each its own spec.
+# derivation; `miras.rule.compile` gives each its own spec. A cached rule is used for a spec
+# whose components are of the same classes (a kind registered anew is another component).
 _CACHE: dict[str, CompiledRule[Spec]] = {}
+_LOCK = threading.Lock()
+_COMPILING: dict[str, threading.Lock] = {}  # digest -> held while its passes run
 
 
 def compile_ir(spec: Spec, *, checked: bool = True) -> CompiledRule[Spec]:
     """The passes' result for `spec`, cached by its digest (its `spec` field is the first spec
     compiled with that digest). `checked=False` leaves out the check pass; a later checked
-    compile of the same rule runs the passes again, with it."""
+    compile of the same rule runs that pass alone on the cached rule (`check_rule`). Threads
+    compiling one rule run its passes once; a failed compile is not cached."""
     key = spec.digest()
-    if key not in _CACHE or (checked and not _CACHE[key].checks):
-        _CACHE[key] = run_passes(spec, checked=checked)
-    return _CACHE[key]
+    with _LOCK:
+        compiling = _COMPILING.setdefault(key, threading.Lock())
+    with compiling:
+        c = _CACHE.get(key)
+        if c is None or _classes(c.spec) != _classes(spec):
+            c = run_passes(spec, checked=checked)
+        elif checked:
+            c = check_rule(c)
+        _CACHE[key] = c
+    return c
+
+
+def _classes(spec: Spec) -> tuple[type, ...]:
+    return tuple(type(component) for component in spec.components().values())
+
+
+def _after_fork() -> None:
+    global _LOCK, _COMPILING
+    _LOCK, _COMPILING = threading.Lock(), {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def kernel_source(spec) -> str:
@@ -222,4 +265,4 @@ def kernel_source(spec) -> str:
     return compiled_source(compiled)
 
 
-__all__ = ["PASSES", "compile_ir", "kernel_source", "run_passes"]
+__all__ = ["PASSES", "check_rule", "compile_ir", "kernel_source", "run_passes"]

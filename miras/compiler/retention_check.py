@@ -18,6 +18,7 @@ import torch
 
 from miras.check import CheckResult, max_relative_error
 from miras.compiler.emit import function_source, load_module, module_source
+from miras.compiler.memo import Memo
 from miras.compiler.retention_emit import objective_source
 from miras.components.base import Retention
 from miras.errors import DerivationError
@@ -115,11 +116,20 @@ def check_retention(
 # Branches of a soft-thresholding step -----------------------------------------------------------
 
 
+# A derived rule -> its branch updates' source: solved once, however often the rule is checked
+# (the compile's check pass, `rule.check()`, `miras check`).
+_BRANCH_UPDATES: Memo[list[str]] = Memo("branch updates")
+
+
 def _threshold_branches(rule: RetentionRule) -> list[str]:
     """For a step soft_threshold(z, t): the source of `check_branch_update(w0, r, *gates)`, the
     u that puts z at r t (z is affine in u: the objective's <u, W>). Empty for other steps."""
     if not isinstance(rule.step, soft_threshold):
         return []
+    return list(_BRANCH_UPDATES.get(rule, lambda: _branch_update_source(rule)))
+
+
+def _branch_update_source(rule: RetentionRule) -> list[str]:
     z, t = rule.step.args
     r = sp.Symbol("r", real=True)
     solutions = sp.solve(z - r * t, u)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import sympy as sp
 
 from miras.compiler.describe import latex_block, latex_math, latex_text
+from miras.compiler.memo import Memo, component_key
 from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.retention_emit import fixed_values, retention_source
 from miras.compiler.retention_solve import equations
@@ -76,11 +77,21 @@ def retention_latex(kind: str, steps: tuple[Step, ...]) -> str:
     return latex_block(rows)
 
 
+# Retention (class, fields) -> its derived rule or refusal: validation (`check_derivable`),
+# the passes and every spec with an equal retention share one derivation (miras.compiler.memo).
+RETENTIONS: Memo[RetentionRule] = Memo("retention")
+
+
 def derive_retention(retention: Retention) -> RetentionRule:
-    """The closed-form step of `retention` and its torch source.
+    """The closed-form step of `retention` and its torch source; derived once per retention
+    (its class and fields), then read from `RETENTIONS`.
 
     Raises `DerivationError` when the step cannot be derived (e.g. a Bregman potential whose
     F' sympy cannot invert under `solver: closed_form`)."""
+    return RETENTIONS.get(component_key(retention), lambda: _derive(retention))
+
+
+def _derive(retention: Retention) -> RetentionRule:
     steps, step = retention.derive_step()
     fixed = fixed_values(retention)
     if fixed:
@@ -117,25 +128,30 @@ def _short(expr: sp.Basic, keep: int = 200) -> str:
     return text if len(text) <= keep else text[:keep] + "..."
 
 
-# (retention class, its fields as JSON) -> derive's refusal, or None: a spec is validated
-# again on every load and copy.
-_DERIVABLE: dict[tuple[type, str], str | None] = {}
+# Retention (class, fields) -> derive's refusal, or None: a spec is validated again on every
+# load and copy. A retention that passes is derived in `RETENTIONS`, where compile finds it.
+_DERIVABLE: Memo[str | None] = Memo("derivable")
 
 
 def check_derivable(retention: Retention) -> None:
     """Raise a ValueError with derive's message when `retention`'s step cannot be derived, so
     that validating a spec refuses what `miras derive` would (a retention's model validator
     calls it). No torch: derivation is sympy alone."""
-    key = (type(retention), retention.model_dump_json())
-    if key not in _DERIVABLE:
+
+    key = component_key(retention)
+
+    def refusal() -> str | None:
         try:
-            _screen(retention)
+            if RETENTIONS.peek(key) is None:  # derived already: nothing to screen
+                _screen(retention)
             derive_retention(retention)
-            _DERIVABLE[key] = None
         except DerivationError as err:
-            _DERIVABLE[key] = str(err)
-    if _DERIVABLE[key] is not None:
-        raise ValueError(_DERIVABLE[key])
+            return str(err)
+        return None
+
+    why = _DERIVABLE.get(key, refusal)
+    if why is not None:
+        raise ValueError(why)
 
 
 def _screen(retention: Retention) -> None:
