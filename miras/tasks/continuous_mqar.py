@@ -13,6 +13,14 @@ of a query is the index of its key's value. The model reads the vectors through 
 layer and scores its output y against every value embedding, logits = y V^T (`model_io`):
 cross-entropy over the V values, with no token embedding and no shift to lean on. One layer
 with no short convolution (`conv_size: 0`) isolates the memory rule.
+
+With `query_marker` each token has one more channel, 0 on the stored pairs and 1 on the
+queries, [K k ; V v ; 0] and [K k ; 0 ; 1]. Without it a query differs from a stored pair only
+by its zero value half: what that half adds to a gate linear in the token, w . V v, averages to
+zero over the values, so such a gate has no term that is larger on the pairs than on the
+queries. A delta rule writes at every token, and a query's write replaces the pair it asks for
+by the query's own value (fully at step 1); the marker gives a learned step size a channel to
+switch that write off. The rows and labels are the same with and without it.
 """
 
 from __future__ import annotations
@@ -71,6 +79,10 @@ class ContinuousMQAR(Task):
     embed_dim: int = Field(32, ge=1, le=4096, description="d_e of each embedding; tokens 2 d_e")
     num_pairs: int = Field(16, ge=1, le=1 << 14, description="N pairs; T = 2N")
     seed: int = Field(0, ge=0, description="draws the embeddings and, with the split, the rows")
+    query_marker: bool = Field(
+        False,
+        description="one more input channel, 1 on the query tokens and 0 on the stored pairs",
+    )
 
     @model_validator(mode="after")
     def _fits(self) -> ContinuousMQAR:
@@ -88,8 +100,8 @@ class ContinuousMQAR(Task):
 
     @property
     def token_dim(self) -> int:
-        """2 d_e: a token is [key ; value]."""
-        return 2 * self.embed_dim
+        """2 d_e: a token is [key ; value]; 2 d_e + 1 with `query_marker`."""
+        return 2 * self.embed_dim + int(self.query_marker)
 
     def embeddings(self) -> tuple[np.ndarray, np.ndarray]:
         """(K, V): [V, d_e] float32 each, unit-norm rows, read-only."""
@@ -105,10 +117,12 @@ class ContinuousMQAR(Task):
         order = rng.random((b, n)).argsort(axis=1)  # [B, N] which pair each query asks
         key_table, value_table = self.embeddings()
         rows = np.arange(b)[:, None]
-        inputs = np.zeros((b, 2 * n, 2 * d), dtype=np.float32)
+        inputs = np.zeros((b, 2 * n, self.token_dim), dtype=np.float32)
         inputs[:, :n, :d] = key_table[keys]
-        inputs[:, :n, d:] = value_table[values]
+        inputs[:, :n, d : 2 * d] = value_table[values]
         inputs[:, n:, :d] = key_table[keys[rows, order]]
+        if self.query_marker:
+            inputs[:, n:, 2 * d] = 1.0
         labels = np.full((b, 2 * n), IGNORE, dtype=np.int64)
         labels[:, n:] = values[rows, order]
         return Batch(torch.from_numpy(inputs), torch.from_numpy(labels))
@@ -124,4 +138,7 @@ class ContinuousMQAR(Task):
         return project, ValueReadout(values, d_model)
 
     def io_options(self) -> dict:
-        return {"vocab_size": self.vocab_size, "embed_dim": self.embed_dim, "seed": self.seed}
+        io = {"vocab_size": self.vocab_size, "embed_dim": self.embed_dim, "seed": self.seed}
+        if self.query_marker:  # the input layer is one channel wider (left out when off)
+            io["query_marker"] = True
+        return io

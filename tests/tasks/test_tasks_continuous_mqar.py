@@ -126,12 +126,43 @@ def test_a_short_run_reduces_the_loss_and_its_checkpoint_rebuilds_the_io(tmp_pat
         miras.evaluate(tmp_path, make_task("mqar", vocab_size=16, seq_len=16, num_pairs=2))
 
 
+def test_the_query_marker_adds_one_channel_set_on_the_queries_only():
+    plain = make_task("continuous_mqar", **SMALL)
+    marked = make_task("continuous_mqar", **SMALL, query_marker=True)
+    assert plain.token_dim == 16 and marked.token_dim == 17
+    n = SMALL["num_pairs"]
+    for split in SPLITS:
+        a, b = plain.batch(split, 2, 8), marked.batch(split, 2, 8)
+        assert b.inputs.shape == (8, 2 * n, 17)
+        # The same rows and labels; the one channel more is 0 on the pairs, 1 on the queries.
+        assert torch.equal(b.inputs[..., :16], a.inputs) and torch.equal(b.labels, a.labels)
+        assert not b.inputs[:, :n, 16].any() and (b.inputs[:, n:, 16] == 1).all()
+    # The input layer reads the wider token; the checkpoint's io says so, and only then.
+    model = build_model(tiny_spec(16), marked.vocab_size, marked.model_io(16))
+    assert isinstance(model.embed, torch.nn.Linear) and model.embed.weight.shape == (16, 17)
+    assert model(marked.batch("train", 0, 3).inputs).shape == (3, 2 * n, 16)
+    assert marked.io_options() == {**plain.io_options(), "query_marker": True}
+    assert "query_marker" not in plain.io_options()
+
+
+def test_a_checkpoint_with_the_marker_refuses_the_task_without_it(tmp_path):
+    marked = make_task("continuous_mqar", **SMALL, query_marker=True)
+    miras.train(
+        tiny_spec(16), marked, steps=2, batch_size=4, warmup=0, progress=False,
+        eval_batches=1, out_dir=tmp_path,
+    )  # fmt: skip
+    assert miras.evaluate(tmp_path, batches=1)["accuracy"] >= 0
+    with pytest.raises(ValueError, match=r"query_marker=True"):
+        miras.evaluate(tmp_path, make_task("continuous_mqar", **SMALL))
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"vocab_size": 8, "num_pairs": 9}, r"num_pairs=9 needs 9 distinct keys"),
         ({"embed_dim": 0}, r"option 'embed_dim': expected an integer >= 1, got 0"),
         ({"vocab_size": 1 << 20}, r"option 'vocab_size': expected an integer <= 65536"),
+        ({"query_marker": "maybe"}, r"option 'query_marker': expected true or false, got 'maybe'"),
     ],
 )
 def test_bad_options_are_named(options, message):
