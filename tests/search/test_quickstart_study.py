@@ -8,10 +8,10 @@ from __future__ import annotations
 import optuna
 import pytest
 import yaml
-from search_support import ROOT
 
 from miras.search import load_study, search
 from miras.spec import load_spec
+from tests.search_support import ROOT
 
 QUICKSTART = ROOT / "studies" / "quickstart.yaml"
 UNMARKED = ROOT / "studies" / "quickstart_unmarked.yaml"
