@@ -19,8 +19,8 @@ spec) and the constants `RETAINED` and `MOMENTUM` (`miras.compiler.triton_dual`)
 
 The state does not fit on chip (Titans at d 64: A and B are 128 KiB in float32, twice that with
 momentum), so it lives in float32 global memory, one private copy per (batch, head), updated in
-place, and every phase streams it in [HB, DK] / [DV, HB] tiles over the hidden width (HB = 64 or
-less). The chunk's z1, a1 and e1 ([BT, DH] each) go to a per-program scratch for the later
+place, and every phase streams it in [HB, DK] / [DV, HB] tiles over the hidden width (HB = 32
+or less: `dual_triton.HIDDEN_BLOCK`). The chunk's z1, a1 and e1 ([BT, DH] each) go to a per-program scratch for the later
 phases. A program's loads of a tile it has stored are ordered by `tl.debug_barrier()`.
 """
 
@@ -114,72 +114,83 @@ def dual_forward(
             z1 = load_rows(z1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
             store_rows(e1_p, rows, every, hj, mh, DH, tl.where(m2, g1 * activation_grad(z1), 0.0))
         tl.debug_barrier()  # phase 3's e1 stores are read back below
-        # Phase 4, the read: both layers' D, C and masked-score terms, by hidden blocks.
-        qq = load_rows(q + pid * T * DK, tok, mt, ck, mk, DK, 1, 0.0, OP)  # [BT, BK]
+        # Phase 4, the read: both layers' D, C and masked-score terms, by hidden blocks. The
+        # row scalings go onto the operands (D_t q, -C_t q, -coeff * Q X^T) so each layer's
+        # read is one accumulator chained through its dots.
+        qq = load_rows(q + pid * T * DK, tok, mt, ck, mk, DK, 1, 0.0, ACC)  # [BT, BK]
         c_t = tl.load(car + pid * T + tok, mask=mt, other=0.0).to(ACC)
+        q_d = (d_t[:, None] * qq).to(OP)
+        q_c = (-c_t[:, None] * qq).to(OP)
         mix = load_rows(coeff + (pid * NC + ic) * BT * BT, rows, every, rows, every, BT, 1, 0.0, ACC)
-        qx = tl.dot(qq, tl.trans(x), input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BT]
-        qx_op = (mix * qx).to(OP)
-        o_d = tl.zeros([BT, BV], dtype=ACC)  # aq B^T
-        o_c = tl.zeros([BT, BV], dtype=ACC)  # aq SB^T (momentum)
+        qx = tl.dot(qq.to(OP), tl.trans(x), input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BT]
+        qx_op = (-mix * qx).to(OP)
+        out = tl.zeros([BT, BV], dtype=ACC)  # D aq B^T - C aq SB^T
         aa = tl.zeros([BT, BT], dtype=ACC)  # aq a1^T
         for j0 in range(0, DH, HB):
             hj = j0 + ch
             mh = hj < DH
             m2 = mt[:, None] & mh[None, :]
-            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)
-            zq = d_t[:, None] * tl.dot(qq, tl.trans(a_t), input_precision=DOT_PRECISION, out_dtype=ACC)
+            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)  # [HB, BK]
+            zq = tl.dot(q_d, tl.trans(a_t), input_precision=DOT_PRECISION, out_dtype=ACC)
             if MOMENTUM:
                 s_t = load_rows(sa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)
-                zq -= c_t[:, None] * tl.dot(qq, tl.trans(s_t), input_precision=DOT_PRECISION, out_dtype=ACC)
+                zq = tl.dot(q_c, tl.trans(s_t), zq, input_precision=DOT_PRECISION, out_dtype=ACC)
             e1 = load_rows(e1_p, rows, every, hj, mh, DH, 1, 0.0, OP)  # [BT, HB]
-            zq -= tl.dot(qx_op, e1, input_precision=DOT_PRECISION, out_dtype=ACC)
-            aq = tl.where(m2, activation(zq), 0.0).to(OP)  # [BT, HB]
-            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)
-            o_d = tl.dot(aq, tl.trans(b_t), o_d, input_precision=DOT_PRECISION, out_dtype=ACC)
+            zq = tl.dot(qx_op, e1, zq, input_precision=DOT_PRECISION, out_dtype=ACC)
+            aq = tl.where(m2, activation(zq), 0.0)  # [BT, HB]
+            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)  # [BV, HB]
+            out = tl.dot((d_t[:, None] * aq).to(OP), tl.trans(b_t), out,
+                         input_precision=DOT_PRECISION, out_dtype=ACC)
             if MOMENTUM:
                 s_t = load_rows(sb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)
-                o_c = tl.dot(aq, tl.trans(s_t), o_c, input_precision=DOT_PRECISION, out_dtype=ACC)
+                out = tl.dot((-c_t[:, None] * aq).to(OP), tl.trans(s_t), out,
+                             input_precision=DOT_PRECISION, out_dtype=ACC)
             a1 = load_rows(a1_p, rows, every, hj, mh, DH, 1, 0.0, OP)
-            aa = tl.dot(aq, tl.trans(a1), aa, input_precision=DOT_PRECISION, out_dtype=ACC)
-        out = d_t[:, None] * o_d - c_t[:, None] * o_c
-        out -= tl.dot((mix * aa).to(OP), e2_op, input_precision=DOT_PRECISION, out_dtype=ACC)
+            aa = tl.dot(aq.to(OP), tl.trans(a1), aa, input_precision=DOT_PRECISION, out_dtype=ACC)
+        out = tl.dot((-mix * aa).to(OP), e2_op, out, input_precision=DOT_PRECISION, out_dtype=ACC)
         store_rows(o + pid * T * DV, tok, mt, cv, mv, DV, out)
         tl.debug_barrier()  # phase 4 read every state tile; phase 5 writes them
-        # Phase 5, the chunk end, tile by tile in place.
+        # Phase 5, the chunk end, tile by tile in place: the input layer's tiles, then the
+        # output layer's (two passes, so that at most two state tiles are live at a time).
         cs = pid * NC + ic
         a_end = tl.load(ends + cs * 4).to(ACC)
         c_end = tl.load(ends + cs * 4 + 1).to(ACC)
         th_end = tl.load(ends + cs * 4 + 2).to(ACC)
         lw = tl.load(last + cs * BT + rows).to(ACC)  # [BT]
         ls = tl.load(last_s + cs * BT + rows).to(ACC)
+        for j0 in range(0, DH, HB):
+            hj = j0 + ch
+            mh = hj < DH
+            e1 = load_rows(e1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)  # [BT, HB]
+            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC)  # [HB, BK]
+            a_new = a_end * a_t
+            if MOMENTUM:
+                s_t = load_rows(sa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC)
+                a_new -= c_end * s_t
+                s_t = tl.dot(tl.trans((ls[:, None] * e1).to(OP)), x, th_end * s_t,
+                             input_precision=DOT_PRECISION, out_dtype=ACC)
+            a_new = tl.dot(tl.trans((lw[:, None] * e1).to(OP)), x, a_new,
+                           input_precision=DOT_PRECISION, out_dtype=ACC)
+            tl.debug_barrier()  # every thread has read tile j before any writes it
+            store_rows(wa_p, hj, mh, ck, mk, DK, a_new)
+            if MOMENTUM:
+                store_rows(sa_p, hj, mh, ck, mk, DK, s_t)
         e2w = tl.trans((lw[:, None] * e2).to(OP))  # [BV, BT]
         e2s = tl.trans((ls[:, None] * e2).to(OP))
         for j0 in range(0, DH, HB):
             hj = j0 + ch
             mh = hj < DH
-            e1 = load_rows(e1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)  # [BT, HB]
-            a1 = load_rows(a1_p, rows, every, hj, mh, DH, 1, 0.0, OP)
-            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC)  # [HB, BK]
+            a1 = load_rows(a1_p, rows, every, hj, mh, DH, 1, 0.0, OP)  # [BT, HB]
             b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, ACC)  # [BV, HB]
-            a_new = a_end * a_t
             b_new = a_end * b_t
             if MOMENTUM:
-                sa_t = load_rows(sa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC)
-                sb_t = load_rows(sb_p, cv, mv, hj, mh, DH, 1, 0.0, ACC)
-                a_new -= c_end * sa_t
-                b_new -= c_end * sb_t
-                sa_t = tl.dot(tl.trans((ls[:, None] * e1).to(OP)), x, th_end * sa_t,
-                              input_precision=DOT_PRECISION, out_dtype=ACC)
-                sb_t = tl.dot(e2s, a1, th_end * sb_t, input_precision=DOT_PRECISION, out_dtype=ACC)
-            a_new = tl.dot(tl.trans((lw[:, None] * e1).to(OP)), x, a_new,
-                           input_precision=DOT_PRECISION, out_dtype=ACC)
+                s_t = load_rows(sb_p, cv, mv, hj, mh, DH, 1, 0.0, ACC)
+                b_new -= c_end * s_t
+                s_t = tl.dot(e2s, a1, th_end * s_t, input_precision=DOT_PRECISION, out_dtype=ACC)
             b_new = tl.dot(e2w, a1, b_new, input_precision=DOT_PRECISION, out_dtype=ACC)
             tl.debug_barrier()  # every thread has read tile j before any writes it
-            store_rows(wa_p, hj, mh, ck, mk, DK, a_new)
             store_rows(wb_p, cv, mv, hj, mh, DH, b_new)
             if MOMENTUM:
-                store_rows(sa_p, hj, mh, ck, mk, DK, sa_t)
-                store_rows(sb_p, cv, mv, hj, mh, DH, sb_t)
+                store_rows(sb_p, cv, mv, hj, mh, DH, s_t)
         tl.debug_barrier()  # the next chunk reads the tiles stored above
 '''

@@ -40,7 +40,13 @@ if TYPE_CHECKING:
 
 # The kernel streams the hidden width in blocks of at most this many units: [HB, Dk] tiles of
 # the input layer, [Dv, HB] of the output layer. Tests lower it to exercise several blocks.
-HIDDEN_BLOCK = 64
+# Compiled for titans (chunk 16, bf16 inputs; docs/kernels.md, "Deep memories on the GPU"),
+# 32 units, 8 warps and 2 stages spill 0 B at d 64 on sm_90 and 20 B at d 128; 64 units with
+# 4 warps and 3 stages spilled 444 B and 3080 B and needed 283 KB of shared memory at d 128,
+# over an H100's 227 KB. No GPU has timed either.
+HIDDEN_BLOCK = 32
+NUM_WARPS = 8
+NUM_STAGES = 2
 HALF = (torch.bfloat16, torch.float16)  # input dtypes the kernel takes as products' operands
 
 
@@ -151,6 +157,7 @@ def run_kernel(module, q, k, v, gamma, mixing, state, chunk_size, precision, sto
         module.dual_forward[(bh,)](
             q, k, v, gamma, dec, car, coeff, last, last_s, ends, wa, wb, sa, sb, *starts,
             scratch, o, t, min(chunk_size, t), nc, d_k, d_h, d_v, **meta,
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
         )  # fmt: skip
     written = {"o": o}
     if store_starts:

@@ -5,8 +5,8 @@ and its backward recomputes `miras.runtime.dual` under autograd; `backend="chunk
 `miras.runtime.dual` itself. Without CUDA the kernel runs under TRITON_INTERPRET=1 (set by
 tests/conftest.py), in float32, with its outputs NaN-poisoned before the launch and checked
 written after it. Shapes are small (the interpreter is slow): Dk = Dv = 16 and expansion 2.5,
-so the hidden width is Dh = 40 and a 64-wide hidden block is partial; odd T; a chunk shorter
-than the kernel's 16-row block.
+so the hidden width is Dh = 40: a 32-wide hidden block and a partial one (8 of 32); odd T; a
+chunk shorter than the kernel's 16-row block.
 """
 
 import pytest
