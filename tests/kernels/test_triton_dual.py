@@ -108,7 +108,13 @@ CASES = {
         13,
         16,
     ),
-    # momentum with the retained gradient point and no retention's decay but a tanh network.
+    # DLA: the dot bias (its gradient does not read y), gd, l2 retention.
+    "dla_dot": (
+        dict(memory={**MLP, "activation": "gelu"}, bias="dot", retention="l2", optimizer="gd"),
+        17,
+        8,
+    ),
+    # momentum with the retained gradient point, a tanh network.
     "momentum_retained_tanh": (
         dict(
             memory={**MLP, "activation": "tanh"},
