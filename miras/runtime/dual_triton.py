@@ -108,7 +108,7 @@ def _launch(module, rt, seq: Tokens, weights, chunk_size, precision, operands, s
         module,
         seq.phi_q.reshape(bh, t, d_k).contiguous().to(operands),
         seq.phi_k.reshape(bh, t, d_k).contiguous().to(operands),
-        seq.v.reshape(bh, t, -1).contiguous(),
+        seq.v.reshape(bh, t, seq.v.shape[-1]).contiguous(),
         _per_token(gamma, seq.v),
         mixing_inputs(rt, seq, chunk_size),
         state,
@@ -208,7 +208,7 @@ class DualKernel(torch.autograd.Function):
         ctx.save_for_backward(*tensors)
         b, h, t = seq.phi_q.shape[:3]
         shaped = [w.reshape(state[k].shape) for w, k in zip(final, info.keys, strict=True)]
-        return (o.reshape(b, h, t, -1), *shaped)
+        return (o.reshape(b, h, t, o.shape[-1]), *shaped)
 
     @staticmethod
     def backward(ctx, *grads):
