@@ -114,6 +114,19 @@ CASES = {
         17,
         8,
     ),
+    # Huber's two branches (a fixed delta), Nesterov, the window's weight as a gate, relu;
+    # chunks of 4 in the kernel's 16-row block.
+    "huber_nesterov_gamma_relu": (
+        dict(
+            memory={**MLP, "activation": "relu"},
+            bias={"kind": "huber", "delta": 1.0},
+            retention="l2",
+            optimizer="nesterov",
+            window={"c": 1, "gamma": "gate"},
+        ),
+        15,
+        4,
+    ),
     # momentum with the retained gradient point, a tanh network.
     "momentum_retained_tanh": (
         dict(
