@@ -58,41 +58,51 @@ def _per_token(x: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
 
 
 def mixing_inputs(rt, seq: Tokens, chunk_size: int):
-    """The kernel's step-gate inputs from `dual._mixings` (no gradient): dec D_t and car C_t
-    [BH, T]; coeff [BH, NC, BT, BT]; last, last_s [BH, NC, BT]; ends [BH, NC, 4] = (a, c, theta,
-    0) at each chunk's last token. Rows and columns past a chunk's tokens are zero."""
+    """The kernel's step-gate inputs, every chunk at once from `dual.unrolled_chunks` (no
+    gradient): dec D_t and car C_t [BH, T]; coeff [BH, NC, BT, BT] (K[t, s] lr_s); last,
+    last_s [BH, NC, BT] (-K[m-1, s] lr_s and L^theta[m-1, s] lr_s at each chunk's last token
+    m - 1); ends [BH, NC, 4] = (D, C, Theta at that token, 0). Rows and columns past a chunk's
+    tokens are zero. The last chunk, padded with factors 1 by the unrolling, ends at its last
+    real token: with momentum the padding's steps would still move W."""
     b, h, t = seq.phi_q.shape[:3]
-    bh, like = b * h, seq.v
+    bh = b * h
     with torch.no_grad():
-        mixings = dual._mixings(rt, seq, chunk_size)
-    nc = len(mixings)
-    bt = pow2(min(chunk_size, t))
-    zeros = dict(dtype=like.dtype, device=like.device)
-    coeff = torch.zeros(bh, nc, bt, bt, **zeros)
-    last = torch.zeros(bh, nc, bt, **zeros)
-    last_s = torch.zeros(bh, nc, bt, **zeros)
-    ends = torch.zeros(bh, nc, 4, **zeros)
-    decs, cars = [], []
+        unrolled, n, nc = dual.unrolled_chunks(rt, seq, chunk_size)
+    bt = pow2(n)
+    m = t - (nc - 1) * n  # the last chunk's tokens
+    ends_at = torch.full((nc,), n - 1, device=seq.v.device)
+    ends_at[-1] = m - 1
+    chunk = torch.arange(nc, device=seq.v.device)
 
-    def heads(x: torch.Tensor, *shape) -> torch.Tensor:
-        return x.expand(b, h, *x.shape[2:]).reshape(bh, *shape)
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        """[B or 1, H or 1, N, ...] -> [BH, N, ...] in the state's dtype."""
+        return x.expand(b, h, *x.shape[2:]).reshape(bh, *x.shape[2:]).to(seq.v.dtype)
 
-    for i, m in enumerate(mixings):
-        n = m.coeff.shape[-1]
-        coeff[:, i, :n, :n] = heads(m.coeff, n, n)
-        last[:, i, :n] = -heads(m.coeff, n, n)[:, -1]
-        d = heads(m.d, n)
-        decs.append(d)
-        ends[:, i, 0] = d[:, -1]
-        if m.carry is not None:
-            c = heads(m.carry, n)
-            cars.append(c)
-            ends[:, i, 1] = c[:, -1]
-            ends[:, i, 2] = heads(m.theta_prod, n)[:, -1]
-            last_s[:, i, :n] = heads(m.to_momentum, n)
-    dec = torch.cat(decs, dim=1).contiguous()
-    car = torch.cat(cars, dim=1).contiguous() if cars else torch.zeros_like(dec)
-    return dec, car, coeff, last, last_s, ends
+    def per_token(x: torch.Tensor) -> torch.Tensor:  # [B, H, N, n, 1] -> [BH, T]
+        return heads(x)[..., 0].reshape(bh, nc * n)[:, :t].contiguous()
+
+    def end_row(x: torch.Tensor) -> torch.Tensor:  # [BH, N, n, n] -> [BH, N, BT], row m - 1
+        row = x[:, chunk, ends_at].clone()
+        row[:, -1, m:] = 0.0
+        return torch.nn.functional.pad(row, (0, bt - n))
+
+    mix = heads(unrolled.mix[:, :, :, 0])  # [BH, N, n, n]
+    coeff = torch.nn.functional.pad(mix, (0, bt - n, 0, bt - n))
+    coeff[:, -1, m:] = 0.0
+    coeff[:, -1, :, m:] = 0.0
+    last = -end_row(mix)
+    d = heads(unrolled.d)[..., 0]  # [BH, N, n]
+    ends = torch.zeros(bh, nc, 4, dtype=seq.v.dtype, device=seq.v.device)
+    ends[..., 0] = d[:, chunk, ends_at]
+    if unrolled.carry is None:
+        last_s = torch.zeros_like(last)
+        car = torch.zeros(bh, t, dtype=seq.v.dtype, device=seq.v.device)
+    else:
+        last_s = end_row(heads(unrolled.state_mix[:, :, :, 0]))
+        car = per_token(unrolled.carry)
+        ends[..., 1] = heads(unrolled.carry)[..., 0][:, chunk, ends_at]
+        ends[..., 2] = heads(unrolled.state_carry)[..., 0][:, chunk, ends_at]
+    return per_token(unrolled.d), car, coeff.contiguous(), last, last_s, ends
 
 
 def _launch(module, rt, seq: Tokens, weights, chunk_size, precision, operands, store_starts):
