@@ -13,9 +13,10 @@ taken at the chunk-start weights (times D_t for grad_at: retained):
                     B' = a B - c SB + (last * e2)^T a1,  SB' = theta SB + (last_s * e2)^T a1
 
 D, C, coeff, last, last_s and the chunk end's (a, c, theta) come from the step gates alone and
-are computed in torch (`dual._mixings`), zero-padded to [BT] rows. No slots: the module that
-holds this template defines `activation`, `activation_grad` and `bias_grad` (printed from the
-spec) and the constants `RETAINED` and `MOMENTUM` (`miras.compiler.triton_dual`).
+are computed in torch (`dual.unrolled_chunks`, the unrolling `dual._mixings` cuts), zero-padded
+to [BT] rows. No slots: the module that holds this template defines `activation`,
+`activation_grad` and `bias_grad` (printed from the spec) and the constants `RETAINED` and
+`MOMENTUM` (`miras.compiler.triton_dual`).
 
 The state does not fit on chip (Titans at d 64: A and B are 128 KiB in float32, twice that with
 momentum), so it lives in float32 global memory, one private copy per (batch, head), updated in

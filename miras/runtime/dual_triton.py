@@ -4,10 +4,10 @@ backward recomputed through the torch dual form.
 
     o, final = forward(program, seq, state, chunk_size, precision, operand_dtype)
 
-The kernel computes what `miras.runtime.dual.forward` computes (tests/kernels/test_triton_dual.py):
-the mixing matrices of every chunk (`dual._mixings`, from the step gates alone) are built in torch
-and handed to it zero-padded; it walks the chunks, one program per (batch, head), with the
-network's weights in float32 global memory.
+The kernel computes what `miras.runtime.dual.forward` computes
+(tests/kernels/test_triton_dual.py): the mixing matrices of every chunk (`dual.unrolled_chunks`,
+from the step gates alone) are built in torch and handed to it zero-padded; it walks the chunks,
+one program per (batch, head), with the network's weights in float32 global memory.
 
 The backward is not a kernel yet: `DualKernel.backward` runs `dual.forward` again under
 autograd from the saved inputs and initial state and differentiates it, so every gradient is
