@@ -224,3 +224,20 @@ def test_titans_source_holds_the_dual_kernel():
     source = kernel_source("specs/titans.yaml")
     assert "def dual_forward(" in source and "def activation(" in source
     assert "MOMENTUM = tl.constexpr(True)" in source
+
+
+def test_the_compile_checks_record_the_dual_launch(monkeypatch):
+    """`gpu_compile.jobs` records the launch a GPU call makes, on meta tensors: one program per
+    (batch, head), q and k in the inputs' half dtype, the chunk starts stored (the variant a
+    backward kernel would read)."""
+    from miras import gpu_compile
+
+    monkeypatch.delenv(triton_backend.CHECK_ENV)  # meta tensors hold no values to check
+
+    (job,) = gpu_compile.jobs("specs/titans.yaml", d=64, shape=(2, 100, 3), dtype="bf16")
+    meta = dict(job.constexprs)
+    assert (job.form, job.kernel, job.grid) == ("dual", "dual_forward", (6,))
+    assert meta["STORE_STARTS"] is True and meta["HB"] == dual_triton.HIDDEN_BLOCK
+    assert meta["BT"] == 16 and meta["DOT_PRECISION"] == "tf32"
+    assert job.args[:3] == (("tensor", "bfloat16"), ("tensor", "bfloat16"), ("tensor", "float32"))
+    assert (job.num_warps, job.num_stages) == (dual_triton.NUM_WARPS, dual_triton.NUM_STAGES)
