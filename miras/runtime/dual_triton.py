@@ -223,18 +223,29 @@ class DualKernel(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         info: Info = ctx.info
-        leaves = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]
+        needs = ctx.needs_input_grad[1:]  # per tensor (not `info`)
+        leaves = [
+            x.detach().requires_grad_(n) for x, n in zip(ctx.saved_tensors, needs, strict=True)
+        ]
         with torch.enable_grad():
             seq, state = _rebuild(info, leaves)
             o, final = dual.forward(info.rt, seq, state, info.chunk_size)
             outputs = [o, *(final[k] for k in info.keys)]
         wanted = [x for x in leaves if x.requires_grad]
-        pairs = [(y, g) for y, g in zip(outputs, grads, strict=True) if g is not None]
-        found = torch.autograd.grad(
-            [y for y, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True
+        # Outputs that reach a wanted input (the final state does not depend on q) and were
+        # given a gradient.
+        pairs = [
+            (y, g) for y, g in zip(outputs, grads, strict=True) if g is not None and y.requires_grad
+        ]
+        found = (
+            torch.autograd.grad(
+                [y for y, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True
+            )
+            if pairs
+            else [None] * len(wanted)
         )
         found = iter(found)
-        return (None, *(next(found) if x.requires_grad else None for x in leaves))
+        return (None, *(next(found) if n else None for n in needs))
 
 
 def forward(

@@ -241,3 +241,20 @@ def test_the_compile_checks_record_the_dual_launch(monkeypatch):
     assert meta["BT"] == 16 and meta["DOT_PRECISION"] == "tf32"
     assert job.args[:3] == (("tensor", "bfloat16"), ("tensor", "bfloat16"), ("tensor", "float32"))
     assert (job.num_warps, job.num_stages) == (dual_triton.NUM_WARPS, dual_triton.NUM_STAGES)
+
+
+def test_a_gradient_of_q_alone_is_the_torch_dual_forms():
+    """Only q asks for a gradient: the final state does not reach it, and the recompute's
+    backward takes the outputs that do."""
+    fields, t, chunk = CASES["gd_retained_gelu"]
+    rule = miras.compile({"name": "q-only", **fields})
+    q, k, v, gates, init = _inputs(rule, t, seed=9)
+    grads = {}
+    for backend in ("chunk", "triton"):
+        q_ = q.clone().requires_grad_(True)
+        o, _ = rule(
+            q_, k, v, gates, backend=backend, chunk_size=chunk, initial_state=init,
+            output_final_state=True,
+        )  # fmt: skip
+        (grads[backend],) = torch.autograd.grad(o.square().sum(), q_)
+    _compare({"dq": grads["triton"]}, {"dq": grads["chunk"]})
