@@ -514,9 +514,11 @@ def check_end_to_end(
     expected_state = {n: x for n, x in reference.final.items() if not n.startswith("window.")}
     steps = None  # the runtime's step replayed piece by piece, once, where a backend fails
     for backend, chunk_size in _backends(rule, triton):
-        # Triton runs in the interpreter on a CPU: one head only. Its specs have a matrix
-        # memory, whose default state is the same in every head, so head 0 is head 0's oracle.
-        heads = slice(0, 1) if backend == "triton" else slice(None)
+        # Triton runs in the interpreter on a CPU: one head only for a matrix memory, whose
+        # default state is the same in every head, so head 0 is head 0's oracle. An MLP's
+        # default state is drawn per head (H heads draw differently from one): all heads.
+        one_head = backend == "triton" and memory.linear
+        heads = slice(0, 1) if one_head else slice(None)
         inputs = [x[:, :, heads] for x in (q, k, v)]
         o, final = rule(
             *inputs,

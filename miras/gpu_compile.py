@@ -381,6 +381,32 @@ def _run_chunk_kernels(launch, dtype: str) -> None:
     _backward(triton_backend.ChunkKernels.apply(launch, q, k, v, valid, w0, s0, *gates))
 
 
+def _run_dual(module, spec, d: int, chunk_size: int, shape, precision: str, dtype: str) -> None:
+    """`dual_triton.run_kernel` at Dk = Dv = d on meta tensors, as a GPU launch hands them for
+    inputs of `dtype`: q and k in it (the products' operands), everything else float32; the
+    chunk starts stored (the variant a backward kernel would read)."""
+    from miras.runtime import dual_triton
+    from miras.runtime.triton_launch import pow2
+
+    batch, length, heads = shape
+    bh, n = batch * heads, min(chunk_size, length)
+    chunks, bt = -(-length // n), pow2(n)
+    operand = _TORCH_DTYPES[dtype] if _torch_dtype(dtype) in dual_triton.HALF else "float32"
+    a_shape, b_shape = spec.memory.parameter_shapes(d, d).values()  # input layer first
+    momentum = bool(module.MOMENTUM.value)
+    state = [_meta(bh, *a_shape), _meta(bh, *b_shape)]
+    state += [_meta(bh, *a_shape), _meta(bh, *b_shape)] if momentum else []
+    mixing = (
+        _meta(bh, length), _meta(bh, length), _meta(bh, chunks, bt, bt), _meta(bh, chunks, bt),
+        _meta(bh, chunks, bt), _meta(bh, chunks, 4),
+    )  # fmt: skip
+    q, k = _meta(bh, length, d, dtype=operand), _meta(bh, length, d, dtype=operand)
+    v, gamma = _meta(bh, length, d), _meta(bh, length)
+    dual_triton.run_kernel(
+        module, q, k, v, gamma, mixing, state, chunk_size, precision, store_starts=True
+    )
+
+
 def _run_scan(batch, heads, chunks, rows, d, momentum, per_channel, precision, dtype) -> None:
     """`exact_triton.scan` forward and backward at these sizes, every gate per head: the
     prepared tensors in float32 (the state's dtype, as `exact_chunk.prepare` gives them) and
@@ -456,6 +482,9 @@ def jobs(
         chunk_size = default_chunk(spec)
     module = load_kernels(compiled)
     batch, length, heads = shape
+    if not spec.memory.linear:  # a deep memory: the dual form's kernel alone
+        run = lambda: _run_dual(module, spec, d, chunk_size, shape, precision, dtype)  # noqa: E731
+        return _recorded(run, "dual", "", dtype)
     plan = gate_plan(spec)
     out: list[Job] = []
     choices = {False: "general"}

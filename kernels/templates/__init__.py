@@ -13,6 +13,9 @@ inside a line is text. The spec's math reaches the kernels only through the prin
   backward (the backward recomputes each chunk from its stored start state).
 - `exact`: the scan over chunk states of the exact chunk form, forward and backward; no slots
   (the spec reaches it only through tensors prepared in torch), imported as it stands.
+- `dual`: the dual form's forward for a two-layer MLP memory; no slots (the spec reaches it
+  through its printed `activation`, `activation_grad` and `bias_grad`, and tensors prepared in
+  torch); `miras.compiler.triton_dual` emits it.
 
 docs/kernels.md derives both.
 """

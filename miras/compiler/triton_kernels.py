@@ -12,8 +12,9 @@ module of a covered rule, and the provider that hands it to the runtime.
 Covered: matrix memory, every bias and retention the printer can emit, every optimizer whose
 update the compiler proves linear in the gradient and its state (gd, momentum, Nesterov; the
 proximal step, as gd with its step size computed in torch), any window and feature map
-(applied in torch before the kernels). Not covered, with the reason named: mlp and gated-mlp
-memories, Muon, the exact minimizer, the preconditioned optimizer (a step size per key
+(applied in torch before the kernels); and an MLP memory of depth 2 in the dual form, window 1
+(`miras.compiler.triton_dual`: its forward kernel; the backward recomputes in torch). Not covered,
+with the reason named: other deep memories (gated-mlp, other depths, the residual form), Muon, the exact minimizer, the preconditioned optimizer (a step size per key
 channel), a Bregman retention solved by Newton steps, gate names
 the kernels reserve, and any expression the printer cannot emit. The printing itself is
 `miras.compiler.triton.emit_source`; this module says what to print. The runtime never
@@ -70,7 +71,11 @@ def reads_channel_statistics(loss) -> bool:
 def unsupported_reason(spec: Spec) -> str | None:
     """Why the Triton kernels do not cover `spec`, or None when they do."""
     if not spec.memory.linear:
-        return f"{spec.memory.kind} memory (the kernels cover matrix memory only)"
+        if not spec.memory.has_gradient_factors():
+            return f"{spec.memory.kind} memory (the kernels cover matrix and mlp memory only)"
+        from miras.compiler.triton_dual import dual_refusal
+
+        return dual_refusal(spec)
     if spec.optimizer.solves_exactly:
         kind = spec.optimizer.kind
         return f"the {kind} optimizer (the kernels take gradient steps; its solve is in torch)"
@@ -110,6 +115,10 @@ def emit_kernels(compiled: CompiledRule[Spec]) -> tuple[str | None, str | None]:
     if reason is not None:
         return None, reason
     try:
+        if not spec.memory.linear:  # the dual form's kernel (MLP memories)
+            from miras.compiler.triton_dual import emit_dual_source
+
+            return emit_dual_source(spec, compiled.bias), None
         source = emit_source(
             spec, compiled.bias, compiled.retention, gate_plan(spec), linear_applies(compiled)
         )

@@ -79,20 +79,8 @@ def _mixings(rt: Runtime, seq: Tokens, chunk_size: int) -> list[Mixing]:
     """Every chunk's `Mixing` at once (they do not read the state), cut with `unbind` so the
     backward joins the chunks in one stack. The last chunk is padded with factors 1, which
     come after every token they could touch, and cut back."""
-    spec, length = rt.spec, seq.length
-    n = min(chunk_size, length)
-    chunks = -(-length // n)
-    pad = chunks * n - length
-
-    def steps(field: str, name: str) -> torch.Tensor:
-        """A step gate [B, H, T, 1] -> [B, H, N, n, 1]."""
-        component = getattr(spec, field)
-        g = gate_values(component, name, seq.step_gates, slice(0, length), seq.phi_q)
-        return F.pad(g, (0, 0, 0, pad), value=1.0).unflatten(2, (chunks, n))
-
-    like = F.pad(seq.phi_q[..., :1], (0, 0, 0, pad)).unflatten(2, (chunks, n))
-    # The compiled LinearStep unrolled: matrices [B, H, N, 1, n, n] (per-head gates) -> [.., n, n].
-    unrolled = unroll(rt.linear_step, steps, like)
+    unrolled, n, chunks = unrolled_chunks(rt, seq, chunk_size)
+    length = seq.length
     fields = {"d": unrolled.d, "coeff": unrolled.mix[:, :, :, 0]}
     if unrolled.carry is not None:
         fields["carry"] = unrolled.carry
@@ -108,6 +96,26 @@ def _mixings(rt: Runtime, seq: Tokens, chunk_size: int) -> list[Mixing]:
             cut["to_momentum"] = cut["to_momentum"][:, :, m - 1, :m]
         out.append(Mixing(**cut))
     return out
+
+
+def unrolled_chunks(rt: Runtime, seq: Tokens, chunk_size: int):
+    """(the compiled LinearStep unrolled over every chunk at once, the chunk length n, the
+    number of chunks): fields [B, H, N, n, .] (`miras.runtime.unroll.Unrolled`; matrices
+    [B, H, N, 1, n, n] for per-head gates), the last chunk padded with factors 1."""
+    spec, length = rt.spec, seq.length
+    n = min(chunk_size, length)
+    chunks = -(-length // n)
+    pad = chunks * n - length
+
+    def steps(field: str, name: str) -> torch.Tensor:
+        """A step gate [B, H, T, 1] -> [B, H, N, n, 1]."""
+        component = getattr(spec, field)
+        g = gate_values(component, name, seq.step_gates, slice(0, length), seq.phi_q)
+        return F.pad(g, (0, 0, 0, pad), value=1.0).unflatten(2, (chunks, n))
+
+    like = F.pad(seq.phi_q[..., :1], (0, 0, 0, pad)).unflatten(2, (chunks, n))
+    # The compiled LinearStep unrolled: matrices [B, H, N, 1, n, n] (per-head gates).
+    return unroll(rt.linear_step, steps, like), n, chunks
 
 
 def chunk_step(

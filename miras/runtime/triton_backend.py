@@ -408,6 +408,10 @@ def forward(
     state's). The kernels come from `program.kernels`, emitted and
     loaded on its first use."""
     spec = program.spec
+    if not spec.memory.linear:  # a deep memory: the dual form's kernel (dual_triton.py)
+        from miras.runtime import dual_triton
+
+        return dual_triton.forward(program, seq, state, chunk_size, precision, operand_dtype)
     check_available(seq.phi_q)
     module = program.kernels.module()
     plan = program.kernels.gate_plan()

@@ -85,6 +85,6 @@ def test_kernel_prints_writes_and_refuses(tmp_path):
     target = tmp_path / "k" / "retnet.py"
     written = invoke("kernel", ROOT / "specs/retnet.yaml", "-o", target)
     assert written.exit_code == 0 and target.read_text().startswith("# Triton chunk kernels")
-    refused = invoke("kernel", ROOT / "specs/titans.yaml")
+    refused = invoke("kernel", ROOT / "specs/moneta.yaml")  # residual_norm: not covered
     assert refused.exit_code == 1 and "mlp memory" in refused.stderr
     assert "backend='chunk'" in refused.stderr and "Traceback" not in refused.output

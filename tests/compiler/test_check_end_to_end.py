@@ -114,7 +114,7 @@ def test_triton_is_left_out_with_its_reason_where_it_cannot_run(monkeypatch):
     assert result.exit_code == 0, result.output
     assert "end-to-end triton: not run (no CUDA device here" in result.output
     assert "the Triton backend does not cover" in triton_reason(
-        miras.compile(ROOT / "specs/titans.yaml", checked=False)
+        miras.compile(ROOT / "specs/moneta.yaml", checked=False)
     )
 
 

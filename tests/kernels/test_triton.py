@@ -356,7 +356,7 @@ def test_wide_keys_run_the_linear_state_kernels_key_tiles(dk, monkeypatch):
 @pytest.mark.parametrize(
     ("fields", "reason"),
     [
-        (dict(memory={"kind": "mlp", "depth": 2, "expansion": 1}), "mlp memory"),
+        (dict(memory={"kind": "mlp", "depth": 3, "expansion": 1}), "memory.depth"),
         (dict(memory={"kind": "gated_mlp", "expansion": 1}), "gated_mlp memory"),
         (dict(optimizer="muon"), "muon"),
         (dict(retention={"kind": "bregman", "solver": "newton"}), "Newton"),

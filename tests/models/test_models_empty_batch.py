@@ -26,7 +26,7 @@ RUNS = [("recurrent", "auto"), ("chunk", "auto"), ("chunk", "start"), ("triton",
 T, D, HEADS, VOCAB = 5, 16, 2, 11
 # The triton layers' B = 1 references run in Triton's interpreter (1 to 6 s each on 2 cores):
 # the fast suite keeps the linear and exact-scan kernels (gated_deltanet), the general ones
-# (logcosh_deltanet) and a refusal (titans); the rest are slow.
+# (logcosh_deltanet) and the dual form's (titans); the rest are slow.
 FAST_TRITON = {"gated_deltanet", "logcosh_deltanet", "titans"}
 VARIANTS = [
     ("gated_deltanet", {"variant": "lmm"}),

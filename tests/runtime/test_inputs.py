@@ -123,7 +123,7 @@ BAD = [
     ("chunk_size_True", "gdn", set_arg("chunk_size", lambda a: True), ["chunk_size", "True"]),
     ("chunk_size_str", "gdn", set_arg("chunk_size", lambda a: "64"), ["chunk_size"]),
     ("backend_unknown", "gdn", set_arg("backend", lambda a: "cuda"), ["backend", "recurrent", "chunk", "'cuda'"]),
-    ("backend_triton_mlp", "mlp", set_arg("backend", lambda a: "triton"), ["backend", "triton", "matrix memory only", "'chunk'", "'recurrent'"]),
+    ("backend_triton_mlp_resnorm", "mlp_resnorm", set_arg("backend", lambda a: "triton"), ["backend", "triton", "memory.residual_norm", "mlp of depth 2", "'chunk'", "'recurrent'"]),
     ("mlp_per_channel_lr", "mlp", set_gate("lr", lambda a: gate_like(a, 0.5, (DV,))), ["gates['lr']", "per-channel", "per head"]),
     ("mlp_residual_norm_dv_ne_dk", "mlp_resnorm", set_arg("v", lambda a: torch.randn(B, T, H, DV)), ["v", "Dv"]),
     ("state_wrong_shape", "gdn", state_of("gdn", lambda s: s.transpose(-1, -2)), ["initial_state", "[2, 3, 6, 4]"]),

@@ -1,0 +1,288 @@
+"""The dual form of a two-layer MLP memory on the Triton backend: the forward in one kernel
+(`dual_forward`, emitted by `miras.compiler.triton_dual` from `kernels/templates/dual.py`), the
+backward recomputed through the torch dual form.
+
+    o, final = forward(program, seq, state, chunk_size, precision, operand_dtype)
+
+The kernel computes what `miras.runtime.dual.forward` computes
+(tests/kernels/test_triton_dual.py): the mixing matrices of every chunk (`dual.unrolled_chunks`,
+from the step gates alone) are built in torch and handed to it zero-padded; it walks the chunks,
+one program per (batch, head), with the network's weights in float32 global memory.
+
+The backward is not a kernel yet: `DualKernel.backward` runs `dual.forward` again under
+autograd from the saved inputs and initial state and differentiates it, so every gradient is
+exactly the torch dual form's (and costs its time and memory, plus the kernel's forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+
+from miras.runtime import dual
+from miras.runtime.core import State, Tokens
+from miras.runtime.inputs import DEFAULT_TRITON_PRECISION
+from miras.runtime.triton_launch import (
+    accumulator,
+    check_available,
+    check_written,
+    dot_precision,
+    poisoned,
+    pow2,
+    runs_on_cpu,
+)
+
+if TYPE_CHECKING:
+    from miras.runtime.program import Program
+
+# The kernel streams the hidden width in blocks of at most this many units: [HB, Dk] tiles of
+# the input layer, [Dv, HB] of the output layer. Tests lower it to exercise several blocks.
+# Compiled for titans (chunk 16, bf16 inputs; docs/kernels.md, "Deep memories on the GPU"),
+# 32 units, 8 warps and 2 stages spill 0 B at d 64 on sm_90 and 20 B at d 128; 64 units with
+# 4 warps and 3 stages spilled 444 B and 3080 B and needed 283 KB of shared memory at d 128,
+# over an H100's 227 KB. No GPU has timed either.
+HIDDEN_BLOCK = 32
+NUM_WARPS = 8
+NUM_STAGES = 2
+HALF = (torch.bfloat16, torch.float16)  # input dtypes the kernel takes as products' operands
+
+
+def _per_token(x: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
+    """A per-head scalar per token ([B, H, T, 1] or a float) -> [B * H, T] in like's dtype."""
+    b, h, t = like.shape[:3]
+    full = torch.as_tensor(x, dtype=like.dtype, device=like.device).expand(b, h, t, 1)
+    return full.reshape(b * h, t).contiguous()
+
+
+def mixing_inputs(rt, seq: Tokens, chunk_size: int):
+    """The kernel's step-gate inputs, every chunk at once from `dual.unrolled_chunks` (no
+    gradient): dec D_t and car C_t [BH, T]; coeff [BH, NC, BT, BT] (K[t, s] lr_s); last,
+    last_s [BH, NC, BT] (-K[m-1, s] lr_s and L^theta[m-1, s] lr_s at each chunk's last token
+    m - 1); ends [BH, NC, 4] = (D, C, Theta at that token, 0). Rows and columns past a chunk's
+    tokens are zero. The last chunk, padded with factors 1 by the unrolling, ends at its last
+    real token: with momentum the padding's steps would still move W."""
+    b, h, t = seq.phi_q.shape[:3]
+    bh = b * h
+    with torch.no_grad():
+        unrolled, n, nc = dual.unrolled_chunks(rt, seq, chunk_size)
+    bt = pow2(n)
+    m = t - (nc - 1) * n  # the last chunk's tokens
+    ends_at = torch.full((nc,), n - 1, device=seq.v.device)
+    ends_at[-1] = m - 1
+    chunk = torch.arange(nc, device=seq.v.device)
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        """[B or 1, H or 1, N, ...] -> [BH, N, ...] in the state's dtype."""
+        return x.expand(b, h, *x.shape[2:]).reshape(bh, *x.shape[2:]).to(seq.v.dtype)
+
+    def per_token(x: torch.Tensor) -> torch.Tensor:  # [B, H, N, n, 1] -> [BH, T]
+        return heads(x)[..., 0].reshape(bh, nc * n)[:, :t].contiguous()
+
+    def end_row(x: torch.Tensor) -> torch.Tensor:  # [BH, N, n, n] -> [BH, N, BT], row m - 1
+        row = x[:, chunk, ends_at].clone()
+        row[:, -1, m:] = 0.0
+        return torch.nn.functional.pad(row, (0, bt - n))
+
+    mix = heads(unrolled.mix[:, :, :, 0])  # [BH, N, n, n]
+    coeff = torch.nn.functional.pad(mix, (0, bt - n, 0, bt - n))
+    coeff[:, -1, m:] = 0.0
+    coeff[:, -1, :, m:] = 0.0
+    last = -end_row(mix)
+    d = heads(unrolled.d)[..., 0]  # [BH, N, n]
+    ends = torch.zeros(bh, nc, 4, dtype=seq.v.dtype, device=seq.v.device)
+    ends[..., 0] = d[:, chunk, ends_at]
+    if unrolled.carry is None:
+        last_s = torch.zeros_like(last)
+        car = torch.zeros(bh, t, dtype=seq.v.dtype, device=seq.v.device)
+    else:
+        last_s = end_row(heads(unrolled.state_mix[:, :, :, 0]))
+        car = per_token(unrolled.carry)
+        ends[..., 1] = heads(unrolled.carry)[..., 0][:, chunk, ends_at]
+        ends[..., 2] = heads(unrolled.state_carry)[..., 0][:, chunk, ends_at]
+    return per_token(unrolled.d), car, coeff.contiguous(), last, last_s, ends
+
+
+def _launch(module, rt, seq: Tokens, weights, chunk_size, precision, operands, store_starts):
+    """The kernel's outputs: o [BH, T, Dv], the final weights (A, B[, SA, SB]) [BH, ...], and
+    the chunk-start states when `store_starts` (else None)."""
+    b, h, t, d_k = seq.phi_q.shape
+    bh = b * h
+    gamma = rt.scalar(rt.spec.window, rt.spec.window.weight_gate, seq.window_gates, slice(0, t))
+    momentum = bool(module.MOMENTUM.value)
+    # The state, updated in place: fresh copies (the kernel's outputs), [BH, out, in].
+    state = [w.detach().reshape(bh, *w.shape[2:]).clone() for w in weights[: 4 if momentum else 2]]
+    return run_kernel(
+        module,
+        seq.phi_q.reshape(bh, t, d_k).contiguous().to(operands),
+        seq.phi_k.reshape(bh, t, d_k).contiguous().to(operands),
+        seq.v.reshape(bh, t, seq.v.shape[-1]).contiguous(),
+        _per_token(gamma, seq.v),
+        mixing_inputs(rt, seq, chunk_size),
+        state,
+        chunk_size,
+        precision,
+        store_starts,
+    )
+
+
+def run_kernel(module, q, k, v, gamma, mixing, state, chunk_size, precision, store_starts):
+    """One launch of `dual_forward` on prepared tensors: q, k [BH, T, Dk] (the operand dtype),
+    v [BH, T, Dv] and gamma [BH, T] (the state's dtype), `mixing` as `mixing_inputs` gives it,
+    `state` the [BH, ...] weights A, B (and SA, SB with momentum) that the kernel updates in
+    place to the final state. Returns (o [BH, T, Dv], state, the chunk starts or None).
+    `miras.gpu_compile` calls it on meta tensors to record the launch."""
+    bh, t, d_k = q.shape
+    d_v = v.shape[-1]
+    wa, wb = state[:2]
+    d_h = wa.shape[-2]
+    dec, car, coeff, last, last_s, ends = mixing
+    nc, bt = coeff.shape[1], coeff.shape[2]
+    momentum = bool(module.MOMENTUM.value)
+    sa, sb = state[2:] if momentum else (wa[:1, :1], wb[:1, :1])  # never read without momentum
+    if store_starts:
+        starts = [poisoned(bh, nc, d_h, d_k, like=v), poisoned(bh, nc, d_v, d_h, like=v)]
+        starts += (
+            [poisoned(bh, nc, d_h, d_k, like=v), poisoned(bh, nc, d_v, d_h, like=v)]
+            if momentum
+            else [v.new_zeros(1), v.new_zeros(1)]
+        )
+    else:
+        starts = [v.new_zeros(1)] * 4
+    scratch = torch.empty(bh, 3, bt, d_h, dtype=v.dtype, device=v.device)  # z1, a1, e1
+    o = poisoned(bh, t, d_v, like=v)
+    acc = accumulator(v)
+    meta = dict(
+        BT=bt,
+        BK=pow2(d_k),
+        BV=pow2(d_v),
+        HB=min(HIDDEN_BLOCK, pow2(d_h)),
+        ACC=acc,
+        DOT_PRECISION=dot_precision(precision, acc),
+        STORE_STARTS=store_starts,
+    )
+    if bh > 0:
+        module.dual_forward[(bh,)](
+            q, k, v, gamma, dec, car, coeff, last, last_s, ends, wa, wb, sa, sb, *starts,
+            scratch, o, t, min(chunk_size, t), nc, d_k, d_h, d_v, **meta,
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        )  # fmt: skip
+    written = {"o": o}
+    if store_starts:
+        written |= {"the chunk starts A": starts[0], "the chunk starts B": starts[1]}
+    check_written(written)
+    return o, state, (starts if store_starts else None)
+
+
+@dataclass(frozen=True)
+class Info:
+    """What a `DualKernel` call needs besides its tensors."""
+
+    module: ModuleType
+    rt: object  # miras.runtime.core.Runtime
+    chunk_size: int
+    precision: str
+    operands: torch.dtype  # q's and k's dtype as the kernel's products' operands
+    step_names: tuple[str, ...]
+    window_names: tuple[str, ...]
+    keys: tuple[str, ...]  # the state's entries: A, B (and S.A, S.B with momentum)
+    past: int
+
+
+def _rebuild(info: Info, tensors) -> tuple[Tokens, State]:
+    """The call's `Tokens` and state from the Function's flat tensors."""
+    q, k, v, valid, *rest = tensors
+    n_step, n_window = len(info.step_names), len(info.window_names)
+    step = dict(zip(info.step_names, rest[:n_step], strict=True))
+    window = dict(zip(info.window_names, rest[n_step : n_step + n_window], strict=True))
+    state = dict(zip(info.keys, rest[n_step + n_window :], strict=True))
+    return Tokens(q, k, v, valid, step, window, info.past), state
+
+
+class DualKernel(torch.autograd.Function):
+    """(q, k, v, valid, *step gates, *window gates, *initial state) -> (o, *final state), in
+    the runtime's [B, H, ...] layout. The backward recomputes the torch dual form under autograd
+    (the module's docstring)."""
+
+    @staticmethod
+    def forward(ctx, info: Info, *tensors):
+        seq, state = _rebuild(info, tensors)
+        weights = [state[k] for k in info.keys]
+        o, final, _ = _launch(
+            info.module, info.rt, seq, weights, info.chunk_size, info.precision, info.operands,
+            store_starts=False,
+        )  # fmt: skip
+        ctx.info = info
+        ctx.save_for_backward(*tensors)
+        b, h, t = seq.phi_q.shape[:3]
+        shaped = [w.reshape(state[k].shape) for w, k in zip(final, info.keys, strict=True)]
+        return (o.reshape(b, h, t, o.shape[-1]), *shaped)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        info: Info = ctx.info
+        needs = ctx.needs_input_grad[1:]  # per tensor (not `info`)
+        leaves = [
+            x.detach().requires_grad_(n) for x, n in zip(ctx.saved_tensors, needs, strict=True)
+        ]
+        with torch.enable_grad():
+            seq, state = _rebuild(info, leaves)
+            o, final = dual.forward(info.rt, seq, state, info.chunk_size)
+            outputs = [o, *(final[k] for k in info.keys)]
+        wanted = [x for x in leaves if x.requires_grad]
+        # Outputs that reach a wanted input (the final state does not depend on q) and were
+        # given a gradient.
+        pairs = [
+            (y, g) for y, g in zip(outputs, grads, strict=True) if g is not None and y.requires_grad
+        ]
+        found = (
+            torch.autograd.grad(
+                [y for y, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True
+            )
+            if pairs
+            else [None] * len(wanted)
+        )
+        found = iter(found)
+        return (None, *(next(found) if n else None for n in needs))
+
+
+def forward(
+    program: Program,
+    seq: Tokens,
+    state: State,
+    chunk_size: int,
+    precision: str = DEFAULT_TRITON_PRECISION,
+    operand_dtype: torch.dtype | None = None,
+):
+    """Returns o [B, H, T, Dv] and the final memory state, as `dual.forward` does."""
+    check_available(seq.phi_q)
+    rt = program.runtime
+    module = program.kernels.module()
+    names = tuple(rt.param_names)  # input side first: A [Dh, Dk], then B [Dv, Dh]
+    keys = names + (tuple(f"S.{n}" for n in names) if rt.has_momentum else ())
+    # On a GPU the products take bf16 or fp16 q and k as operands, as the matrix kernels do;
+    # Triton's interpreter multiplies half-precision tiles wrongly, so there they stay float32.
+    operands = seq.phi_q.dtype
+    if operand_dtype in HALF and operands == torch.float32 and not runs_on_cpu():
+        operands = operand_dtype
+    info = Info(
+        module=module,
+        rt=rt,
+        chunk_size=chunk_size,
+        precision=precision,
+        operands=operands,
+        step_names=tuple(seq.step_gates),
+        window_names=tuple(seq.window_gates),
+        keys=keys,
+        past=seq.past,
+    )
+    tensors = [
+        seq.phi_q, seq.phi_k, seq.v, seq.valid, *seq.step_gates.values(),
+        *seq.window_gates.values(), *(state[k] for k in keys),
+    ]  # fmt: skip
+    o, *final = DualKernel.apply(info, *tensors)
+    out = dict(state)
+    out.update(zip(keys, final, strict=True))
+    return o, out
