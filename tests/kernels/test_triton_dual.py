@@ -11,11 +11,11 @@ chunk shorter than the kernel's 16-row block.
 
 import pytest
 import torch
-from helpers import random_inputs
 
 import miras
 from miras.compiler.pipeline import kernel_source
 from miras.runtime import dual_triton, triton_backend
+from tests.helpers import random_inputs
 
 TOL = 1e-5  # relative RMS, float32 (as tests/kernels/test_triton.py)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
