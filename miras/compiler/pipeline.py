@@ -25,6 +25,7 @@ from dataclasses import replace
 from miras.compiler.affine import analyze
 from miras.compiler.bias_check import check_bias
 from miras.compiler.bias_derive import derive_bias
+from miras.compiler.dual_form import dual_reason
 from miras.compiler.emit import function_source, load_module, module_source
 from miras.compiler.linear_step import derive_linear_step
 from miras.compiler.minimizer import minimizer_form
@@ -93,24 +94,6 @@ def chunk_form(c: CompiledRule[Spec]) -> str:
         form = replace(form, form="dual", dual=dual)
     c.plan = replace(c.plan, chunk_form=form)
     return c.plan.chunk_form.text()
-
-
-def dual_reason(spec: Spec, step=None) -> str | None:
-    """Why the chunk-start form of `spec` runs in its dual form (`miras.runtime.dual`), or
-    None: a memory that writes its per-weight gradient factors (`Memory.has_gradient_factors`:
-    each token's gradient of a weight matrix is the outer product of the backpropagated error
-    and the layer's input), a linear step (`step`, the compiler's `LinearStep`: retention none
-    or l2 and a linear optimizer, so each token's weights are a masked sum of the gradients),
-    and a finite window (a global one would keep O(T^2) error vectors for the backward)."""
-    memory, retention, optimizer = spec.memory, spec.retention, spec.optimizer
-    if not memory.has_gradient_factors():
-        return None
-    if step is None or spec.window.is_global:
-        return None
-    return (
-        f"the {memory.kind} memory's gradient is a product of per-token factors, and retention "
-        f"{retention.kind} and optimizer {optimizer.kind} are linear in it"
-    )
 
 
 def _extra_functions(spec: Spec) -> list[str]:

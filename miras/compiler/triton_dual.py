@@ -9,7 +9,7 @@ gradient, the same function the matrix kernels print; the memory's activation an
 derived by sympy), then the template `miras.kernels.templates.dual.FORWARD` as it stands.
 
 Covered: an `mlp` memory of depth 2 without MIRAS's residual `x + LN(...)`, in the dual form
-(`miras.compiler.pipeline.dual_reason`: retention none or l2, a linear optimizer), window c = 1,
+(`miras.compiler.dual_form.dual_reason`: retention none or l2, a linear optimizer), window c = 1,
 a bias whose gradient the printer emits and that has no gates of its own. The backward is the
 torch dual form's, recomputed (`miras.runtime.dual_triton`).
 """
@@ -41,8 +41,8 @@ from miras.kernels.common.math import (
 def dual_refusal(spec: Spec) -> str | None:
     """Why the dual kernel does not cover `spec` (a memory that is not a matrix), naming the
     field and what is covered; None when it does."""
+    from miras.compiler.dual_form import dual_reason
     from miras.compiler.linear_step import linear_update
-    from miras.compiler.pipeline import dual_reason
 
     memory = spec.memory
     covered = f"the Triton kernels cover matrix memory, and {COVERED}"

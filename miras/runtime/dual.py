@@ -3,7 +3,7 @@ that writes `network` and `gradient_factors`): no per-token weights (the dual fo
 Sun et al. 2024, "Learning to (Learn at Test Time)").
 
 It applies where the compiler's chunk_form pass recorded `form == "dual"`
-(`miras.compiler.pipeline.dual_reason`): a memory written as a network of weight matrices
+(`miras.compiler.dual_form.dual_reason`): a memory written as a network of weight matrices
 (`Memory.has_gradient_factors`: the MLP, with or without MIRAS's `x + LN(...)`, and the gated
 MLP), a linear step (the compiled `LinearStep`: retention none or l2 with gd, proximal,
 momentum or Nesterov), any bias, any finite window.
