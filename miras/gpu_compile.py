@@ -386,12 +386,12 @@ def _run_dual(module, spec, d: int, chunk_size: int, shape, precision: str, dtyp
     inputs of `dtype`: q and k in it (the products' operands), everything else float32; the
     chunk starts stored (the variant a backward kernel would read)."""
     from miras.runtime import dual_triton
-    from miras.runtime.triton_launch import pow2
+    from miras.runtime.triton_launch import HALF, pow2
 
     batch, length, heads = shape
     bh, n = batch * heads, min(chunk_size, length)
     chunks, bt = -(-length // n), pow2(n)
-    operand = _TORCH_DTYPES[dtype] if _torch_dtype(dtype) in dual_triton.HALF else "float32"
+    operand = _TORCH_DTYPES[dtype] if _torch_dtype(dtype) in HALF else "float32"
     a_shape, b_shape = spec.memory.parameter_shapes(d, d).values()  # input layer first
     momentum = bool(module.MOMENTUM.value)
     state = [_meta(bh, *a_shape), _meta(bh, *b_shape)]

@@ -30,9 +30,9 @@ from miras.runtime.triton_launch import (
     check_available,
     check_written,
     dot_precision,
+    operands_dtype,
     poisoned,
     pow2,
-    runs_on_cpu,
 )
 
 if TYPE_CHECKING:
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 HIDDEN_BLOCK = 32
 NUM_WARPS = 8
 NUM_STAGES = 2
-HALF = (torch.bfloat16, torch.float16)  # input dtypes the kernel takes as products' operands
 
 
 def _per_token(x: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
@@ -262,11 +261,8 @@ def forward(
     module = program.kernels.module()
     names = tuple(rt.param_names)  # input side first: A [Dh, Dk], then B [Dv, Dh]
     keys = names + (tuple(f"S.{n}" for n in names) if rt.has_momentum else ())
-    # On a GPU the products take bf16 or fp16 q and k as operands, as the matrix kernels do;
-    # Triton's interpreter multiplies half-precision tiles wrongly, so there they stay float32.
-    operands = seq.phi_q.dtype
-    if operand_dtype in HALF and operands == torch.float32 and not runs_on_cpu():
-        operands = operand_dtype
+    # On a GPU the products take bf16 or fp16 q and k as operands, as the matrix kernels do.
+    operands = operands_dtype(seq.phi_q.dtype, operand_dtype)
     info = Info(
         module=module,
         rt=rt,

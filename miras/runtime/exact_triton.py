@@ -22,6 +22,7 @@ from miras.ir import ChunkForm
 from miras.runtime import exact_chunk
 from miras.runtime.core import Runtime, State, Tokens
 from miras.runtime.triton_launch import (
+    HALF,
     accumulator,
     check_available,
     check_written,
@@ -40,8 +41,6 @@ GATES = ("lw", "ls", "d", "ce", "te")
 # channels wide up to Dphi = 256 and wider past it.
 KEY_TILES = 4
 KEY_TILE = 64
-
-HALF = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,13 @@ from miras.runtime.inputs import DEFAULT_TRITON_PRECISION
 from miras.runtime.triton_launch import (
     CHECK_ENV,
     CONFIG_ENV,
+    HALF,
     accumulator,
     check_available,
     check_written,
     dot_precision,
     launcher,
+    operands_dtype,
     poisoned,
     pow2,
     runs_on_cpu,
@@ -52,7 +54,6 @@ TF32_LINEAR_BLOCK_V = 32
 # state kernel does; wider features run on the general kernels (which refuse them on a GPU).
 LINEAR_KEY_TILE = 64
 LINEAR_KEY_TILES = 4
-HALF = (torch.bfloat16, torch.float16)  # input dtypes the linear kernels take as operands
 
 # The general kernels split the value channels into blocks of GENERAL_BLOCK_V when the rows of
 # W evolve apart (`choose_kernels`), as the linear kernels do: a [32, Dphi] state tile per
@@ -463,10 +464,8 @@ def forward(
     # gradient and the error signals cast to it for each product; accumulated in float32,
     # every other buffer the state's float32). Triton's
     # interpreter multiplies half-precision tiles wrongly (as integers), so there, and on the
-    # general kernels, q and k stay float32.
-    operands = seq.phi_q.dtype
-    if linear and operand_dtype in HALF and operands == torch.float32 and not runs_on_cpu():
-        operands = operand_dtype
+    # general kernels, q and k stay float32 (`operands_dtype`).
+    operands = operands_dtype(seq.phi_q.dtype, operand_dtype) if linear else seq.phi_q.dtype
     o, w_out, s_out = ChunkKernels.apply(
         launch,
         flat(seq.phi_q, t).to(operands),
@@ -486,6 +485,7 @@ def forward(
 __all__ = [
     "CHECK_ENV",
     "CONFIG_ENV",
+    "HALF",
     "ChunkKernels",
     "Launch",
     "check_available",

@@ -99,6 +99,19 @@ def runs_on_cpu() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
+HALF = (torch.bfloat16, torch.float16)  # input dtypes the kernels take as products' operands
+
+
+def operands_dtype(inputs: torch.dtype, requested: torch.dtype | None) -> torch.dtype:
+    """The dtype q and k go to a kernel in: on a GPU the caller's half dtype `requested` (the
+    kernels multiply in the inputs' own dtype, as fla's do, accumulating in float32), where
+    the runtime's inputs are its float32 copy; else the inputs' own. Triton's interpreter
+    multiplies half-precision tiles wrongly (as integers), so on the CPU they stay float32."""
+    if requested in HALF and inputs == torch.float32 and not runs_on_cpu():
+        return requested
+    return inputs
+
+
 def _check_device(x: torch.Tensor) -> None:
     if x.device.type == "cpu" and not runs_on_cpu():
         raise ValueError(
