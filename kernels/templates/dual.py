@@ -27,6 +27,20 @@ phases. A program's loads of a tile it has stored are ordered by `tl.debug_barri
 
 FORWARD = '''
 @triton.jit
+def chunk_end_tile(w, s, ew, es, x, a_end, c_end, th_end, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One state tile at a chunk's end: W' = a W - c S + ew x and, with momentum,
+    S' = theta S + es x, where ew and es are the layer's errors scaled by the last token's
+    mixings (last, last_s), transposed, as operands, and x the layer's inputs [BT, *]. Both
+    layers' tiles take this step (A with e1 and X, B with e2 and a1)."""
+    new = a_end * w
+    if MOMENTUM:
+        new -= c_end * s
+        s = tl.dot(es, x, th_end * s, input_precision=DOT_PRECISION, out_dtype=ACC)
+    new = tl.dot(ew, x, new, input_precision=DOT_PRECISION, out_dtype=ACC)
+    return new, s
+
+
+@triton.jit
 def dual_forward(
     q, k, v, gamma, dec, car, coeff, last, last_s, ends,
     wa, wb, sa, sb, wa_chunks, wb_chunks, sa_chunks, sb_chunks, scratch, o,
@@ -164,14 +178,13 @@ def dual_forward(
             mh = hj < DH
             e1 = load_rows(e1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)  # [BT, HB]
             a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC)  # [HB, BK]
-            a_new = a_end * a_t
+            s_t = a_t  # read only with momentum
             if MOMENTUM:
                 s_t = load_rows(sa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC)
-                a_new -= c_end * s_t
-                s_t = tl.dot(tl.trans((ls[:, None] * e1).to(OP)), x, th_end * s_t,
-                             input_precision=DOT_PRECISION, out_dtype=ACC)
-            a_new = tl.dot(tl.trans((lw[:, None] * e1).to(OP)), x, a_new,
-                           input_precision=DOT_PRECISION, out_dtype=ACC)
+            a_new, s_t = chunk_end_tile(
+                a_t, s_t, tl.trans((lw[:, None] * e1).to(OP)), tl.trans((ls[:, None] * e1).to(OP)),
+                x, a_end, c_end, th_end, ACC, DOT_PRECISION,
+            )
             tl.debug_barrier()  # every thread has read tile j before any writes it
             store_rows(wa_p, hj, mh, ck, mk, DK, a_new)
             if MOMENTUM:
@@ -183,12 +196,10 @@ def dual_forward(
             mh = hj < DH
             a1 = load_rows(a1_p, rows, every, hj, mh, DH, 1, 0.0, OP)  # [BT, HB]
             b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, ACC)  # [BV, HB]
-            b_new = a_end * b_t
+            s_t = b_t  # read only with momentum
             if MOMENTUM:
                 s_t = load_rows(sb_p, cv, mv, hj, mh, DH, 1, 0.0, ACC)
-                b_new -= c_end * s_t
-                s_t = tl.dot(e2s, a1, th_end * s_t, input_precision=DOT_PRECISION, out_dtype=ACC)
-            b_new = tl.dot(e2w, a1, b_new, input_precision=DOT_PRECISION, out_dtype=ACC)
+            b_new, s_t = chunk_end_tile(b_t, s_t, e2w, e2s, a1, a_end, c_end, th_end, ACC, DOT_PRECISION)
             tl.debug_barrier()  # every thread has read tile j before any writes it
             store_rows(wb_p, cv, mv, hj, mh, DH, b_new)
             if MOMENTUM:
