@@ -235,8 +235,9 @@ def _linear_backward(launch: Launch, q, k, v, valid, w_chunks, gates, do, dw_out
     reverse (grid (BH, value blocks)) and stores it at every chunk's end; then every chunk at
     once, `linear_scores` computes Q X_j^T (grid (chunks, BH)), `linear_backward` the value
     side (dv, the gates' gradients; grid (chunks, BH, value blocks)) and `linear_backward_keys`
-    dq and dk from what it stores (grid (chunks, BH, key tiles)). A window row's gradients come back as one part per window offset j, at
-    the token t that read row t + PAST - j; they are added here."""
+    dq and dk from what it stores (grid (chunks, BH, key tiles)). A window row's gradients come
+    back as one part per window offset j, at the token t that read row t + PAST - j; they are
+    added here."""
     bh, nc, dv, dk, t = launch.bh, launch.n_chunks, launch.d_v, launch.d_k, launch.length
     window, parts = launch.window, launch.n_value_blocks
     meta = launch.meta(accumulator(v))
@@ -270,8 +271,8 @@ def _linear_backward(launch: Launch, q, k, v, valid, w_chunks, gates, do, dw_out
     gk_rows = poisoned(window, bh, t, dv, like=q)
     dy_rows = poisoned(window, bh, t, dv, like=q) if curved else q.new_zeros(1)
     launcher(launch.module.linear_backward, launch.output_grid)(
-        q, k, v, valid, w_chunks, dw_chunks, do, qx_rows, *gate_args, *gate_grads, dv_parts, decays,
-        dqx_parts, gk_rows, dy_rows, *launch.sizes(), **meta, **launch.state_meta,
+        q, k, v, valid, w_chunks, dw_chunks, do, qx_rows, *gate_args, *gate_grads, dv_parts,
+        decays, dqx_parts, gk_rows, dy_rows, *launch.sizes(), **meta, **launch.state_meta,
     )  # fmt: skip
     dq = poisoned(bh, t, dk, like=v)
     dk_parts = poisoned(window, bh, t, dk, like=v)
