@@ -382,9 +382,9 @@ def _run_chunk_kernels(launch, dtype: str) -> None:
 
 
 def _run_dual(module, spec, d: int, chunk_size: int, shape, precision: str, dtype: str) -> None:
-    """`dual_triton.run_kernel` at Dk = Dv = d on meta tensors, as a GPU launch hands them for
-    inputs of `dtype`: q and k in it (the products' operands), everything else float32; the
-    chunk starts stored (the variant a backward kernel would read)."""
+    """`dual_triton.run_kernel` and `run_backward` at Dk = Dv = d on meta tensors, as a GPU
+    launch hands them for inputs of `dtype`: q and k in it (the products' operands), everything
+    else float32; the forward stores the chunk starts the backward reads."""
     from miras.runtime import dual_triton
     from miras.runtime.triton_launch import HALF, pow2
 
@@ -402,8 +402,11 @@ def _run_dual(module, spec, d: int, chunk_size: int, shape, precision: str, dtyp
     )  # fmt: skip
     q, k = _meta(bh, length, d, dtype=operand), _meta(bh, length, d, dtype=operand)
     v, gamma = _meta(bh, length, d), _meta(bh, length)
-    dual_triton.run_kernel(
+    o, final, starts = dual_triton.run_kernel(
         module, q, k, v, gamma, mixing, state, chunk_size, precision, store_starts=True
+    )
+    dual_triton.run_backward(
+        module, q, k, v, gamma, mixing, starts, o, final, chunk_size, precision
     )
 
 

@@ -206,3 +206,342 @@ def dual_forward(
                 store_rows(sb_p, cv, mv, hj, mh, DH, s_t)
         tl.debug_barrier()  # the next chunk reads the tiles stored above
 '''
+
+# The backward, one program per (batch, head) walking the chunks in reverse from the stored
+# chunk starts (docs/kernels.md, "Deep memories on the GPU"). Per chunk it recomputes the
+# forward's intermediates (z1, a1, e2, g1 = e2 B unscaled, e1, zq, aq a1^T) from the chunk's
+# start state, then differentiates the chunk end, the read, the hidden error, the output error
+# and the gradient point, in that order: each consumes a gradient the ones before it completed.
+# With P the retained point's D_t (1 otherwise):
+#
+#   chunk end   dA = a dA' (+ -c dA' + theta dSA' into dSA), de1 = lw (X dA'^T) + ls (X dSA'^T),
+#               dX += (lw e1) dA' + (ls e1) dSA', da1 = (lw e2) dB' + (ls e2) dSB', de2 likewise
+#   read        dR = -dO e2^T: dAA = M dR, dM += AA dR, de2 -= (M AA)^T dO;
+#               daq = D (dO B) - C (dO SB) + dAA a1, dzq = daq act'(zq);
+#               dB += (D dO)^T aq, dSB -= (C dO)^T aq, dA += (D dzq)^T Q, dSA -= (C dzq)^T Q,
+#               dR1 = -dzq e1^T: dM += QX dR1, dQ += (M dR1) X, dX += (M dR1)^T Q,
+#               de1 -= (M QX)^T dzq, da1 += dAA^T aq
+#   hidden      dg1 = de1 act'(z1), dz1 = de1 P g1 act''(z1), de2 += P dg1 B^T, dB += e2^T P dg1
+#   output      dgamma = <de2, bias_grad>, (dy, dV) = bias_vjp(y - V, V, gamma de2)
+#   grad point  da1 += P dy B, dB += (P dy)^T a1, dz1 += da1 act'(z1), dA += (P dz1)^T X,
+#               dX += P dz1 A  (and dD_t collects every term D_t or P multiplies)
+#
+# The carried gradients dA, dB, dSA, dSB live in float32 global memory (the program's own copy,
+# the final state's gradient on entry and the initial state's on exit), read-modify-written
+# tile by tile; the chunk's per-hidden-unit intermediates and gradients go to a per-program
+# scratch [7, BT, DH]. Every gate's gradient is written per token or per chunk for torch to
+# carry back through the mixing matrices (`dual.unrolled_chunks` under autograd).
+BACKWARD = '''
+@triton.jit
+def dual_backward(
+    q, k, v, gamma, dec, car, coeff, last, last_s, ends,
+    wa_chunks, wb_chunks, sa_chunks, sb_chunks, do,
+    dwa, dwb, dsa, dsb, scratch,
+    dq, dk, dv, dgamma, ddec, dcar, dcoeff, dlast, dlast_s, dends,
+    T, CS, NC, DK, DH, DV,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HB: tl.constexpr,
+    ACC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """The dual form's backward for one (batch, head) a program (the block above the kernel).
+
+    Inputs as `dual_forward`'s, the chunk starts it stored (wa_chunks [BH, NC, DH, DK], ...),
+    do [BH, T, DV]. dwa [BH, DH, DK], dwb [BH, DV, DH] (dsa, dsb with momentum): the final
+    state's gradient on entry, the initial state's on exit (float32, in place). scratch
+    [BH, 7, BT, DH]: z1, a1, e1, g1, zq, de1 (then dz1), da1 of the current chunk. Outputs,
+    every element written: dq, dk [BH, T, DK], dv [BH, T, DV], dgamma, ddec, dcar [BH, T],
+    dcoeff [BH, NC, BT, BT], dlast, dlast_s [BH, NC, BT], dends [BH, NC, 4]. Grid (BH,)."""
+    OP: tl.constexpr = k.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BT)
+    ck = tl.arange(0, BK)
+    cv = tl.arange(0, BV)
+    ch = tl.arange(0, HB)
+    mk = ck < DK
+    mv = cv < DV
+    cmask = mv[None, :]
+    every = rows < BT
+    dwa_p = dwa + pid * DH * DK
+    dwb_p = dwb + pid * DV * DH
+    dsa_p = dsa + pid * DH * DK
+    dsb_p = dsb + pid * DV * DH
+    z1_p = scratch + pid * 7 * BT * DH
+    a1_p = z1_p + BT * DH
+    e1_p = a1_p + BT * DH
+    g1_p = e1_p + BT * DH
+    zq_p = g1_p + BT * DH
+    de1_p = zq_p + BT * DH  # de1, then dz1's second-derivative term
+    da1_p = de1_p + BT * DH
+    for back in range(0, NC):
+        ic = NC - 1 - back
+        cs = pid * NC + ic
+        tok = ic * CS + rows
+        mt = (rows < CS) & (tok < T)
+        wa_p = wa_chunks + cs * DH * DK  # the chunk's start state
+        wb_p = wb_chunks + cs * DV * DH
+        sa_p = sa_chunks + cs * DH * DK
+        sb_p = sb_chunks + cs * DV * DH
+        x = load_rows(k + pid * T * DK, tok, mt, ck, mk, DK, 1, 0.0, OP)  # [BT, BK]
+        qq = load_rows(q + pid * T * DK, tok, mt, ck, mk, DK, 1, 0.0, ACC)
+        d_t = tl.load(dec + pid * T + tok, mask=mt, other=0.0).to(ACC)  # [BT]
+        c_t = tl.load(car + pid * T + tok, mask=mt, other=0.0).to(ACC)
+        g_w = tl.load(gamma + pid * T + tok, mask=mt, other=0.0).to(ACC)
+        vv = load_rows(v + pid * T * DV, tok, mt, cv, mv, DV, 1, 0.0, ACC)  # [BT, BV]
+        mix = load_rows(coeff + cs * BT * BT, rows, every, rows, every, BT, 1, 0.0, ACC)
+        # The forward again, from the chunk's start state: z1, a1, y, e2, g1, e1, zq, aq a1^T.
+        y = tl.zeros([BT, BV], dtype=ACC)  # before the retained point's D_t
+        for j0 in range(0, DH, HB):
+            hj = j0 + ch
+            mh = hj < DH
+            m2 = mt[:, None] & mh[None, :]
+            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)  # [HB, BK]
+            z1 = tl.dot(x, tl.trans(a_t), input_precision=DOT_PRECISION, out_dtype=ACC)
+            if RETAINED:
+                z1 = d_t[:, None] * z1
+            a1 = tl.where(m2, activation(z1), 0.0)
+            store_rows(z1_p, rows, every, hj, mh, DH, tl.where(m2, z1, 0.0))
+            store_rows(a1_p, rows, every, hj, mh, DH, a1)
+            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)  # [BV, HB]
+            y = tl.dot(a1.to(OP), tl.trans(b_t), y, input_precision=DOT_PRECISION, out_dtype=ACC)
+        yp = y
+        if RETAINED:
+            yp = d_t[:, None] * y
+        live = mt[:, None] & cmask
+        grad_b = tl.where(live, bias_grad(yp - vv, vv, cmask), 0.0)  # [BT, BV]
+        e2 = grad_b * g_w[:, None]
+        e2_op = e2.to(OP)
+        tl.debug_barrier()
+        for j0 in range(0, DH, HB):
+            hj = j0 + ch
+            mh = hj < DH
+            m2 = mt[:, None] & mh[None, :]
+            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)
+            g1 = tl.where(m2, tl.dot(e2_op, b_t, input_precision=DOT_PRECISION, out_dtype=ACC), 0.0)
+            z1 = load_rows(z1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
+            e1 = g1 * activation_grad(z1)
+            if RETAINED:
+                e1 = d_t[:, None] * e1
+            store_rows(g1_p, rows, every, hj, mh, DH, g1)
+            store_rows(e1_p, rows, every, hj, mh, DH, tl.where(m2, e1, 0.0))
+        tl.debug_barrier()
+        qx = tl.dot(qq.to(OP), tl.trans(x), input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BT]
+        q_d = (d_t[:, None] * qq).to(OP)
+        q_c = (-c_t[:, None] * qq).to(OP)
+        qx_op = (-mix * qx).to(OP)
+        aa = tl.zeros([BT, BT], dtype=ACC)  # aq a1^T
+        for j0 in range(0, DH, HB):
+            hj = j0 + ch
+            mh = hj < DH
+            m2 = mt[:, None] & mh[None, :]
+            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)
+            zq = tl.dot(q_d, tl.trans(a_t), input_precision=DOT_PRECISION, out_dtype=ACC)
+            if MOMENTUM:
+                s_t = load_rows(sa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)
+                zq = tl.dot(q_c, tl.trans(s_t), zq, input_precision=DOT_PRECISION, out_dtype=ACC)
+            e1 = load_rows(e1_p, rows, every, hj, mh, DH, 1, 0.0, OP)
+            zq = tl.where(m2, tl.dot(qx_op, e1, zq, input_precision=DOT_PRECISION, out_dtype=ACC), 0.0)
+            store_rows(zq_p, rows, every, hj, mh, DH, zq)
+            aq = tl.where(m2, activation(zq), 0.0)
+            a1 = load_rows(a1_p, rows, every, hj, mh, DH, 1, 0.0, OP)
+            aa = tl.dot(aq.to(OP), tl.trans(a1), aa, input_precision=DOT_PRECISION, out_dtype=ACC)
+        tl.debug_barrier()
+        # The chunk end: W' = a W - c S + (lw e)^T x, S' = theta S + (ls e)^T x per layer.
+        a_end = tl.load(ends + cs * 4).to(ACC)
+        c_end = tl.load(ends + cs * 4 + 1).to(ACC)
+        th_end = tl.load(ends + cs * 4 + 2).to(ACC)
+        lw = tl.load(last + cs * BT + rows).to(ACC)  # [BT]
+        ls = tl.load(last_s + cs * BT + rows).to(ACC)
+        d_a = tl.sum(tl.zeros([BT], dtype=ACC), axis=0)  # the end gates' gradients
+        d_c = d_a
+        d_th = d_a
+        d_lw = tl.zeros([BT], dtype=ACC)
+        d_ls = tl.zeros([BT], dtype=ACC)
+        dx = tl.zeros([BT, BK], dtype=ACC)
+        for j0 in range(0, DH, HB):
+            hj = j0 + ch
+            mh = hj < DH
+            g_a = load_rows(dwa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC)  # dA' [HB, BK]
+            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC)
+            e1 = load_rows(e1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)  # [BT, HB]
+            d_a += tl.sum(tl.sum(g_a * a_t, axis=1), axis=0)
+            t_w = tl.dot(x, tl.trans(g_a.to(OP)), input_precision=DOT_PRECISION, out_dtype=ACC)
+            d_lw += tl.sum(e1 * t_w, axis=1)
+            de1 = lw[:, None] * t_w  # [BT, HB]
+            dx = tl.dot((lw[:, None] * e1).to(OP), g_a.to(OP), dx,
+                        input_precision=DOT_PRECISION, out_dtype=ACC)
+            new_a = a_end * g_a
+            if MOMENTUM:
+                g_s = load_rows(dsa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC)
+                s_t = load_rows(sa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC)
+                d_c -= tl.sum(tl.sum(g_a * s_t, axis=1), axis=0)
+                d_th += tl.sum(tl.sum(g_s * s_t, axis=1), axis=0)
+                t_s = tl.dot(x, tl.trans(g_s.to(OP)), input_precision=DOT_PRECISION, out_dtype=ACC)
+                d_ls += tl.sum(e1 * t_s, axis=1)
+                de1 += ls[:, None] * t_s
+                dx = tl.dot((ls[:, None] * e1).to(OP), g_s.to(OP), dx,
+                            input_precision=DOT_PRECISION, out_dtype=ACC)
+                new_s = th_end * g_s - c_end * g_a
+                store_rows(dsa_p, hj, mh, ck, mk, DK, new_s)
+            store_rows(dwa_p, hj, mh, ck, mk, DK, new_a)
+            store_rows(de1_p, rows, every, hj, mh, DH, de1)
+        tb_w = tl.zeros([BT, BV], dtype=ACC)  # a1 dB'^T
+        tb_s = tl.zeros([BT, BV], dtype=ACC)  # a1 dSB'^T
+        e2w = (lw[:, None] * e2).to(OP)
+        e2s = (ls[:, None] * e2).to(OP)
+        for j0 in range(0, DH, HB):
+            hj = j0 + ch
+            mh = hj < DH
+            g_b = load_rows(dwb_p, cv, mv, hj, mh, DH, 1, 0.0, ACC)  # dB' [BV, HB]
+            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, ACC)
+            a1 = load_rows(a1_p, rows, every, hj, mh, DH, 1, 0.0, OP)
+            d_a += tl.sum(tl.sum(g_b * b_t, axis=1), axis=0)
+            tb_w = tl.dot(a1, tl.trans(g_b.to(OP)), tb_w, input_precision=DOT_PRECISION, out_dtype=ACC)
+            da1 = tl.dot(e2w, g_b.to(OP), input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, HB]
+            new_b = a_end * g_b
+            if MOMENTUM:
+                g_s = load_rows(dsb_p, cv, mv, hj, mh, DH, 1, 0.0, ACC)
+                s_t = load_rows(sb_p, cv, mv, hj, mh, DH, 1, 0.0, ACC)
+                d_c -= tl.sum(tl.sum(g_b * s_t, axis=1), axis=0)
+                d_th += tl.sum(tl.sum(g_s * s_t, axis=1), axis=0)
+                tb_s = tl.dot(a1, tl.trans(g_s.to(OP)), tb_s, input_precision=DOT_PRECISION, out_dtype=ACC)
+                da1 = tl.dot(e2s, g_s.to(OP), da1, input_precision=DOT_PRECISION, out_dtype=ACC)
+                new_s = th_end * g_s - c_end * g_b
+                store_rows(dsb_p, cv, mv, hj, mh, DH, new_s)
+            store_rows(dwb_p, cv, mv, hj, mh, DH, new_b)
+            store_rows(da1_p, rows, every, hj, mh, DH, da1)
+        d_lw += tl.sum(e2 * tb_w, axis=1)
+        d_ls += tl.sum(e2 * tb_s, axis=1)
+        de2 = lw[:, None] * tb_w + ls[:, None] * tb_s  # [BT, BV]
+        tl.store(dlast + cs * BT + rows, d_lw)
+        tl.store(dlast_s + cs * BT + rows, d_ls)
+        tl.store(dends + cs * 4, d_a)
+        tl.store(dends + cs * 4 + 1, d_c)
+        tl.store(dends + cs * 4 + 2, d_th)
+        tl.store(dends + cs * 4 + 3, d_a * 0.0)
+        tl.debug_barrier()
+        # The read: o = D (aq B^T) - C (aq SB^T) - (M AA) e2, zq = D (Q A^T) - C (Q SA^T) - (M QX) e1.
+        g_o = load_rows(do + pid * T * DV, tok, mt, cv, mv, DV, 1, 0.0, ACC)  # [BT, BV]
+        d_r = -tl.dot(g_o.to(OP), tl.trans(e2_op), input_precision=DOT_PRECISION, out_dtype=ACC)
+        d_mix = d_r * aa  # [BT, BT]
+        d_aa = (d_r * mix).to(OP)
+        de2 = tl.dot(tl.trans((-mix * aa).to(OP)), g_o.to(OP), de2,
+                     input_precision=DOT_PRECISION, out_dtype=ACC)
+        go_d = tl.trans((d_t[:, None] * g_o).to(OP))  # [BV, BT]
+        go_c = tl.trans((-c_t[:, None] * g_o).to(OP))
+        g_op = g_o.to(OP)
+        d_d = tl.zeros([BT], dtype=ACC)
+        d_car = tl.zeros([BT], dtype=ACC)
+        qa = tl.zeros([BT, BK], dtype=ACC)  # sum_j dzq_j A_j
+        qs = tl.zeros([BT, BK], dtype=ACC)  # sum_j dzq_j SA_j
+        d_r1 = tl.zeros([BT, BT], dtype=ACC)  # -dzq e1^T
+        for j0 in range(0, DH, HB):
+            hj = j0 + ch
+            mh = hj < DH
+            m2 = mt[:, None] & mh[None, :]
+            zq = load_rows(zq_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
+            aq = tl.where(m2, activation(zq), 0.0)  # [BT, HB]
+            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)  # [BV, HB]
+            u = tl.dot(g_op, b_t, input_precision=DOT_PRECISION, out_dtype=ACC)  # dO B_j
+            d_d += tl.sum(u * aq, axis=1)
+            d_aq = d_t[:, None] * u
+            a1 = load_rows(a1_p, rows, every, hj, mh, DH, 1, 0.0, OP)
+            d_aq = tl.dot(d_aa, a1, d_aq, input_precision=DOT_PRECISION, out_dtype=ACC)
+            add_rows(dwb_p, cv, mv, hj, mh, DH,
+                     tl.dot(go_d, aq.to(OP), input_precision=DOT_PRECISION, out_dtype=ACC))
+            if MOMENTUM:
+                s_t = load_rows(sb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)
+                w = tl.dot(g_op, s_t, input_precision=DOT_PRECISION, out_dtype=ACC)  # dO SB_j
+                d_car -= tl.sum(w * aq, axis=1)
+                d_aq -= c_t[:, None] * w
+                add_rows(dsb_p, cv, mv, hj, mh, DH,
+                         tl.dot(go_c, aq.to(OP), input_precision=DOT_PRECISION, out_dtype=ACC))
+            add_rows(da1_p, rows, every, hj, mh, DH,
+                     tl.dot(tl.trans(d_aa), aq.to(OP), input_precision=DOT_PRECISION, out_dtype=ACC))
+            d_zq = tl.where(m2, d_aq * activation_grad(zq), 0.0)  # [BT, HB]
+            dz_op = d_zq.to(OP)
+            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)  # [HB, BK]
+            qa = tl.dot(dz_op, a_t, qa, input_precision=DOT_PRECISION, out_dtype=ACC)
+            add_rows(dwa_p, hj, mh, ck, mk, DK,
+                     tl.dot(tl.trans((d_t[:, None] * d_zq).to(OP)), qq.to(OP),
+                            input_precision=DOT_PRECISION, out_dtype=ACC))
+            if MOMENTUM:
+                s_t = load_rows(sa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)
+                qs = tl.dot(dz_op, s_t, qs, input_precision=DOT_PRECISION, out_dtype=ACC)
+                add_rows(dsa_p, hj, mh, ck, mk, DK,
+                         tl.dot(tl.trans((-c_t[:, None] * d_zq).to(OP)), qq.to(OP),
+                                input_precision=DOT_PRECISION, out_dtype=ACC))
+            e1 = load_rows(e1_p, rows, every, hj, mh, DH, 1, 0.0, OP)
+            d_r1 = tl.dot(-dz_op, tl.trans(e1), d_r1, input_precision=DOT_PRECISION, out_dtype=ACC)
+            add_rows(de1_p, rows, every, hj, mh, DH,
+                     tl.dot(tl.trans(qx_op), dz_op, input_precision=DOT_PRECISION, out_dtype=ACC))
+        d_mix += d_r1 * qx
+        tl.store(dcoeff + cs * BT * BT + rows[:, None] * BT + rows[None, :], d_mix)
+        d_qx = (d_r1 * mix).to(OP)  # [BT, BT]
+        g_q = d_t[:, None] * qa - c_t[:, None] * qs
+        g_q = tl.dot(d_qx, x, g_q, input_precision=DOT_PRECISION, out_dtype=ACC)
+        store_rows(dq + pid * T * DK, tok, mt, ck, mk, DK, g_q)
+        d_d += tl.sum(qq * qa, axis=1)
+        d_car -= tl.sum(qq * qs, axis=1)
+        dx = tl.dot(tl.trans(d_qx), qq.to(OP), dx, input_precision=DOT_PRECISION, out_dtype=ACC)
+        tl.debug_barrier()
+        # The hidden error e1 = P g1 act'(z1), g1 = e2 B.
+        for j0 in range(0, DH, HB):
+            hj = j0 + ch
+            mh = hj < DH
+            m2 = mt[:, None] & mh[None, :]
+            de1 = load_rows(de1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
+            g1 = load_rows(g1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
+            z1 = load_rows(z1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
+            d_g1 = tl.where(m2, de1 * activation_grad(z1), 0.0)
+            dz1 = de1 * g1 * activation_grad2(z1)
+            if RETAINED:
+                d_d += tl.sum(d_g1 * g1, axis=1)
+                d_g1 = d_t[:, None] * d_g1
+                dz1 = d_t[:, None] * dz1
+            store_rows(de1_p, rows, every, hj, mh, DH, tl.where(m2, dz1, 0.0))
+            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)  # [BV, HB]
+            dg_op = d_g1.to(OP)
+            de2 = tl.dot(dg_op, tl.trans(b_t), de2, input_precision=DOT_PRECISION, out_dtype=ACC)
+            add_rows(dwb_p, cv, mv, hj, mh, DH,
+                     tl.dot(tl.trans(e2_op), dg_op, input_precision=DOT_PRECISION, out_dtype=ACC))
+        # The output error e2 = gamma bias_grad(y - V, V).
+        de2 = tl.where(live, de2, 0.0)
+        tl.store(dgamma + pid * T + tok, tl.sum(de2 * grad_b, axis=1), mask=mt)
+        d_y, d_v = bias_vjp(yp - vv, vv, cmask, de2 * g_w[:, None])
+        d_y = tl.where(live, d_y, 0.0)
+        store_rows(dv + pid * T * DV, tok, mt, cv, mv, DV, tl.where(live, d_v, 0.0))
+        if RETAINED:
+            d_d += tl.sum(d_y * y, axis=1)
+            d_y = d_t[:, None] * d_y
+        dy_op = d_y.to(OP)
+        dy_t = tl.trans(dy_op)  # [BV, BT]
+        tl.debug_barrier()
+        # The gradient point z1 = P X A^T, a1 = act(z1), y = P a1 B^T.
+        xa = tl.zeros([BT, BK], dtype=ACC)  # sum_j dz1_j A_j
+        for j0 in range(0, DH, HB):
+            hj = j0 + ch
+            mh = hj < DH
+            m2 = mt[:, None] & mh[None, :]
+            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)
+            a1 = load_rows(a1_p, rows, every, hj, mh, DH, 1, 0.0, OP)
+            add_rows(dwb_p, cv, mv, hj, mh, DH,
+                     tl.dot(dy_t, a1, input_precision=DOT_PRECISION, out_dtype=ACC))
+            da1 = load_rows(da1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
+            da1 = tl.dot(dy_op, b_t, da1, input_precision=DOT_PRECISION, out_dtype=ACC)
+            z1 = load_rows(z1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
+            dz1 = load_rows(de1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
+            dz1 = tl.where(m2, dz1 + da1 * activation_grad(z1), 0.0)  # dL/dz1
+            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)
+            xa = tl.dot(dz1.to(OP), a_t, xa, input_precision=DOT_PRECISION, out_dtype=ACC)
+            if RETAINED:
+                dz1 = d_t[:, None] * dz1  # dL/d(X A^T)
+            add_rows(dwa_p, hj, mh, ck, mk, DK,
+                     tl.dot(tl.trans(dz1.to(OP)), x, input_precision=DOT_PRECISION, out_dtype=ACC))
+        if RETAINED:  # z1 = P (X A^T): dP = <dz1, X A^T> = <X, dz1 A> per row
+            d_d += tl.sum(x.to(ACC) * xa, axis=1)
+            xa = d_t[:, None] * xa
+        dx += xa
+        store_rows(dk + pid * T * DK, tok, mt, ck, mk, DK, dx)
+        tl.store(ddec + pid * T + tok, d_d, mask=mt)
+        tl.store(dcar + pid * T + tok, d_car, mask=mt)
+        tl.debug_barrier()  # the previous chunk reads the gradients stored above
+'''

@@ -31,7 +31,7 @@ COVERED = (
 IMPORTS = """import triton
 import triton.language as tl
 
-from miras.kernels.common.io import load_rows, store_rows
+from miras.kernels.common.io import add_rows, load_rows, store_rows
 from miras.kernels.common.math import (
     acosh, asinh, atanh, cosh, expm1, hypot, log1p, logaddexp, sign, sinh, soft_threshold,
     softplus, tanh,
@@ -81,14 +81,33 @@ def emit_dual_source(spec: Spec, bias: BiasRule) -> str:
         f"RETAINED = tl.constexpr({retained})  # grad_at: retained (gradients at D_t W_S)",
     ]
     functions = []
-    for name, formula, doc in spec.memory.emitted_functions():  # activation, activation_grad
+    for name, formula, doc in _activation_functions(spec):
         functions.append(_jit(name, ["x"], doc, [], triton_code(formula)))
-    bias_grad = _bias_pieces(bias, spec)[0]  # bias_grad(e, v, cmask): the matrix kernels' own
+    # bias_grad(e, v, cmask) and bias_vjp(e, v, cmask, _up): the matrix kernels' own.
+    bias_pieces = _bias_pieces(bias, spec)
     header = (
         f"# The dual form's Triton kernel emitted by miras for spec '{spec.name}'. Do not edit.\n"
         f"# memory {spec.memory.kind} (depth {spec.memory.depth}, activation "
         f"{spec.memory.activation}), bias {spec.bias.kind}, retention {spec.retention.kind}, "
         f"optimizer {spec.optimizer.kind}."
     )
-    sections = [header, IMPORTS, "\n".join(constants), *functions, bias_grad, dual.FORWARD.strip()]
+    sections = [
+        header, IMPORTS, "\n".join(constants), *functions, *bias_pieces,
+        dual.FORWARD.strip(), dual.BACKWARD.strip(),
+    ]  # fmt: skip
     return "\n\n\n".join(sections) + "\n"
+
+
+def _activation_functions(spec: Spec) -> list[tuple[str, object, str]]:
+    """The memory's activation and its derivative (the component's), and the second derivative
+    the backward's hidden error needs (e1 = g1 act'(z1)), derived here. relu's is zero: sympy's
+    DiracDelta, zero wherever the kernel evaluates it but at z1 = 0 exactly, where the torch
+    dual form's autograd takes relu's derivative as a constant too."""
+    import sympy as sp
+
+    from miras.symbols import x
+
+    pieces = list(spec.memory.emitted_functions())  # activation, activation_grad
+    (_, grad, doc), = [p for p in pieces if p[0] == "activation_grad"]
+    second = sp.diff(grad, x).replace(sp.DiracDelta, lambda *_: sp.S.Zero)
+    return [*pieces, ("activation_grad2", sp.simplify(second), f"d/dx of {doc}")]

@@ -56,17 +56,22 @@ def _per_token(x: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
     return full.reshape(b * h, t).contiguous()
 
 
-def mixing_inputs(rt, seq: Tokens, chunk_size: int):
-    """The kernel's step-gate inputs, every chunk at once from `dual.unrolled_chunks` (no
-    gradient): dec D_t and car C_t [BH, T]; coeff [BH, NC, BT, BT] (K[t, s] lr_s); last,
+def mixing_inputs(rt, seq: Tokens, chunk_size: int, graph: bool = False):
+    """The kernel's step-gate inputs, every chunk at once from `dual.unrolled_chunks` (with
+    `graph`, built under autograd so the backward kernel's gate gradients flow back through
+    it to the step gates; without, no gradient): dec D_t and car C_t [BH, T]; coeff [BH, NC, BT, BT] (K[t, s] lr_s); last,
     last_s [BH, NC, BT] (-K[m-1, s] lr_s and L^theta[m-1, s] lr_s at each chunk's last token
     m - 1); ends [BH, NC, 4] = (D, C, Theta at that token, 0). Rows and columns past a chunk's
     tokens are zero. The last chunk, padded with factors 1 by the unrolling, ends at its last
     real token: with momentum the padding's steps would still move W."""
+    with torch.set_grad_enabled(graph):
+        return _mixing_inputs(rt, seq, chunk_size)
+
+
+def _mixing_inputs(rt, seq: Tokens, chunk_size: int):
     b, h, t = seq.phi_q.shape[:3]
     bh = b * h
-    with torch.no_grad():
-        unrolled, n, nc = dual.unrolled_chunks(rt, seq, chunk_size)
+    unrolled, n, nc = dual.unrolled_chunks(rt, seq, chunk_size)
     bt = pow2(n)
     m = t - (nc - 1) * n  # the last chunk's tokens
     ends_at = torch.full((nc,), n - 1, device=seq.v.device)
@@ -200,51 +205,123 @@ def _rebuild(info: Info, tensors) -> tuple[Tokens, State]:
     return Tokens(q, k, v, valid, step, window, info.past), state
 
 
+def run_backward(module, q, k, v, gamma, mixing, starts, grad_o, grad_final, chunk_size, precision):
+    """One launch of `dual_backward`: the forward's prepared tensors (as `run_kernel` takes
+    them), the chunk starts it stored, grad_o [BH, T, Dv] and the final state's gradients
+    [BH, ...] (A, B, SA, SB: float32, copied: the kernel turns them into the initial state's
+    in place). Returns (dq, dk, dv, the initial state's gradients, the gate inputs' gradients:
+    dgamma, then one per `mixing` tensor). `miras.gpu_compile` calls it on meta tensors."""
+    bh, t, d_k = q.shape
+    d_v = v.shape[-1]
+    wa_chunks, wb_chunks, sa_chunks, sb_chunks = starts
+    d_h = wa_chunks.shape[-2]
+    dec, car, coeff, last, last_s, ends = mixing
+    nc, bt = coeff.shape[1], coeff.shape[2]
+    momentum = bool(module.MOMENTUM.value)
+    grads = [g.clone() for g in grad_final]  # dA, dB (dSA, dSB), updated in place
+    dsa, dsb = grads[2:] if momentum else (grads[0][:1, :1], grads[1][:1, :1])
+    scratch = torch.empty(bh, 7, bt, d_h, dtype=v.dtype, device=v.device)
+    dq, dk = poisoned(bh, t, d_k, like=v), poisoned(bh, t, d_k, like=v)
+    dv = poisoned(bh, t, d_v, like=v)
+    per_token = [poisoned(bh, t, like=v) for _ in range(3)]  # dgamma, ddec, dcar
+    dcoeff = poisoned(bh, nc, bt, bt, like=v)
+    dlast, dlast_s = poisoned(bh, nc, bt, like=v), poisoned(bh, nc, bt, like=v)
+    dends = poisoned(bh, nc, 4, like=v)
+    acc = accumulator(v)
+    meta = dict(
+        BT=bt,
+        BK=pow2(d_k),
+        BV=pow2(d_v),
+        HB=min(HIDDEN_BLOCK, pow2(d_h)),
+        ACC=acc,
+        DOT_PRECISION=dot_precision(precision, acc),
+    )
+    if bh > 0:
+        module.dual_backward[(bh,)](
+            q, k, v, gamma, dec, car, coeff, last, last_s, ends, *starts, grad_o,
+            grads[0], grads[1], dsa, dsb, scratch,
+            dq, dk, dv, *per_token, dcoeff, dlast, dlast_s, dends,
+            t, min(chunk_size, t), nc, d_k, d_h, d_v, **meta,
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        )  # fmt: skip
+    dgamma, ddec, dcar = per_token
+    check_written(
+        {"dq": dq, "dk": dk, "dv": dv, "dgamma": dgamma, "ddec": ddec, "dcar": dcar,
+         "dcoeff": dcoeff, "dlast": dlast, "dlast_s": dlast_s, "dends": dends}
+    )  # fmt: skip
+    return dq, dk, dv, grads, (dgamma, ddec, dcar, dcoeff, dlast, dlast_s, dends)
+
+
 class DualKernel(torch.autograd.Function):
     """(q, k, v, valid, *step gates, *window gates, *initial state) -> (o, *final state), in
-    the runtime's [B, H, ...] layout. The backward recomputes the torch dual form under autograd
-    (the module's docstring)."""
+    the runtime's [B, H, ...] layout. The forward kernel stores every chunk's start state when
+    a gradient is wanted; the backward kernel walks the chunks back from them, and torch
+    carries its gate gradients back through the mixing matrices (`mixing_inputs` under
+    autograd) to the step and window gates."""
 
     @staticmethod
     def forward(ctx, info: Info, *tensors):
         seq, state = _rebuild(info, tensors)
         weights = [state[k] for k in info.keys]
-        o, final, _ = _launch(
+        wanted = any(ctx.needs_input_grad[1:])
+        o, final, starts = _launch(
             info.module, info.rt, seq, weights, info.chunk_size, info.precision, info.operands,
-            store_starts=False,
+            store_starts=wanted,
         )  # fmt: skip
         ctx.info = info
-        ctx.save_for_backward(*tensors)
+        ctx.n_inputs = len(tensors)
+        if wanted:
+            ctx.save_for_backward(*tensors, *starts)
         b, h, t = seq.phi_q.shape[:3]
         shaped = [w.reshape(state[k].shape) for w, k in zip(final, info.keys, strict=True)]
         return (o.reshape(b, h, t, o.shape[-1]), *shaped)
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx, grad_o, *grad_final):
         info: Info = ctx.info
         needs = ctx.needs_input_grad[1:]  # per tensor (not `info`)
-        leaves = [
-            x.detach().requires_grad_(n) for x, n in zip(ctx.saved_tensors, needs, strict=True)
+        saved = ctx.saved_tensors
+        tensors, starts = saved[: ctx.n_inputs], list(saved[ctx.n_inputs :])
+        leaves = [x.detach().requires_grad_(n) for x, n in zip(tensors, needs, strict=True)]
+        seq, state = _rebuild(info, leaves)
+        rt = info.rt
+        b, h, t, d_k = seq.phi_q.shape
+        bh = b * h
+        with torch.enable_grad():  # the gate inputs, as graphs back to the gates
+            weight = rt.scalar(rt.spec.window, rt.spec.window.weight_gate, seq.window_gates,
+                               slice(0, t))  # fmt: skip
+            gamma = _per_token(weight, seq.v)
+            mixing = mixing_inputs(rt, seq, info.chunk_size, graph=True)
+
+        def flat(x: torch.Tensor) -> torch.Tensor:  # [B, H, ...] -> [BH, ...]
+            return x.detach().reshape(bh, *x.shape[2:]).contiguous()
+
+        finals = [
+            torch.zeros_like(flat(state[key])) if g is None else flat(g).to(state[key].dtype)
+            for key, g in zip(info.keys, grad_final, strict=True)
         ]
-        with torch.enable_grad():
-            seq, state = _rebuild(info, leaves)
-            o, final = dual.forward(info.rt, seq, state, info.chunk_size)
-            outputs = [o, *(final[k] for k in info.keys)]
-        wanted = [x for x in leaves if x.requires_grad]
-        # Outputs that reach a wanted input (the final state does not depend on q) and were
-        # given a gradient.
-        pairs = [
-            (y, g) for y, g in zip(outputs, grads, strict=True) if g is not None and y.requires_grad
-        ]
-        found = (
+        g_o = torch.zeros_like(flat(seq.v)) if grad_o is None else flat(grad_o)
+        dq, dk, dv, d_init, d_gates = run_backward(
+            info.module, flat(seq.phi_q).to(info.operands), flat(seq.phi_k).to(info.operands),
+            flat(seq.v), gamma.detach(), [m.detach() for m in mixing], starts, g_o, finals,
+            info.chunk_size, info.precision,
+        )  # fmt: skip
+        # The gates' gradients: back through gamma and the mixing matrices by autograd.
+        gate_leaves = leaves[4 : 4 + len(info.step_names) + len(info.window_names)]
+        wanted = [x for x in gate_leaves if x.requires_grad]
+        pairs = [(y, g) for y, g in zip((gamma, *mixing), d_gates, strict=True) if y.requires_grad]
+        found = iter(
             torch.autograd.grad(
                 [y for y, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True
             )
-            if pairs
+            if pairs and wanted
             else [None] * len(wanted)
         )
-        found = iter(found)
-        return (None, *(next(found) if n else None for n in needs))
+        shaped = lambda g, like: g.reshape(like.shape).to(like.dtype)  # noqa: E731
+        direct = [shaped(dq, seq.phi_q), shaped(dk, seq.phi_k), shaped(dv, seq.v), None]
+        direct += [next(found) if x.requires_grad else None for x in gate_leaves]
+        direct += [shaped(g, state[key]) for g, key in zip(d_init, info.keys, strict=True)]
+        return (None, *(g if n else None for g, n in zip(direct, needs, strict=True)))
 
 
 def forward(

@@ -1,8 +1,8 @@
 """The dual form's Triton kernel (deep MLP memories) against the torch dual form.
 
-`backend="triton"` runs `dual_forward` (kernels/templates/dual.py) for a two-layer MLP memory,
-and its backward recomputes `miras.runtime.dual` under autograd; `backend="chunk"` runs
-`miras.runtime.dual` itself. Without CUDA the kernel runs under TRITON_INTERPRET=1 (set by
+`backend="triton"` runs `dual_forward` and `dual_backward` (kernels/templates/dual.py) for a
+two-layer MLP memory, torch carrying the gate gradients back through the mixing matrices;
+`backend="chunk"` runs `miras.runtime.dual` itself. Without CUDA the kernel runs under TRITON_INTERPRET=1 (set by
 tests/conftest.py), in float32, with its outputs NaN-poisoned before the launch and checked
 written after it. Shapes are small (the interpreter is slow): Dk = Dv = 16 and expansion 2.5,
 so the hidden width is Dh = 40: a 32-wide hidden block and a partial one (8 of 32); odd T; a
@@ -82,15 +82,21 @@ def _compare(got: dict, want: dict):
 
 
 def _counting(monkeypatch) -> list:
-    """Records every launch of the dual kernel (so a test cannot pass on the torch path)."""
+    """Records every launch of the dual kernels, "forward" or "backward" (so a test cannot
+    pass on the torch path)."""
     seen = []
-    real = dual_triton._launch
+    real_forward, real_backward = dual_triton._launch, dual_triton.run_backward
 
-    def launch(module, *args, **kwargs):
-        seen.append(module)
-        return real(module, *args, **kwargs)
+    def forward(module, *args, **kwargs):
+        seen.append("forward")
+        return real_forward(module, *args, **kwargs)
 
-    monkeypatch.setattr(dual_triton, "_launch", launch)
+    def backward(module, *args, **kwargs):
+        seen.append("backward")
+        return real_backward(module, *args, **kwargs)
+
+    monkeypatch.setattr(dual_triton, "_launch", forward)
+    monkeypatch.setattr(dual_triton, "run_backward", backward)
     return seen
 
 
@@ -149,21 +155,38 @@ def test_dual_kernel_equals_the_torch_dual_form(name, monkeypatch):
     seen = _counting(monkeypatch)
     want = _run(rule, "chunk", inputs, chunk)
     got = _run(rule, "triton", inputs, chunk)
-    assert len(seen) == 1
+    assert seen == ["forward", "backward"]
     _compare(got, want)
 
 
-def test_several_hidden_blocks_the_last_partial(monkeypatch):
-    """Hidden blocks of 16: Dh = 40 is 16 + 16 + 8; forward only (the backward is torch's)."""
+@pytest.mark.parametrize("case", ["titans", "momentum_retained_tanh"])
+def test_several_hidden_blocks_the_last_partial(case, monkeypatch):
+    """Hidden blocks of 16: Dh = 40 is 16 + 16 + 8, forward and backward."""
     monkeypatch.setattr(dual_triton, "HIDDEN_BLOCK", 16)
-    fields, t, chunk = CASES["titans"]
-    rule = miras.compile({"name": "titans-blocks", **fields})
+    fields, t, chunk = CASES[case]
+    rule = miras.compile({"name": case.replace("_", "-"), **fields})
     inputs = _inputs(rule, t, seed=3)
     seen = _counting(monkeypatch)
-    want = _run(rule, "chunk", inputs, chunk, grads=False)
-    got = _run(rule, "triton", inputs, chunk, grads=False)
-    assert len(seen) == 1
+    want = _run(rule, "chunk", inputs, chunk)
+    got = _run(rule, "triton", inputs, chunk)
+    assert seen == ["forward", "backward"]
     _compare(got, want)
+
+
+def test_no_gradient_no_stored_starts(monkeypatch):
+    """Without a gradient wanted the forward stores no chunk starts and no backward runs."""
+    fields, t, chunk = CASES["titans"]
+    rule = miras.compile({"name": "titans-plain", **fields})
+    stored = []
+    real = dual_triton._launch
+
+    def launch(module, rt, seq, weights, chunk_size, precision, operands, store_starts):
+        stored.append(store_starts)
+        return real(module, rt, seq, weights, chunk_size, precision, operands, store_starts)
+
+    monkeypatch.setattr(dual_triton, "_launch", launch)
+    _run(rule, "triton", _inputs(rule, t), chunk, grads=False)
+    assert stored == [False]
 
 
 def test_chunk_starts_are_stored(monkeypatch):
@@ -233,18 +256,45 @@ def test_the_compile_checks_record_the_dual_launch(monkeypatch):
     from miras import gpu_compile
 
     # MIRAS_TRITON_CHECK=1 stays set (the fixture's): the check passes over meta tensors
-    (job,) = gpu_compile.jobs("specs/titans.yaml", d=64, shape=(2, 100, 3), dtype="bf16")
-    meta = dict(job.constexprs)
-    assert (job.form, job.kernel, job.grid) == ("dual", "dual_forward", (6,))
-    assert meta["STORE_STARTS"] is True and meta["HB"] == dual_triton.HIDDEN_BLOCK
-    assert meta["BT"] == 16 and meta["DOT_PRECISION"] == "tf32"
-    assert job.args[:3] == (("tensor", "bfloat16"), ("tensor", "bfloat16"), ("tensor", "float32"))
-    assert (job.num_warps, job.num_stages) == (dual_triton.NUM_WARPS, dual_triton.NUM_STAGES)
+    forward, backward = gpu_compile.jobs("specs/titans.yaml", d=64, shape=(2, 100, 3), dtype="bf16")
+    assert (forward.kernel, backward.kernel) == ("dual_forward", "dual_backward")
+    assert dict(forward.constexprs)["STORE_STARTS"] is True
+    for job in (forward, backward):
+        meta = dict(job.constexprs)
+        assert (job.form, job.grid) == ("dual", (6,))
+        assert meta["HB"] == dual_triton.HIDDEN_BLOCK
+        assert meta["BT"] == 16 and meta["DOT_PRECISION"] == "tf32"
+        assert job.args[:3] == (
+            ("tensor", "bfloat16"), ("tensor", "bfloat16"), ("tensor", "float32")
+        )  # fmt: skip
+        assert (job.num_warps, job.num_stages) == (dual_triton.NUM_WARPS, dual_triton.NUM_STAGES)
+
+
+def test_a_gradient_of_the_final_state_alone_is_the_torch_dual_forms(monkeypatch):
+    """The loss reads the final state only (o's gradient is None): the backward kernel runs
+    with a zero dO, and every gate and the keys still get their gradients."""
+    fields, t, chunk = CASES["titans"]
+    rule = miras.compile({"name": "final-only", **fields})
+    q, k, v, gates, init = _inputs(rule, t, seed=11)
+    seen = _counting(monkeypatch)
+    grads = {}
+    for backend in ("chunk", "triton"):
+        leaves = [x.clone().requires_grad_(True) for x in (k, v, *gates.values())]
+        k_, v_, *g_ = leaves
+        _, final = rule(
+            q, k_, v_, dict(zip(gates, g_, strict=True)), backend=backend, chunk_size=chunk,
+            initial_state=init, output_final_state=True,
+        )  # fmt: skip
+        loss = sum(x.square().sum() for x in final.values())
+        names = ["dk", "dv", *(f"d {n}" for n in gates)]
+        grads[backend] = dict(zip(names, torch.autograd.grad(loss, leaves), strict=True))
+    assert seen == ["forward", "backward"]
+    _compare(grads["triton"], grads["chunk"])
 
 
 def test_a_gradient_of_q_alone_is_the_torch_dual_forms():
-    """Only q asks for a gradient: the final state does not reach it, and the recompute's
-    backward takes the outputs that do."""
+    """Only q asks for a gradient: the final state does not reach it, so its gradient is None
+    and the backward kernel starts from a zero gradient of it."""
     fields, t, chunk = CASES["gd_retained_gelu"]
     rule = miras.compile({"name": "q-only", **fields})
     q, k, v, gates, init = _inputs(rule, t, seed=9)
