@@ -108,6 +108,6 @@ def _activation_functions(spec: Spec) -> list[tuple[str, object, str]]:
     from miras.symbols import x
 
     pieces = list(spec.memory.emitted_functions())  # activation, activation_grad
-    (_, grad, doc), = [p for p in pieces if p[0] == "activation_grad"]
+    ((_, grad, doc),) = [p for p in pieces if p[0] == "activation_grad"]
     second = sp.diff(grad, x).replace(sp.DiracDelta, lambda *_: sp.S.Zero)
     return [*pieces, ("activation_grad2", sp.simplify(second), f"d/dx of {doc}")]

@@ -47,6 +47,12 @@ if TYPE_CHECKING:
 HIDDEN_BLOCK = 32
 NUM_WARPS = 8
 NUM_STAGES = 2
+# The backward kernel: 8 warps, no software pipelining of its loads. Compiled for titans
+# (chunk 16, bf16 inputs, sm_90), 2 stages spilled 498 B at d 64 and 1028 B at d 128, 1 stage
+# 248 B and 496 B, hidden blocks of 16 (2 stages) 664 B and 2278 B; 4 or 16 warps and chunks of
+# 32 or 64 spilled more on a variant of it. No GPU has timed any of them.
+BACKWARD_WARPS = 8
+BACKWARD_STAGES = 1
 
 
 def _per_token(x: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
@@ -213,8 +219,7 @@ def run_backward(module, q, k, v, gamma, mixing, starts, grad_o, grad_final, chu
     dgamma, then one per `mixing` tensor). `miras.gpu_compile` calls it on meta tensors."""
     bh, t, d_k = q.shape
     d_v = v.shape[-1]
-    wa_chunks, wb_chunks, sa_chunks, sb_chunks = starts
-    d_h = wa_chunks.shape[-2]
+    d_h = starts[0].shape[-2]  # A's chunk starts [BH, NC, Dh, Dk]
     dec, car, coeff, last, last_s, ends = mixing
     nc, bt = coeff.shape[1], coeff.shape[2]
     momentum = bool(module.MOMENTUM.value)
@@ -242,7 +247,7 @@ def run_backward(module, q, k, v, gamma, mixing, starts, grad_o, grad_final, chu
             grads[0], grads[1], dsa, dsb, scratch,
             dq, dk, dv, *per_token, dcoeff, dlast, dlast_s, dends,
             t, min(chunk_size, t), nc, d_k, d_h, d_v, **meta,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            num_warps=BACKWARD_WARPS, num_stages=BACKWARD_STAGES,
         )  # fmt: skip
     dgamma, ddec, dcar = per_token
     check_written(
@@ -285,7 +290,7 @@ class DualKernel(torch.autograd.Function):
         leaves = [x.detach().requires_grad_(n) for x, n in zip(tensors, needs, strict=True)]
         seq, state = _rebuild(info, leaves)
         rt = info.rt
-        b, h, t, d_k = seq.phi_q.shape
+        b, h, t = seq.phi_q.shape[:3]
         bh = b * h
         with torch.enable_grad():  # the gate inputs, as graphs back to the gates
             weight = rt.scalar(rt.spec.window, rt.spec.window.weight_gate, seq.window_gates,

@@ -259,6 +259,13 @@ def test_the_compile_checks_record_the_dual_launch(monkeypatch):
     forward, backward = gpu_compile.jobs("specs/titans.yaml", d=64, shape=(2, 100, 3), dtype="bf16")
     assert (forward.kernel, backward.kernel) == ("dual_forward", "dual_backward")
     assert dict(forward.constexprs)["STORE_STARTS"] is True
+    assert (forward.num_warps, forward.num_stages) == (
+        dual_triton.NUM_WARPS,
+        dual_triton.NUM_STAGES,
+    )
+    assert (backward.num_warps, backward.num_stages) == (
+        dual_triton.BACKWARD_WARPS, dual_triton.BACKWARD_STAGES
+    )  # fmt: skip
     for job in (forward, backward):
         meta = dict(job.constexprs)
         assert (job.form, job.grid) == ("dual", (6,))
@@ -267,7 +274,6 @@ def test_the_compile_checks_record_the_dual_launch(monkeypatch):
         assert job.args[:3] == (
             ("tensor", "bfloat16"), ("tensor", "bfloat16"), ("tensor", "float32")
         )  # fmt: skip
-        assert (job.num_warps, job.num_stages) == (dual_triton.NUM_WARPS, dual_triton.NUM_STAGES)
 
 
 def test_a_gradient_of_the_final_state_alone_is_the_torch_dual_forms(monkeypatch):
