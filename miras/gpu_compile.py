@@ -403,7 +403,7 @@ def _run_dual(module, spec, d: int, chunk_size: int, shape, precision: str, dtyp
     q, k = _meta(bh, length, d, dtype=operand), _meta(bh, length, d, dtype=operand)
     v, gamma = _meta(bh, length, d), _meta(bh, length)
     o, final, starts = dual_triton.run_kernel(
-        module, q, k, v, gamma, mixing, state, chunk_size, precision, store_starts=True
+        module, q, k, v, gamma, mixing, state, chunk_size, precision, store_every=1
     )
     dual_triton.run_backward(
         module, q, k, v, gamma, mixing, starts, o, final, chunk_size, precision

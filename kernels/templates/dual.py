@@ -44,7 +44,7 @@ def chunk_end_tile(w, s, ew, es, x, a_end, c_end, th_end, ACC: tl.constexpr, DOT
 def dual_forward(
     q, k, v, gamma, dec, car, coeff, last, last_s, ends,
     wa, wb, sa, sb, wa_chunks, wb_chunks, sa_chunks, sb_chunks, scratch, o,
-    T, CS, NC, DK, DH, DV,
+    T, CS, NC, DK, DH, DV, EVERY,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HB: tl.constexpr,
     ACC: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_STARTS: tl.constexpr,
 ):
@@ -55,8 +55,9 @@ def dual_forward(
     lr_s, zero outside the chunk), last and last_s [BH, NC, BT] (-K[n-1, s] lr_s and
     L^theta[n-1, s] lr_s), ends [BH, NC, 4] (a, c, theta at the chunk's last token).
     wa [BH, DH, DK], wb [BH, DV, DH] (and sa, sb with momentum): the start state on entry, the
-    final state on exit (float32, updated in place). With STORE_STARTS, each chunk's start state
-    goes to wa_chunks [BH, NC, DH, DK], wb_chunks [BH, NC, DV, DH] (sa_chunks, sb_chunks).
+    final state on exit (float32, updated in place). With STORE_STARTS, the start state of every
+    EVERY-th chunk (0, EVERY, 2 EVERY, ...) goes to wa_chunks [BH, NS, DH, DK], wb_chunks
+    [BH, NS, DV, DH] (sa_chunks, sb_chunks), NS = ceil(NC / EVERY).
     scratch [BH, 3, BT, DH]: z1, a1, e1 of the current chunk. o [BH, T, DV]. Grid (BH,)."""
     OP: tl.constexpr = k.dtype.element_ty  # products' operands: the inputs' dtype (fla's)
     pid = tl.program_id(0).to(tl.int64)
@@ -78,11 +79,11 @@ def dual_forward(
     for ic in range(0, NC):
         tok = ic * CS + rows
         mt = (rows < CS) & (tok < T)
-        if STORE_STARTS:
+        if STORE_STARTS and ic % EVERY == 0:
+            cs = pid * tl.cdiv(NC, EVERY) + ic // EVERY  # the start's slot
             for j0 in range(0, DH, HB):
                 hj = j0 + ch
                 mh = hj < DH
-                cs = pid * NC + ic
                 store_rows(wa_chunks + cs * DH * DK, hj, mh, ck, mk, DK,
                            load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, ACC))
                 store_rows(wb_chunks + cs * DV * DH, cv, mv, hj, mh, DH,

@@ -1,17 +1,19 @@
-"""The dual form of a two-layer MLP memory on the Triton backend: the forward in one kernel
-(`dual_forward`, emitted by `miras.compiler.triton_dual` from `kernels/templates/dual.py`), the
-backward recomputed through the torch dual form.
+"""The dual form of a two-layer MLP memory on the Triton backend: a forward and a backward
+kernel (`dual_forward`, `dual_backward`, emitted by `miras.compiler.triton_dual` from
+`kernels/templates/dual.py`).
 
     o, final = forward(program, seq, state, chunk_size, precision, operand_dtype)
 
-The kernel computes what `miras.runtime.dual.forward` computes
+The kernels compute what `miras.runtime.dual.forward` computes and its gradients
 (tests/kernels/test_triton_dual.py): the mixing matrices of every chunk (`dual.unrolled_chunks`,
-from the step gates alone) are built in torch and handed to it zero-padded; it walks the chunks,
-one program per (batch, head), with the network's weights in float32 global memory.
+from the step gates alone) are built in torch and handed to them zero-padded; each walks the
+chunks, one program per (batch, head), with the network's weights in float32 global memory.
 
-The backward is not a kernel yet: `DualKernel.backward` runs `dual.forward` again under
-autograd from the saved inputs and initial state and differentiates it, so every gradient is
-exactly the torch dual form's (and costs its time and memory, plus the kernel's forward).
+When a gradient is wanted the forward stores chunk start states for the backward: every
+chunk's, or, past `STARTS_BUDGET` bytes, every G-th chunk's, and the backward then runs the
+forward kernel again over each stretch of G chunks to get the starts inside it before
+differentiating that stretch. The backward kernel hands the gates' gradients as gradients of
+the mixing matrices, which torch carries back to the gates through `dual.unrolled_chunks`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ NUM_STAGES = 2
 # 32 or 64 spilled more on a variant of it. No GPU has timed any of them.
 BACKWARD_WARPS = 8
 BACKWARD_STAGES = 1
+# The chunk starts the forward keeps for the backward, in bytes: past it, every G-th chunk's
+# (`starts_every`), and the backward recomputes the rest a stretch of G chunks at a time.
+# Titans at d 64 keeps 256 KiB a start and head: 1 GiB is 4096 (chunk, head) pairs, e.g.
+# T 8192 at chunk 16 over 8 heads. Tests lower it.
+STARTS_BUDGET = 1 << 30
 
 
 def _per_token(x: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
@@ -115,9 +122,16 @@ def _mixing_inputs(rt, seq: Tokens, chunk_size: int):
     return per_token(unrolled.d), car, coeff.contiguous(), last, last_s, ends
 
 
-def _launch(module, rt, seq: Tokens, weights, chunk_size, precision, operands, store_starts):
+def starts_every(chunks: int, start_bytes: int) -> int:
+    """G, the stretch of chunks per stored start: 1 (every chunk's) while `chunks` starts of
+    `start_bytes` each fit `STARTS_BUDGET`, else the fewest chunks a start that fit it."""
+    fit = max(1, STARTS_BUDGET // max(start_bytes, 1))
+    return 1 if chunks <= fit else -(-chunks // fit)
+
+
+def _launch(module, rt, seq: Tokens, weights, chunk_size, precision, operands, store_every):
     """The kernel's outputs: o [BH, T, Dv], the final weights (A, B[, SA, SB]) [BH, ...], and
-    the chunk-start states when `store_starts` (else None)."""
+    the start states of every `store_every`-th chunk (None for 0)."""
     b, h, t, d_k = seq.phi_q.shape
     bh = b * h
     gamma = rt.scalar(rt.spec.window, rt.spec.window.weight_gate, seq.window_gates, slice(0, t))
@@ -134,15 +148,16 @@ def _launch(module, rt, seq: Tokens, weights, chunk_size, precision, operands, s
         state,
         chunk_size,
         precision,
-        store_starts,
+        store_every,
     )
 
 
-def run_kernel(module, q, k, v, gamma, mixing, state, chunk_size, precision, store_starts):
+def run_kernel(module, q, k, v, gamma, mixing, state, chunk_size, precision, store_every):
     """One launch of `dual_forward` on prepared tensors: q, k [BH, T, Dk] (the operand dtype),
     v [BH, T, Dv] and gamma [BH, T] (the state's dtype), `mixing` as `mixing_inputs` gives it,
     `state` the [BH, ...] weights A, B (and SA, SB with momentum) that the kernel updates in
-    place to the final state. Returns (o [BH, T, Dv], state, the chunk starts or None).
+    place to the final state. Returns (o [BH, T, Dv], state, and the start states of chunks
+    0, G, 2 G, ... for `store_every` = G, [BH, ceil(NC / G), ...] each, or None for 0).
     `miras.gpu_compile` calls it on meta tensors to record the launch."""
     bh, t, d_k = q.shape
     d_v = v.shape[-1]
@@ -152,10 +167,11 @@ def run_kernel(module, q, k, v, gamma, mixing, state, chunk_size, precision, sto
     nc, bt = coeff.shape[1], coeff.shape[2]
     momentum = bool(module.MOMENTUM.value)
     sa, sb = state[2:] if momentum else (wa[:1, :1], wb[:1, :1])  # never read without momentum
-    if store_starts:
-        starts = [poisoned(bh, nc, d_h, d_k, like=v), poisoned(bh, nc, d_v, d_h, like=v)]
+    if store_every:
+        ns = -(-nc // store_every)
+        starts = [poisoned(bh, ns, d_h, d_k, like=v), poisoned(bh, ns, d_v, d_h, like=v)]
         starts += (
-            [poisoned(bh, nc, d_h, d_k, like=v), poisoned(bh, nc, d_v, d_h, like=v)]
+            [poisoned(bh, ns, d_h, d_k, like=v), poisoned(bh, ns, d_v, d_h, like=v)]
             if momentum
             else [v.new_zeros(1), v.new_zeros(1)]
         )
@@ -171,19 +187,52 @@ def run_kernel(module, q, k, v, gamma, mixing, state, chunk_size, precision, sto
         HB=min(HIDDEN_BLOCK, pow2(d_h)),
         ACC=acc,
         DOT_PRECISION=dot_precision(precision, acc),
-        STORE_STARTS=store_starts,
+        STORE_STARTS=bool(store_every),
     )
     if bh > 0:
         module.dual_forward[(bh,)](
             q, k, v, gamma, dec, car, coeff, last, last_s, ends, wa, wb, sa, sb, *starts,
-            scratch, o, t, min(chunk_size, t), nc, d_k, d_h, d_v, **meta,
+            scratch, o, t, min(chunk_size, t), nc, d_k, d_h, d_v, max(store_every, 1), **meta,
             num_warps=NUM_WARPS, num_stages=NUM_STAGES,
         )  # fmt: skip
     written = {"o": o}
-    if store_starts:
+    if store_every:
         written |= {"the chunk starts A": starts[0], "the chunk starts B": starts[1]}
     check_written(written)
-    return o, state, (starts if store_starts else None)
+    return o, state, (starts if store_every else None)
+
+
+def backward(module, q, k, v, gamma, mixing, starts, every, grad_o, grad_final, chunk_size,
+             precision):  # fmt: skip
+    """`run_backward` over the whole sequence from the starts of every `every`-th chunk (G):
+    for G = 1 one launch; else stretch by stretch of G chunks, last first, each stretch's
+    forward run again from its stored start to store the starts inside it, and the state's
+    gradient carried from one stretch to the one before. Returns what `run_backward` does."""
+    if every == 1:
+        return run_backward(
+            module, q, k, v, gamma, mixing, starts, grad_o, grad_final, chunk_size, precision
+        )
+    t, chunks = q.shape[1], mixing[2].shape[1]
+    carried = grad_final
+    parts = []  # per stretch, last first: [dq, dk, dv, *the gate inputs' gradients]
+    for first in reversed(range(0, chunks, every)):
+        end = min(first + every, chunks)
+        tokens = (first * chunk_size, min(end * chunk_size, t))
+        inputs = [_cut(x, *tokens) for x in (q, k, v, gamma)]
+        stretch = [_cut(x, *tokens) for x in mixing[:2]] + [_cut(x, first, end) for x in mixing[2:]]
+        state = [x[:, first // every].clone() for x in starts[: len(grad_final)]]
+        _, _, inner = run_kernel(module, *inputs, stretch, state, chunk_size, precision, 1)
+        dq, dk, dv, carried, d_gates = run_backward(
+            module, *inputs, stretch, inner, _cut(grad_o, *tokens), carried, chunk_size, precision
+        )
+        parts.append([dq, dk, dv, *d_gates])
+    dq, dk, dv, *d_gates = (torch.cat(x[::-1], dim=1) for x in zip(*parts, strict=True))
+    return dq, dk, dv, carried, tuple(d_gates)
+
+
+def _cut(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """x[:, lo:hi] as a tensor of its own ([BH, ...] inputs by token or by chunk)."""
+    return x[:, lo:hi].contiguous()
 
 
 @dataclass(frozen=True)
@@ -268,14 +317,19 @@ class DualKernel(torch.autograd.Function):
     def forward(ctx, info: Info, *tensors):
         seq, state = _rebuild(info, tensors)
         weights = [state[k] for k in info.keys]
-        wanted = any(ctx.needs_input_grad[1:])
+        every = 0  # no starts stored without a gradient
+        if any(ctx.needs_input_grad[1:]):
+            chunks = -(-seq.length // min(info.chunk_size, seq.length))
+            start_bytes = 4 * sum(w.numel() for w in weights)  # float32, every (batch, head)
+            every = starts_every(chunks, start_bytes)
         o, final, starts = _launch(
             info.module, info.rt, seq, weights, info.chunk_size, info.precision, info.operands,
-            store_starts=wanted,
+            store_every=every,
         )  # fmt: skip
         ctx.info = info
+        ctx.every = every
         ctx.n_inputs = len(tensors)
-        if wanted:
+        if every:
             ctx.save_for_backward(*tensors, *starts)
         b, h, t = seq.phi_q.shape[:3]
         shaped = [w.reshape(state[k].shape) for w, k in zip(final, info.keys, strict=True)]
@@ -306,10 +360,10 @@ class DualKernel(torch.autograd.Function):
             for key, g in zip(info.keys, grad_final, strict=True)
         ]
         g_o = torch.zeros_like(flat(seq.v)) if grad_o is None else flat(grad_o)
-        dq, dk, dv, d_init, d_gates = run_backward(
+        dq, dk, dv, d_init, d_gates = backward(
             info.module, flat(seq.phi_q).to(info.operands), flat(seq.phi_k).to(info.operands),
-            flat(seq.v), gamma.detach(), [m.detach() for m in mixing], starts, g_o, finals,
-            info.chunk_size, info.precision,
+            flat(seq.v), gamma.detach(), [m.detach() for m in mixing], starts, ctx.every, g_o,
+            finals, min(info.chunk_size, t), info.precision,
         )  # fmt: skip
         # The gates' gradients: back through gamma and the mixing matrices by autograd.
         gate_leaves = leaves[4 : 4 + len(info.step_names) + len(info.window_names)]

@@ -173,6 +173,30 @@ def test_several_hidden_blocks_the_last_partial(case, monkeypatch):
     _compare(got, want)
 
 
+@pytest.mark.parametrize(
+    ("case", "fit", "every"),
+    [("titans", 2, 2), ("huber_nesterov_gamma_relu", 1, 4), ("momentum_retained_tanh", 1, 2)],
+    ids=["titans_every_2", "one_start_of_4_chunks", "retained_every_2"],
+)
+def test_starts_past_the_budget_every_g_th_chunk(case, fit, every, monkeypatch):
+    """Past `STARTS_BUDGET` the forward keeps every G-th chunk's start and the backward runs each
+    stretch of G chunks forward again before differentiating it (the last stretch partial:
+    3 chunks in stretches of 2, 4 chunks in one, 2 in one): gradients as the torch dual form's."""
+    fields, t, chunk = CASES[case]
+    rule = miras.compile({"name": case.replace("_", "-"), **fields})
+    inputs = _inputs(rule, t, seed=13)
+    start = 4 * sum(s.numel() for s in inputs[4].values())  # one start, every head, float32
+    monkeypatch.setattr(dual_triton, "STARTS_BUDGET", fit * start)
+    chunks = -(-t // chunk)
+    assert dual_triton.starts_every(chunks, start) == every
+    seen = _counting(monkeypatch)
+    want = _run(rule, "chunk", inputs, chunk)
+    got = _run(rule, "triton", inputs, chunk)
+    stretches = -(-chunks // every)
+    assert seen == ["forward"] + ["backward"] * stretches
+    _compare(got, want)
+
+
 def test_no_gradient_no_stored_starts(monkeypatch):
     """Without a gradient wanted the forward stores no chunk starts and no backward runs."""
     fields, t, chunk = CASES["titans"]
@@ -180,17 +204,17 @@ def test_no_gradient_no_stored_starts(monkeypatch):
     stored = []
     real = dual_triton._launch
 
-    def launch(module, rt, seq, weights, chunk_size, precision, operands, store_starts):
-        stored.append(store_starts)
-        return real(module, rt, seq, weights, chunk_size, precision, operands, store_starts)
+    def launch(module, rt, seq, weights, chunk_size, precision, operands, store_every):
+        stored.append(store_every)
+        return real(module, rt, seq, weights, chunk_size, precision, operands, store_every)
 
     monkeypatch.setattr(dual_triton, "_launch", launch)
     _run(rule, "triton", _inputs(rule, t), chunk, grads=False)
-    assert stored == [False]
+    assert stored == [0]
 
 
 def test_chunk_starts_are_stored(monkeypatch):
-    """With STORE_STARTS the kernel writes every chunk's start state (for a backward kernel):
+    """With STORE_STARTS the kernel writes every chunk's start state (what the backward reads):
     the first is the initial state, the last the torch dual form's state after all but the
     last chunk."""
     fields, t, chunk = CASES["titans"]
@@ -199,8 +223,8 @@ def test_chunk_starts_are_stored(monkeypatch):
     captured = {}
     real = dual_triton._launch
 
-    def launch(module, rt, seq, weights, chunk_size, precision, operands, store_starts):
-        out = real(module, rt, seq, weights, chunk_size, precision, operands, True)
+    def launch(module, rt, seq, weights, chunk_size, precision, operands, store_every):
+        out = real(module, rt, seq, weights, chunk_size, precision, operands, 1)
         captured["starts"] = out[2]
         return out
 
