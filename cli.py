@@ -15,7 +15,7 @@ from rich.table import Table
 from miras.components import CATALOGUE
 from miras.errors import DerivationError, SpecError
 from miras.spec import load_spec
-from miras.training_config import DEFAULTS, RANK_TIMEOUT, TrainConfig
+from miras.training.config import DEFAULTS, RANK_TIMEOUT, TrainConfig
 
 app = typer.Typer(
     help="Explore the MIRAS design space: validate, derive and check memory-rule specs.",
@@ -462,7 +462,7 @@ def _interrupted(stop: KeyboardInterrupt, ctx: typer.Context) -> typer.Exit:
 
 def _rank_failed(error: RuntimeError, ctx: typer.Context) -> Exception:
     """Under torchrun, another rank died: where the run stands and how to resume (exit 1)."""
-    from miras.distributed import RankFailure
+    from miras.training import RankFailure
 
     if not isinstance(error, RankFailure):
         return error
@@ -481,7 +481,7 @@ def _resume_command(ctx: typer.Context, directory: Path) -> str:
     torchrun, the torchrun command that starts as many processes."""
     import shlex
 
-    from miras.distributed import launcher
+    from miras.training.distributed import launcher
 
     words = [*launcher(), ctx.info_name or "train"]
     for param in ctx.command.params:

@@ -28,11 +28,11 @@ LAZY: dict[str, str] = {
     "TrainingDiverged": "miras.errors",
     "Spec": "miras.spec",
     "load_spec": "miras.spec",
-    "TrainConfig": "miras.training_config",
-    "TrainResult": "miras.training",
-    "evaluate": "miras.training",
-    "load_model": "miras.checkpoint",
-    "train": "miras.training",
+    "TrainConfig": "miras.training.config",
+    "TrainResult": "miras.training.recipe",
+    "evaluate": "miras.training.evaluation",
+    "load_model": "miras.training.checkpoint",
+    "train": "miras.training.recipe",
 }
 
 __all__ = [
@@ -67,9 +67,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from miras.checkpoint import load_model
     from miras.errors import DerivationError, FormulaError, SpecError, TrainingDiverged
     from miras.rule import Derivation, MemoryRule, compile
     from miras.spec import Spec, load_spec
-    from miras.training import TrainResult, evaluate, train
-    from miras.training_config import TrainConfig
+    from miras.training.checkpoint import load_model
+    from miras.training.config import TrainConfig
+    from miras.training.evaluation import evaluate
+    from miras.training.recipe import TrainResult, train
