@@ -179,13 +179,7 @@ def run_packed(call: Call):
     n = len(bounds) - 1
     # The gates are checked whole (names, shapes, ranges) before they are cut, so token
     # numbers count from the start of the packed sequence.
-    check_gates(
-        call.gates,
-        program.plan.gates,
-        shapes,
-        per_channel_ok=per_channel_gates(program),
-        per_key_ok=per_key_gates(program),
-    )
+    _checked_gates(call)
     gates = dict(call.gates or {})
     # The exact optimizer carries statistics of a fixed size, not the window's tokens (and
     # softmax attention, which carries nothing, takes no window: validation refuses it).
@@ -242,7 +236,7 @@ def run_sequence(call: Call):
     docs/chunking.md), the gates checked against it, the inputs heads first in the state's
     dtype; a closed form runs on them as they are, every other form on the memory's tokens
     and state (`_run_memory`). o [B, T, H, Dv] in the inputs' dtype, and the final state."""
-    program, shapes, q = call.program, call.shapes, call.q
+    program, q = call.program, call.q
     if call.backend == "triton":
         _refuse_uncovered_triton(program)
     # The compiler's chunk_form pass recorded the spec's form, `chunk_mode` may override it,
@@ -250,13 +244,7 @@ def run_sequence(call: Call):
     form = program.plan.chunk_form
     mode = forms.resolve_mode(call.chunk_mode, form, program.spec.name)
     chosen = forms.select(call.backend, mode, form, call.chunk_size, program.spec)
-    gates = check_gates(
-        call.gates,
-        program.plan.gates,
-        shapes,
-        per_channel_ok=per_channel_gates(program),
-        per_key_ok=per_key_gates(program),
-    )
+    gates = _checked_gates(call)
     refuse_key_channel_gates(program, gates, chosen.name)
     dtype = state_dtype(q.dtype)
 
@@ -293,6 +281,19 @@ def run_sequence(call: Call):
     o, final = _run_memory(call, chosen, given, q_, k_, v_, gates_)
     o = o.transpose(1, 2).to(q.dtype)
     return o, (state_out(final) if call.output_final_state else None)
+
+
+def _checked_gates(call: Call) -> dict[str, torch.Tensor]:
+    """The call's gates checked (names, shapes, ranges; a constant becomes a tensor), each per
+    head, or per value or key channel where the program takes it so."""
+    program = call.program
+    return check_gates(
+        call.gates,
+        program.plan.gates,
+        call.shapes,
+        per_channel_ok=per_channel_gates(program),
+        per_key_ok=per_key_gates(program),
+    )
 
 
 def _refuse_uncovered_triton(program: Program) -> None:

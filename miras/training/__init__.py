@@ -22,26 +22,27 @@ Each public name below is imported from its module on first use (PEP 562), so re
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-# public name -> the module of miras.training that defines it
+from miras import lazy_names
+
+# public name -> the module that defines it (imported on first use)
 LAZY: dict[str, str] = {
-    "CHECKPOINT": "checkpoint",
-    "METRICS": "checkpoint",
-    "RankFailure": "distributed",
-    "TrainConfig": "config",
-    "TrainRecipe": "recipe",
-    "TrainResult": "recipe",
-    "TrainingInterrupted": "interrupts",
-    "evaluate": "evaluation",
-    "evaluate_model": "evaluation",
-    "load_checkpoint": "checkpoint",
-    "load_model": "checkpoint",
-    "recorded_task": "checkpoint",
-    "save_atomic": "checkpoint",
-    "train": "recipe",
-    "train_on_ranks": "launcher",
+    "CHECKPOINT": "miras.training.checkpoint",
+    "METRICS": "miras.training.checkpoint",
+    "RankFailure": "miras.training.distributed",
+    "TrainConfig": "miras.training.config",
+    "TrainRecipe": "miras.training.recipe",
+    "TrainResult": "miras.training.recipe",
+    "TrainingInterrupted": "miras.training.interrupts",
+    "evaluate": "miras.training.evaluation",
+    "evaluate_model": "miras.training.evaluation",
+    "load_checkpoint": "miras.training.checkpoint",
+    "load_model": "miras.training.checkpoint",
+    "recorded_task": "miras.training.checkpoint",
+    "save_atomic": "miras.training.checkpoint",
+    "train": "miras.training.recipe",
+    "train_on_ranks": "miras.training.launcher",
 }
 
 __all__ = [
@@ -63,18 +64,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # Unknown names raise AttributeError, so `from miras.training import recipe` imports the
-    # submodule.
-    if name not in LAZY:
-        raise AttributeError(f"module 'miras.training' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{LAZY[name]}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *LAZY])
+__getattr__, __dir__ = lazy_names(__name__, LAZY, globals())
 
 
 if TYPE_CHECKING:

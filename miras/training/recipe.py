@@ -130,38 +130,45 @@ class StepOutcome:
     out_of_time: bool
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """What a call of `miras.train` asks besides the training settings: its keywords
+    (`train`'s docstring)."""
+
+    out_dir: str | Path | None = None
+    resume: bool = False
+    extend: bool = False
+    callback: Callable[[int, dict[str, float]], None] | None = None
+    progress: bool = True
+    time_limit: float | None = None
+    device: str | None = None
+    rank_timeout: float = RANK_TIMEOUT
+
+
 class TrainRecipe:
     """One call of `miras.train`, phase by phase: `setup` (the model, optimizer and schedule,
     a checkpoint resumed, the ranks joined), `step` (one optimizer step), `evaluate` (score,
     share, record), `checkpoint` (save the state at a step) and `run` (the loop: steps,
     evaluations every `eval_every` steps and at the end, early stopping, the time limit,
-    Ctrl-C, a lost rank). The arguments are `miras.train`'s; they are checked here, before
-    anything is loaded."""
+    Ctrl-C, a lost rank). The arguments are `miras.train`'s, its keywords other than the
+    settings gathered in `RunOptions`; they are checked here, before anything is loaded."""
 
     def __init__(
         self,
         spec: Spec | str | dict,
         task: Task,
         config: TrainConfig | Mapping[str, Any] | None = None,
-        *,
-        out_dir: str | Path | None = None,
-        resume: bool = False,
-        extend: bool = False,
-        callback: Callable[[int, dict[str, float]], None] | None = None,
-        progress: bool = True,
-        time_limit: float | None = None,
-        device: str | None = None,
-        rank_timeout: float = RANK_TIMEOUT,
+        options: RunOptions | None = None,
+        /,
         **settings: Any,
     ):
         self.spec = load_spec(spec)
         self.config = TrainConfig.make(config, **settings)
-        if extend and not resume:
+        self.options = options = options or RunOptions()
+        if options.extend and not options.resume:
             raise ValueError("extend: continues a checkpoint; pass it with resume=True (--resume)")
-        self.task, self.resume, self.extend = task, resume, extend
-        self.out = Path(out_dir) if out_dir is not None else None
-        self.callback, self.show_progress, self.time_limit = callback, progress, time_limit
-        self.device_name, self.rank_timeout = device, rank_timeout
+        self.task = task
+        self.out = Path(options.out_dir) if options.out_dir is not None else None
         self.ready = False  # setup done
 
     # setup --------------------------------------------------------------------------------
@@ -170,7 +177,7 @@ class TrainRecipe:
         """Resolve the settings against a resumed checkpoint, join the ranks, refuse a run that
         would not fit, build the model, optimizer and schedule (loading the checkpoint's
         states), and make the collaborators: the run's files, progress and Ctrl-C handling."""
-        self.previous = previous_checkpoint(self.out, self.resume)
+        self.previous = previous_checkpoint(self.out, self.options.resume)
         if self.previous is not None:
             # Warmup and precision left to their defaults keep the run's own when resumed, so
             # extending `steps` does not move the warmup and a bf16 run stays bf16.
@@ -182,7 +189,7 @@ class TrainRecipe:
             self.config = self.config.model_copy(update=kept)
         config, task = self.config, self.task
         self.precision = config.precision_name
-        self.ranks, self.device = distributed.join(self.device_name, self.rank_timeout)
+        self.ranks, self.device = distributed.join(self.options.device, self.options.rank_timeout)
         self.rows = self.ranks.shard(config.batch_size)  # this rank's rows of a global batch
         # Refuse, with the sizes to lower, a run whose model, states and activations would
         # not fit.
@@ -212,7 +219,7 @@ class TrainRecipe:
         self.files = RunFiles(self.out, self.ranks.main)
         self.saved_step = self.start if self.previous is not None else None  # on disk
         self.parameters = sum(p.numel() for p in self.model.parameters())
-        show = self.show_progress and self.ranks.main
+        show = self.options.progress and self.ranks.main
         self.bar = TrainProgress(
             show, config.steps, self.start, task.primary_metric, config.log_every
         )
@@ -230,7 +237,7 @@ class TrainRecipe:
         """Continue `checkpoint`: its states, losses, history and extensions; a larger `steps`
         with `extend` re-plans the schedule from its step on."""
         config = self.config
-        planned = check_resumable(checkpoint, self.spec, config, self.task, self.extend)
+        planned = check_resumable(checkpoint, self.spec, config, self.task, self.options.extend)
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
@@ -279,7 +286,8 @@ class TrainRecipe:
             # Rows with nothing scored: a zero that keeps the graph (DDP waits for every
             # rank's gradients), not the 0/0 of an empty mean.
             part = part * (mine / scored) if mine else logits.sum() * 0.0
-        late = self.time_limit is not None and time.perf_counter() - self.began > self.time_limit
+        limit = self.options.time_limit
+        late = limit is not None and time.perf_counter() - self.began > limit
         flags = [part.item(), self.interrupts.local, late]  # on the device: nccl needs it
         flags = torch.tensor(flags, dtype=torch.float64, device=device)
         loss, requested, out_of_time = ranks.sum(flags).tolist()
@@ -383,9 +391,8 @@ class TrainRecipe:
         self.checkpoint(self.at, rng_state())
         metrics = _metrics(entry)
         self.bar.evaluated(self.at, metrics)
-        if self.callback is not None and self.ranks.callback_stopped(
-            self.callback, self.at, metrics
-        ):
+        callback = self.options.callback
+        if callback is not None and self.ranks.callback_stopped(callback, self.at, metrics):
             return True  # rank 0's callback raised: the other ranks end here
         if reached(self.config.early_stop, self.task, metrics):
             # Every rank holds the shared record, so all stop at this step.
@@ -488,10 +495,7 @@ def train(
     `rank_timeout` seconds makes the others raise `miras.training.RankFailure` naming the
     last checkpoint.
     """
-    recipe = TrainRecipe(
-        spec,
-        task,
-        config,
+    options = RunOptions(
         out_dir=out_dir,
         resume=resume,
         extend=extend,
@@ -500,7 +504,7 @@ def train(
         time_limit=time_limit,
         device=device,
         rank_timeout=rank_timeout,
-        **settings,
     )
+    recipe = TrainRecipe(spec, task, config, options, **settings)
     recipe.setup()
     return recipe.run()
