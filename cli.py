@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import shlex
+import types
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal, Union
 
 import typer
 from rich.console import Console
@@ -15,7 +19,7 @@ from rich.table import Table
 from miras.components import CATALOGUE
 from miras.errors import DerivationError, SpecError
 from miras.spec import load_spec
-from miras.training_config import DEFAULTS, RANK_TIMEOUT, TrainConfig
+from miras.training.config import RANK_TIMEOUT, TrainConfig
 
 app = typer.Typer(
     help="Explore the MIRAS design space: validate, derive and check memory-rule specs.",
@@ -308,41 +312,69 @@ def _setting(name: str) -> str:
     return TrainConfig.model_fields[name].description or ""
 
 
+# The help of a training setting where the command line says more than its description.
+SETTING_HELP = {
+    "steps": _setting("steps") + " With --resume --extend: the new total.",
+    "log_every": "Steps between training records in metrics.jsonl; off a terminal, a progress "
+    "line comes about every tenth of the run, at a multiple of this.",
+}
+
+
+def _option_type(annotation: Any) -> Any:
+    """A setting's type as typer takes it: `X | None` stays optional; a Literal of strings is
+    a str (TrainConfig names a bad value with the allowed ones)."""
+    args = typing.get_args(annotation)
+    union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is Union
+    optional = union and type(None) in args
+    inner = next(a for a in args if a is not type(None)) if optional else annotation
+    if typing.get_origin(inner) is Literal:
+        inner = type(typing.get_args(inner)[0])
+    return inner | None if optional else inner
+
+
+def setting_options(config: type[TrainConfig] = TrainConfig) -> list[inspect.Parameter]:
+    """One typer option per field of `config`, in field order: --name-with-dashes, the
+    field's type, default and description (`SETTING_HELP` where the command line says more).
+    A default of None (one that depends on other settings) is not shown."""
+    options = []
+    for name, info in config.model_fields.items():
+        option = typer.Option(
+            help=SETTING_HELP.get(name, info.description or ""),
+            show_default=info.default is not None,
+        )
+        kind = Annotated[_option_type(info.annotation), option]
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        options.append(inspect.Parameter(name, keyword, default=info.default, annotation=kind))
+    return options
+
+
+def with_settings(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`command` with its `**settings` replaced by `setting_options()`, placed before its
+    first keyword-only parameter: every TrainConfig field is an option of the command, with
+    the defaults and help that miras.train and studies use, and a new field needs no edit
+    here. typer reads the signature; the settings reach `command` as keywords."""
+    signature = inspect.signature(command, eval_str=True)
+    params = list(signature.parameters.values())
+    if params[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+        raise TypeError(f"{command.__name__}: takes the settings as **settings")
+    params.pop()
+    at = next((i for i, p in enumerate(params) if p.kind is p.KEYWORD_ONLY), len(params))
+    params[at:at] = setting_options()
+    command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    return command
+
+
 @app.command()
+@with_settings
 def train(
     ctx: typer.Context,
     spec: SpecPath,
     task: Annotated[str, typer.Option(help="The task: mqar, mad, niah, text, ...")],
     task_option: KeyValues = None,
     model: KeyValues = None,
-    # Defaults and help come from TrainConfig, the one set that miras.train and studies use.
-    steps: Annotated[
-        int,
-        typer.Option(help=_setting("steps") + " With --resume --extend: the new total."),
-    ] = DEFAULTS.steps,
-    batch_size: Annotated[int, typer.Option(help=_setting("batch_size"))] = DEFAULTS.batch_size,
-    lr: Annotated[float, typer.Option(help=_setting("lr"))] = DEFAULTS.lr,
-    warmup: Annotated[
-        int | None, typer.Option(help=_setting("warmup"), show_default=False)
-    ] = DEFAULTS.warmup,
-    weight_decay: Annotated[
-        float, typer.Option(help=_setting("weight_decay"))
-    ] = DEFAULTS.weight_decay,
-    grad_clip: Annotated[float, typer.Option(help=_setting("grad_clip"))] = DEFAULTS.grad_clip,
-    seed: Annotated[int, typer.Option(help=_setting("seed"))] = DEFAULTS.seed,
-    eval_every: Annotated[
-        int | None, typer.Option(help=_setting("eval_every"), show_default=False)
-    ] = DEFAULTS.eval_every,
-    eval_batches: Annotated[
-        int, typer.Option(help=_setting("eval_batches"))
-    ] = DEFAULTS.eval_batches,
-    log_every: Annotated[
-        int,
-        typer.Option(
-            help="Steps between training records in metrics.jsonl; off a terminal, a progress "
-            "line comes about every tenth of the run, at a multiple of this."
-        ),
-    ] = DEFAULTS.log_every,
+    # Here: one option per TrainConfig field (with_settings), the one set of settings and
+    # defaults that miras.train and studies use.
+    *,
     out_dir: Annotated[
         Path | None,
         typer.Option(
@@ -371,12 +403,6 @@ def train(
     progress: Annotated[
         bool, typer.Option(help="Show progress on stderr (plain lines off a terminal).")
     ] = True,
-    early_stop: Annotated[
-        float | None, typer.Option(help=_setting("early_stop"), show_default=False)
-    ] = DEFAULTS.early_stop,
-    precision: Annotated[
-        str | None, typer.Option(help=_setting("precision"), show_default=False)
-    ] = DEFAULTS.precision,
     rank_timeout: Annotated[
         float,
         typer.Option(
@@ -384,6 +410,7 @@ def train(
             "evaluation and checkpoint) before it gives up on them."
         ),
     ] = RANK_TIMEOUT,
+    **settings: Any,
 ) -> None:
     """Train the spec's model on a task; --model key=value overrides the spec's model section.
     Ctrl-C saves a checkpoint and prints the command that resumes it (exit code 130).
@@ -405,27 +432,16 @@ def train(
         the_task = _make_task(task, _key_values(task_option, "--task-option"))
         if threads is not None:
             torch.set_num_threads(threads)
-        directory = out_dir or Path("runs") / f"{loaded.name}-{task}-seed{seed}"
+        directory = out_dir or Path("runs") / f"{loaded.name}-{task}-seed{settings['seed']}"
         result = run_training(
             loaded,
             the_task,
-            steps=steps,
-            batch_size=batch_size,
-            lr=lr,
-            warmup=warmup,
-            weight_decay=weight_decay,
-            grad_clip=grad_clip,
-            seed=seed,
-            eval_every=eval_every,
-            eval_batches=eval_batches,
-            log_every=log_every,
-            early_stop=early_stop,
+            **settings,
             out_dir=directory,
             resume=resume,
             extend=extend,
             time_limit=time_limit,
             progress=progress,
-            precision=precision,
             rank_timeout=rank_timeout,
         )
     except (ValueError, FileNotFoundError) as error:  # SpecError, TrainingDiverged, options
@@ -462,7 +478,7 @@ def _interrupted(stop: KeyboardInterrupt, ctx: typer.Context) -> typer.Exit:
 
 def _rank_failed(error: RuntimeError, ctx: typer.Context) -> Exception:
     """Under torchrun, another rank died: where the run stands and how to resume (exit 1)."""
-    from miras.distributed import RankFailure
+    from miras.training import RankFailure
 
     if not isinstance(error, RankFailure):
         return error
@@ -481,7 +497,7 @@ def _resume_command(ctx: typer.Context, directory: Path) -> str:
     torchrun, the torchrun command that starts as many processes."""
     import shlex
 
-    from miras.distributed import launcher
+    from miras.training.distributed import launcher
 
     words = [*launcher(), ctx.info_name or "train"]
     for param in ctx.command.params:

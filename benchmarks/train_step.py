@@ -40,7 +40,7 @@ from torch import nn
 
 from miras.models import build_model
 from miras.tasks import make_task
-from miras.training import loss_of
+from miras.training.recipe import loss_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = {

@@ -13,6 +13,7 @@ model = miras.load_model("runs/x")                    # the trained model, in ev
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -28,11 +29,11 @@ LAZY: dict[str, str] = {
     "TrainingDiverged": "miras.errors",
     "Spec": "miras.spec",
     "load_spec": "miras.spec",
-    "TrainConfig": "miras.training_config",
-    "TrainResult": "miras.training",
-    "evaluate": "miras.training",
-    "load_model": "miras.checkpoint",
-    "train": "miras.training",
+    "TrainConfig": "miras.training.config",
+    "TrainResult": "miras.training.recipe",
+    "evaluate": "miras.training.evaluation",
+    "load_model": "miras.training.checkpoint",
+    "train": "miras.training.recipe",
 }
 
 __all__ = [
@@ -54,22 +55,35 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in LAZY:
-        raise AttributeError(f"module 'miras' has no attribute {name!r}")
-    value = getattr(importlib.import_module(LAZY[name]), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+def lazy_names(
+    package: str, table: dict[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """PEP 562 for a package whose public names live in its modules: `__getattr__` imports
+    `table[name]` (a module) on first use and keeps the value in `namespace` (the package's
+    globals), so later lookups skip it; an unknown name is an AttributeError, so a submodule
+    of that name is still imported by `from package import name`. `__dir__` lists them."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(table[name]), name)
+        namespace[name] = value  # later lookups skip this function
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted([*namespace, *table])
+
+    return __getattr__, __dir__
 
 
-def __dir__() -> list[str]:
-    return sorted([*globals(), *LAZY])
+__getattr__, __dir__ = lazy_names(__name__, LAZY, globals())
 
 
 if TYPE_CHECKING:
-    from miras.checkpoint import load_model
     from miras.errors import DerivationError, FormulaError, SpecError, TrainingDiverged
     from miras.rule import Derivation, MemoryRule, compile
     from miras.spec import Spec, load_spec
-    from miras.training import TrainResult, evaluate, train
-    from miras.training_config import TrainConfig
+    from miras.training.checkpoint import load_model
+    from miras.training.config import TrainConfig
+    from miras.training.evaluation import evaluate
+    from miras.training.recipe import TrainResult, train

@@ -44,10 +44,17 @@ import torch
 import miras
 from miras.components.optimizer.steps import MAX_STEPS
 from miras.rule import MemoryRule
-from miras.runtime import per_channel_gates, per_key_gates
-from miras.runtime.exact_chunk import START_CHUNK_SIZE, default_chunk_size
-from miras.runtime.forms import is_exact, resolve_mode
-from miras.runtime.inputs import check_cu_seqlens, check_qkv, inside_range
+from miras.runtime import (
+    START_CHUNK_SIZE,
+    check_cu_seqlens,
+    check_qkv,
+    default_chunk_size,
+    inside_range,
+    is_exact,
+    per_channel_gates,
+    per_key_gates,
+    resolve_mode,
+)
 from miras.spec import Spec
 
 Gate = torch.Tensor | float | None

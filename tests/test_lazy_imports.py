@@ -41,7 +41,7 @@ def loaded_after(code: str) -> set[str]:
     "code",
     [
         pytest.param("import miras", id="import-miras"),
-        pytest.param("import miras.errors, miras.validation, miras.training_config", id="layers"),
+        pytest.param("import miras.errors, miras.validation, miras.training.config", id="layers"),
     ],
 )
 def test_the_package_and_the_validation_layer_load_neither_torch_nor_sympy(code):
@@ -54,7 +54,7 @@ HF_PACKAGES = {"transformers", "tokenizers", "datasets", "lm_eval", "safetensors
 
 
 def test_import_miras_and_its_models_load_none_of_the_hf_extra():
-    loaded = loaded_after("import miras, miras.models, miras.training")
+    loaded = loaded_after("import miras, miras.models, miras.training.recipe")
     assert not HF_PACKAGES & loaded
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from miras.checkpoint import load_checkpoint, load_model
 from miras.hf.modeling_miras import MirasForCausalLM
+from miras.training.checkpoint import load_checkpoint, load_model
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path) -> MirasForCausalLM:

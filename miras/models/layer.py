@@ -27,9 +27,7 @@ from miras.ir import GateInfo
 from miras.models.padding import Cache, cache_row, left_aligned, rows_alone, stack_rows, take
 from miras.rule import MemoryRule
 from miras.rule import compile as compile_rule
-from miras.runtime.exact_chunk import default_chunk_size
-from miras.runtime.forms import is_exact, resolve_mode
-from miras.runtime.inputs import all_finite, first_bad
+from miras.runtime import all_finite, default_chunk_size, first_bad, is_exact, resolve_mode
 from miras.spec import Spec, load_spec
 
 # What each gate starts at (in natural space: the gate projection starts at its bias) and the

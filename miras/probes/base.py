@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from miras.rule import MemoryRule
-from miras.runtime import exact_minimizer
+from miras.runtime import minimizer_weights
 from miras.spec import Spec
 from miras.stats import confidence_interval
 from miras.tasks.capacity import as_rule
@@ -199,7 +199,7 @@ def recall_errors(
         name = rule.spec.optimizer.ridge_gate
         ridge = gates[name][:, -1, :, None] if name in gates else rule.spec.optimizer.ridge
         ridge = torch.as_tensor(ridge, dtype=k.dtype)
-        state = {"W": exact_minimizer.weights(rule.plan.chunk_form, state, ridge)}
+        state = {"W": minimizer_weights(rule.plan.chunk_form, state, ridge)}
     read_k = episode.read_k[:, None].expand(b, h, *episode.read_k.shape[1:])  # [B, H, M, d_k]
     read = rule.program.read(read_k, state)  # [B, H, M, d_v]
     target = episode.read_v[:, None]

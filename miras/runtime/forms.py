@@ -68,7 +68,7 @@ def is_exact(mode: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Call:
+class FormInput:
     """What a form reads. Every form: the rule's `program`, its runtime `rt`, the compiled
     `chunk` form, the backend, the resolved mode, the chunk size, triton's tl.dot precision
     (None off the triton backend), `record`, which the recurrent form calls with every piece
@@ -104,7 +104,7 @@ class Call:
 
 
 # (o [B, H, T, Dv], the final state or None)
-Forward = Callable[[Call], tuple[torch.Tensor, State | None]]
+Forward = Callable[[FormInput], tuple[torch.Tensor, State | None]]
 
 
 def _always(chunk: ChunkForm, chunk_size: int, spec: Spec) -> bool:
@@ -139,7 +139,7 @@ class Form:
 # The forms' forwards ---------------------------------------------------------------------------
 
 
-def _closed_form(call: Call):
+def _closed_form(call: FormInput):
     """The memory's own closed form (`Memory.run_closed_form`): o [B, H, T, Dv] and no state,
     since it carries none here (a layer keeps softmax attention's KV cache itself)."""
     memory = call.program.spec.memory
@@ -152,7 +152,7 @@ def _has_closed_form(chunk: ChunkForm, chunk_size: int, spec: Spec) -> bool:
     return spec.memory.closed_form() is not None
 
 
-def _minimizer(call: Call):
+def _minimizer(call: FormInput):
     params = call.program.default_params(call.q.dtype) if call.params is None else call.params
     phi_q, phi_k = call.rt.feature(call.q, params), call.rt.feature(call.k, params)
     return exact_minimizer.forward(
@@ -161,25 +161,25 @@ def _minimizer(call: Call):
     )  # fmt: skip
 
 
-def _recurrent(call: Call):
+def _recurrent(call: FormInput):
     return recurrent.forward(call.rt, call.seq, call.state, call.record)
 
 
-def _exact(call: Call):
+def _exact(call: FormInput):
     if exact_keys.applies(call.rt, call.seq):  # KDA's decay, a step per key: the form of its own
         return exact_keys.forward(call.rt, call.seq, call.state, call.chunk_size, call.chunk)
     return exact_chunk.forward(call.rt, call.seq, call.state, call.chunk_size, call.chunk)
 
 
-def _dual(call: Call):
+def _dual(call: FormInput):
     return dual.forward(call.rt, call.seq, call.state, call.chunk_size)
 
 
-def _start(call: Call):  # the linear fast path where the runtime's start_path says "linear"
+def _start(call: FormInput):  # the linear fast path where the runtime's start_path says "linear"
     return chunk.forward(call.rt, call.seq, call.state, call.chunk_size, call.recompute)
 
 
-def _exact_triton(call: Call):
+def _exact_triton(call: FormInput):
     return exact_triton.forward(
         call.rt,
         call.seq,
@@ -191,7 +191,7 @@ def _exact_triton(call: Call):
     )
 
 
-def _triton(call: Call):
+def _triton(call: FormInput):
     from miras.runtime import triton_backend  # imports triton only when asked for
 
     return triton_backend.forward(

@@ -42,7 +42,7 @@ from miras.search.edges import edge, edges_of
 from miras.search.space import Sweep, sample, sweeps
 from miras.search.study import MEASURES, Objective, StudyDef
 from miras.spec import Spec, load_spec
-from miras.training_config import TrainConfig
+from miras.training.config import TrainConfig
 
 # Bytes per float of recurrent state: the runtime keeps it in float32 (under bf16 too).
 STATE_BYTES_PER_FLOAT = 4
@@ -309,7 +309,7 @@ def sweep_run(
 def test_metrics(run_dir: str, task: Any, args: dict[str, Any]) -> dict[str, float]:
     """The task's metrics on `eval_batches` test batches, of the model in `run_dir`'s
     checkpoint: overall and per slice (`accuracy_n64`, miras.training.evaluate_model)."""
-    from miras.training import evaluate
+    from miras.training.evaluation import evaluate
 
     batches, size = args["eval_batches"], args["batch_size"]
     return evaluate(run_dir, task, batches=batches, batch_size=size, split="test")
@@ -329,8 +329,8 @@ def replicate(
     `out_dir`: where the run writes its checkpoint (none by default)."""
     import torch  # torch and the models: only in processes that train
 
-    from miras.launcher import train_on_ranks
-    from miras.training import train
+    from miras.training.launcher import train_on_ranks
+    from miras.training.recipe import train
 
     first = study.metrics[0]
     prunes = prunes and not study.multi_objective and study.pruner_def().kind != "none"
@@ -391,8 +391,8 @@ def parameter_count(spec: Spec, task: Any, trial: optuna.Trial) -> int:
     """Trainable parameters of the model the spec builds for `task`, with the task's own input
     and output layers where it has them, as training builds it (a model that cannot be built
     prunes the trial as invalid, as training it would)."""
-    from miras.checkpoint import task_io
     from miras.models.model import build_model
+    from miras.training.checkpoint import task_io
 
     try:
         model = build_model(spec, task.vocab_size, task_io(task, spec.model.d_model))

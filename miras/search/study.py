@@ -43,7 +43,7 @@ from miras.search.space import (
     sweeps,
 )
 from miras.spec import load_spec
-from miras.training_config import TrainConfig
+from miras.training.config import TrainConfig
 from miras.validation import SOURCE_DICT, Slug, read_mapping, translate
 
 

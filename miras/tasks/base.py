@@ -49,7 +49,7 @@ class Task(BaseModel, ABC):
     """A data generator and its metric. Subclasses are pydantic models whose fields are the
     task's options, and provide `vocab_size` and `seq_len` (ints: a field or a property).
 
-    Training (miras.training, miras.checkpoint) reads `name`, `vocab_size`, `seq_len`,
+    Training (miras.training.recipe, miras.training.checkpoint) reads `name`, `vocab_size`, `seq_len`,
     `primary_metric`, `higher_is_better`, `batch` and `metrics`, and calls the hooks below
     (`slices`, `model_io`, `io_options`, `options`, `save_files`), whose defaults fit a task
     of token ids scored whole; a task of its own (a benchmark's curriculum, a test's task)

@@ -16,7 +16,7 @@ import miras
 from miras.components.base import HALF_OPEN_UNIT, POSITIVE, UNIT, Range
 from miras.models import Attention, GateMaps, MirasLayer, build_model
 from miras.models.layer import squash
-from miras.training import loss_of
+from miras.training.recipe import loss_of
 
 VOCAB, B, T = 11, 2, 13
 SMALL = {"d_model": 16, "n_heads": 2, "n_layers": 2, "swa_window": 5, "mac_segment": 4}

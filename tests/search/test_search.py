@@ -319,7 +319,7 @@ def invoke(*args, cwd: Path):
 
 @pytest.mark.slow  # worker processes, 30 s or more on 2 cores
 def test_tiny_study_search_resume_report_export(tmp_path):
-    from miras.training import train
+    from miras.training.recipe import train
 
     study = write_study(tmp_path)
     result = invoke("search", study, cwd=tmp_path)  # default: one thread

@@ -71,7 +71,7 @@ def test_available_memory_is_the_machines():
 
 def test_train_refuses_before_it_builds_the_model(monkeypatch):
     """d_model 65536 validated, then training died in the allocator building the model."""
-    import miras.training as training
+    import miras.training.recipe as training
 
     def build_model(*args, **kwargs):
         raise AssertionError("the model was built before the estimate refused it")

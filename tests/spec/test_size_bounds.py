@@ -13,7 +13,7 @@ import miras
 from miras.components.base import MAGNITUDE
 from miras.errors import SpecError
 from miras.tasks import make_task
-from miras.training_config import TrainConfig
+from miras.training.config import TrainConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "spec.md"
 

@@ -13,7 +13,7 @@ import torch
 import miras
 from miras.models.model import build_model
 from miras.tasks import IGNORE, SPLITS, make_task
-from miras.training import evaluate_model
+from miras.training.evaluation import evaluate_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

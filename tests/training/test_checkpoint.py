@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import miras
-from miras.checkpoint import CHECKPOINT
 from miras.tasks import make_task
+from miras.training.checkpoint import CHECKPOINT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

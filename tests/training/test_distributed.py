@@ -31,6 +31,7 @@ import torch
 import miras
 from miras import training
 from miras.tasks import make_task
+from miras.training import recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {
@@ -62,13 +63,13 @@ def _rank(rank: int, port: int, out: Path, seen: Path) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     rows = []
-    real = training.loss_of
+    real = recipe.loss_of
 
     def recording(logits, labels):
         rows.append(labels.shape[0])
         return real(logits, labels)
 
-    training.loss_of = recording
+    recipe.loss_of = recording
     try:
         miras.train(SPEC, task(), steps=20, eval_every=10, out_dir=out, device="cpu", **RUN)
     finally:
@@ -109,7 +110,7 @@ def test_two_ranks_reach_what_one_process_reaches_with_the_same_global_batch(tmp
 
 
 def test_a_batch_that_does_not_split_across_the_ranks_is_refused():
-    from miras.distributed import Ranks
+    from miras.training.distributed import Ranks
 
     with pytest.raises(ValueError, match="batch_size: the global batch of 9 does not split"):
         Ranks(rank=0, world=2, backend="gloo").shard(9)

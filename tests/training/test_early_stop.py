@@ -13,8 +13,8 @@ import torch
 from miras.search import StudyError, load_study
 from miras.search.objective import trial_train
 from miras.tasks import make_task
-from miras.training import reached, train
-from miras.training_config import TrainConfig
+from miras.training.config import TrainConfig
+from miras.training.recipe import reached, train
 from tests.search_support import TINY
 
 SPEC = {

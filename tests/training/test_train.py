@@ -20,6 +20,7 @@ from miras.models.model import build_model
 from miras.tasks.base import Task
 
 training = importlib.import_module("miras.training")
+recipe = importlib.import_module("miras.training.recipe")
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {
@@ -208,7 +209,7 @@ def test_evaluate_scores_a_checkpoint_like_training_did(tmp_path):
 
 
 def test_a_nan_loss_stops_the_run_naming_the_step(monkeypatch):
-    real = training.loss_of
+    real = recipe.loss_of
     calls = []
 
     def poisoned(logits, labels):
@@ -216,7 +217,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step(monkeypatch):
         loss = real(logits, labels)
         return loss * float("nan") if len(calls) == 3 else loss
 
-    monkeypatch.setattr(training, "loss_of", poisoned)
+    monkeypatch.setattr(recipe, "loss_of", poisoned)
     with pytest.raises(TrainingDiverged, match="diverged at step 3: the training loss is nan") as e:
         miras.train(SPEC, Recall(), steps=10, eval_every=5, **FAST)
     assert e.value.step == 3 and isinstance(e.value, ValueError)
@@ -280,7 +281,7 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
 
 
 def test_the_schedule_warms_up_then_decays():
-    factors = [training.lr_factor(s, 10, 100) for s in range(100)]
+    factors = [recipe.lr_factor(s, 10, 100) for s in range(100)]
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
     assert factors[10] == pytest.approx(1.0) and factors[-1] == pytest.approx(0.1, abs=1e-3)
     assert all(a >= b for a, b in itertools.pairwise(factors[10:]))

@@ -1,5 +1,5 @@
 """One typed training config with one set of defaults: `miras.train`, `miras train` and a
-study's `train:` section all read them from miras.training_config.TrainConfig."""
+study's `train:` section all read them from miras.training.config.TrainConfig."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import miras
 from miras.cli import app
 from miras.search import load_study
 from miras.search.objective import trial_train
-from miras.training_config import DEFAULTS, TrainConfig
+from miras.training.config import DEFAULTS, TrainConfig
 from tests.search_support import TINY
 
 

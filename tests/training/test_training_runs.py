@@ -23,6 +23,7 @@ from miras.cli import app
 from miras.errors import TrainingDiverged
 from miras.tasks import make_task
 from miras.tasks.mqar import MQAR
+from miras.training import interrupts, progress, recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {
@@ -229,7 +230,7 @@ def test_a_keyboard_interrupt_mid_update_keeps_the_last_checkpoint(tmp_path, mon
 
 
 def test_a_second_ctrl_c_interrupts_at_once():
-    with training._DeferredInterrupt(True) as stop:
+    with interrupts.DeferredInterrupt(True) as stop:
         assert stop.active
         sigint()
         assert stop.requested
@@ -283,21 +284,21 @@ def test_extend_trains_a_finished_run_longer_on_a_replanned_schedule(tmp_path, m
         miras.train(SPEC, task(), steps=10, out_dir=tmp_path / "x", extend=True, **FAST)
 
     used = []  # the learning rate each optimizer step is taken with
-    real = training.make_optimizer
+    real = recipe.make_optimizer
 
     def spied(model, config):
         optimizer = real(model, config)
         optimizer.register_step_pre_hook(lambda opt, *_: used.append(opt.param_groups[0]["lr"]))
         return optimizer
 
-    monkeypatch.setattr(training, "make_optimizer", spied)
+    monkeypatch.setattr(recipe, "make_optimizer", spied)
     before = training.load_checkpoint(tmp_path)["losses"]
     longer = miras.train(
         SPEC, task(), steps=10, eval_every=3, out_dir=tmp_path, resume=True, extend=True,
         log_every=1, **FAST,
     )  # fmt: skip
     lr, warmup = FAST["lr"], FAST["warmup"]
-    assert used == pytest.approx([lr * training.lr_factor(s, warmup, 10) for s in range(6, 10)])
+    assert used == pytest.approx([lr * recipe.lr_factor(s, warmup, 10) for s in range(6, 10)])
     assert longer.steps == 10 and longer.losses[:6] == before and len(longer.losses) == 10
     assert [h["step"] for h in longer.history] == [3, 6, 9, 10]
     saved = training.load_checkpoint(tmp_path)
@@ -346,10 +347,8 @@ def test_a_start_that_fails_leaves_no_run_directory(tmp_path, monkeypatch):
     assert bad_option.exit_code == 1 and "num_pairs" in bad_option.stderr
     assert not (tmp_path / "a").exists()
 
-    real = training.loss_of
-    monkeypatch.setattr(
-        training, "loss_of", lambda logits, labels: real(logits, labels) * torch.nan
-    )
+    real = recipe.loss_of
+    monkeypatch.setattr(recipe, "loss_of", lambda logits, labels: real(logits, labels) * torch.nan)
     with pytest.raises(TrainingDiverged, match="step 1"):
         miras.train(SPEC, task(), steps=4, out_dir=tmp_path / "b" / "run", **FAST)
     assert not (tmp_path / "b").exists()  # neither the run directory nor its parent
@@ -379,7 +378,7 @@ def test_a_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
 def test_progress_off_a_terminal_is_plain_lines_about_every_tenth_of_the_run():
     stream = io.StringIO()
     console = Console(file=stream)  # not a terminal
-    bar = training._Progress(True, 1000, 0, "accuracy", 10, console=console)
+    bar = progress.TrainProgress(True, 1000, 0, "accuracy", 10, console=console)
     assert bar.mode == "lines" and bar.every == 100
     with bar:
         for step in range(1, 201):
@@ -392,9 +391,9 @@ def test_progress_off_a_terminal_is_plain_lines_about_every_tenth_of_the_run():
     assert lines[1].startswith("train step 200/1000")
     assert lines[2].startswith("train step 200/1000  valid  loss 1.5000  accuracy 0.2500")
     assert all(" elapsed 0:00:0" in line for line in lines)
-    assert training._Progress(True, 30, 0, "accuracy", 10, console=console).every == 10
-    assert training._Progress(True, 1000, 0, "accuracy", 7, console=console).every == 98
-    assert training._Progress(False, 1000, 0, "accuracy", 10, console=console).mode == "off"
+    assert progress.TrainProgress(True, 30, 0, "accuracy", 10, console=console).every == 10
+    assert progress.TrainProgress(True, 1000, 0, "accuracy", 7, console=console).every == 98
+    assert progress.TrainProgress(False, 1000, 0, "accuracy", 10, console=console).mode == "off"
 
 
 def test_cli_train_with_redirected_output_logs_lines(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import miras
 from miras.models.model import build_model
 from miras.tasks import make_task
-from miras.training import evaluate_model
+from miras.training.evaluation import evaluate_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

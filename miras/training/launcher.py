@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from miras.checkpoint import METRICS
-from miras.distributed import RankFailure
 from miras.errors import TrainingDiverged
 from miras.tasks import make_task
-from miras.training import TrainResult, train
+from miras.training.checkpoint import METRICS
+from miras.training.distributed import RankFailure
+from miras.training.recipe import TrainResult, train
 
 
 def train_on_ranks(
@@ -54,7 +54,12 @@ def train_on_ranks(
         job |= {"out": str(root / "run"), "result": str(root / "result.json")}
         (root / "job.json").write_text(json.dumps(job))
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        command += [f"--nproc_per_node={ranks}", "-m", "miras.launcher", str(root / "job.json")]
+        command += [
+            f"--nproc_per_node={ranks}",
+            "-m",
+            "miras.training.launcher",
+            str(root / "job.json"),
+        ]
         environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         with open(root / "log", "wb") as log:
             # Its own session: Ctrl-C here does not reach the ranks, the except below ends them.

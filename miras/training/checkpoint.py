@@ -4,6 +4,7 @@ checks (docs/training.md).
     data = load_checkpoint("runs/x")          # a run directory or its checkpoint.pt
     model = load_model("runs/x")              # the trained model, in eval mode
     task, notes = recorded_task(data)         # the task it trained on, rebuilt
+    files = RunFiles(out_dir, main=True)      # what a run writes there, as one rank sees it
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from miras.spec import Spec, load_spec
-from miras.training_config import TrainConfig
+from miras.training.config import TrainConfig
 
 if TYPE_CHECKING:
     from miras.models.model import LanguageModel
@@ -134,6 +135,45 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def append_json(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
+
+
+class RunFiles:
+    """A run's directory (`out`, None: a run without files) as one rank sees it: rank 0
+    (`main`) writes the metrics log and the checkpoint, the others write nothing. The
+    directory is made only once the first step has succeeded (`begin`), so a start that fails
+    (a spec that cannot run, a bad option) leaves nothing behind."""
+
+    def __init__(self, out: Path | None, main: bool):
+        self.out, self.main = out, main
+
+    @property
+    def checkpoint(self) -> Path | None:
+        """Where the checkpoint is (or would be) written; None without a directory."""
+        return self.out / CHECKPOINT if self.out is not None else None
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """Append a record to metrics.jsonl (rank 0, with a directory)."""
+        if self.out is not None and self.main:
+            append_json(self.out / METRICS, entry)
+
+    def begin(self, task: Task, resumed_at: int | None, header: dict[str, Any]) -> None:
+        """The first step of this call succeeded: make the directory, write the task's own
+        files (the text task's tokenizer), start a fresh log or cut a resumed one back to its
+        checkpoint's step (`resumed_at`), and record `header` (the run event)."""
+        if self.out is None or not self.main:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        task.save_files(self.out)
+        if resumed_at is None:
+            (self.out / METRICS).unlink(missing_ok=True)
+        else:
+            truncate_metrics(self.out / METRICS, resumed_at)
+        self.record(header)
+
+    def save(self, payload: dict[str, Any]) -> None:
+        """Write the checkpoint atomically (rank 0, with a directory)."""
+        if self.out is not None and self.main:
+            save_atomic(payload, self.out / CHECKPOINT)
 
 
 def truncate_metrics(path: Path, step: int) -> None:

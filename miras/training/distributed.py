@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from miras.training_config import RANK_TIMEOUT
+from miras.training.checkpoint import load_checkpoint
+from miras.training.config import RANK_TIMEOUT
 
 LOST_RANK_WAIT = 2.0  # seconds a survivor looks for the rank that ended (`Ranks.lost`)
 
@@ -129,6 +132,39 @@ class Ranks:
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+    def callback_stopped(
+        self, callback: Callable[[int, dict[str, float]], None], step: int, metrics: dict
+    ) -> bool:
+        """Call `callback` on rank 0 and tell every rank whether it raised; rank 0 then
+        re-raises its error (optuna's TrialPruned), the other ranks get True and stop."""
+        error: BaseException | None = None
+        if self.main:
+            try:
+                callback(step, metrics)
+            except BaseException as raised:  # whatever it is, the other ranks must hear of it
+                error = raised
+        stopped = self.share(error is not None)
+        if error is not None:
+            raise error
+        return stopped
+
+    def failure(self, error: BaseException, checkpoint: Path | None) -> RankFailure | None:
+        """What a surviving rank says when `error` comes from losing another rank (None: it
+        does not, or this is the only rank): who is gone and the checkpoint on disk at
+        `checkpoint` (read back, since rank 0 may have died after writing one this rank has
+        not heard of)."""
+        if self.world == 1 or not is_rank_failure(error, self):
+            return None
+        step = None
+        if checkpoint is not None and checkpoint.is_file():
+            step = load_checkpoint(checkpoint)["step"]
+        # gloo's first line, without its source location and advice: "Read error
+        # [127.0.0.1]:46805: Connection reset by peer".
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text).split(". ")[0]
+        where = checkpoint if step is not None else None
+        return RankFailure(self.rank, self.world, self.lost(), reason, where, step)
 
 
 def _alive(pid: int) -> bool:
