@@ -337,3 +337,31 @@ def test_a_gradient_of_q_alone_is_the_torch_dual_forms():
         )  # fmt: skip
         (grads[backend],) = torch.autograd.grad(o.square().sum(), q_)
     _compare({"dq": grads["triton"]}, {"dq": grads["chunk"]})
+
+
+# fla's conventions for half-precision inputs: relative RMS against the float32 reference.
+HALF_TOL = {"o": 5e-3, "grad": 8e-3}
+
+
+@pytest.mark.parametrize("case", ["titans", "gd_retained_gelu"])
+def test_bf16_inputs_match_the_float32_reference(case, monkeypatch):
+    """bf16 q, k, v, gates and initial state through the dual kernels against the torch dual
+    form on the same values in float32: output, final state and every gradient within fla's
+    half-precision tolerances, the gradients in bf16. (In the interpreter q and k reach the
+    kernels as float32, `triton_launch.operands_dtype`: what is held here is the rounding of
+    the inputs, the float32 state and buffers, and the gradients' cast back.)"""
+    fields, t, chunk = CASES[case]
+    rule = miras.compile({"name": case.replace("_", "-"), **fields})
+    q, k, v, gates, init = _inputs(rule, t, seed=17)
+    rounded = lambda x: x.bfloat16().float()  # noqa: E731
+    values = (rounded(q), rounded(k), rounded(v), {n: rounded(g) for n, g in gates.items()})
+    init = {n: rounded(s) for n, s in init.items()}
+    seen = _counting(monkeypatch)
+    want = _run(rule, "chunk", (*values, init), chunk)
+    half = [x.bfloat16() for x in values[:3]], {n: g.bfloat16() for n, g in values[3].items()}
+    got = _run(rule, "triton", (*half[0], half[1], init), chunk)
+    assert seen == ["forward", "backward"]
+    assert got["o"].dtype == got["dq"].dtype == got["dk"].dtype == torch.bfloat16
+    for name, w in want.items():
+        tol = HALF_TOL["grad"] if name.startswith("d") else HALF_TOL["o"]
+        assert _rel_rms(got[name].float(), w) <= tol, (name, _rel_rms(got[name].float(), w))
