@@ -41,6 +41,62 @@ def chunk_end_tile(w, s, ew, es, x, a_end, c_end, th_end, ACC: tl.constexpr, DOT
 
 
 @triton.jit
+def gradient_point(x, d_t, mt, wa_p, wb_p, z1_p, a1_p, DK, DH, DV,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HB: tl.constexpr,
+                   ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """The chunk's gradient point by hidden blocks: z1 = P X A^T and a1 = act(z1) to scratch
+    [BT, DH] (zero past the chunk's rows), and y = a1 B^T summed over the blocks, returned
+    before the retained point's P (x [BT, BK] keys, d_t [BT] the point's D_t)."""
+    OP: tl.constexpr = x.dtype
+    rows = tl.arange(0, BT)
+    ck = tl.arange(0, BK)
+    cv = tl.arange(0, BV)
+    ch = tl.arange(0, HB)
+    every = rows < BT
+    y = tl.zeros([BT, BV], dtype=ACC)
+    for j0 in range(0, DH, HB):
+        hj = j0 + ch
+        mh = hj < DH
+        m2 = mt[:, None] & mh[None, :]
+        a_t = load_rows(wa_p, hj, mh, ck, ck < DK, DK, 1, 0.0, OP)  # A[j] [HB, BK]
+        z1 = tl.dot(x, tl.trans(a_t), input_precision=DOT_PRECISION, out_dtype=ACC)
+        if RETAINED:
+            z1 = d_t[:, None] * z1
+        a1 = tl.where(m2, activation(z1), 0.0)  # [BT, HB]
+        store_rows(z1_p, rows, every, hj, mh, DH, tl.where(m2, z1, 0.0))
+        store_rows(a1_p, rows, every, hj, mh, DH, a1)
+        b_t = load_rows(wb_p, cv, cv < DV, hj, mh, DH, 1, 0.0, OP)  # B[:, j] [BV, HB]
+        y = tl.dot(a1.to(OP), tl.trans(b_t), y, input_precision=DOT_PRECISION, out_dtype=ACC)
+    return y
+
+
+@triton.jit
+def hidden_error(e2_op, d_t, mt, wb_p, z1_p, e1_p, g1_p, DH, DV,
+                 BT: tl.constexpr, BV: tl.constexpr, HB: tl.constexpr, ACC: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, KEEP_G1: tl.constexpr):  # fmt: skip
+    """e1 = P (e2 B) act'(z1) by hidden blocks to scratch [BT, DH], z1 read back from it;
+    with KEEP_G1 also g1 = e2 B (before P) to g1_p, for the backward's second derivative."""
+    rows = tl.arange(0, BT)
+    cv = tl.arange(0, BV)
+    ch = tl.arange(0, HB)
+    every = rows < BT
+    for j0 in range(0, DH, HB):
+        hj = j0 + ch
+        mh = hj < DH
+        m2 = mt[:, None] & mh[None, :]
+        b_t = load_rows(wb_p, cv, cv < DV, hj, mh, DH, 1, 0.0, e2_op.dtype)  # [BV, HB]
+        g1 = tl.dot(e2_op, b_t, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, HB]
+        g1 = tl.where(m2, g1, 0.0)
+        if KEEP_G1:
+            store_rows(g1_p, rows, every, hj, mh, DH, g1)
+        z1 = load_rows(z1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
+        e1 = g1 * activation_grad(z1)
+        if RETAINED:
+            e1 = d_t[:, None] * e1
+        store_rows(e1_p, rows, every, hj, mh, DH, e1)
+
+
+@triton.jit
 def dual_forward(
     q, k, v, gamma, dec, car, coeff, last, last_s, ends,
     wa, wb, sa, sb, wa_chunks, wb_chunks, sa_chunks, sb_chunks, scratch, o,
@@ -96,20 +152,8 @@ def dual_forward(
         x = load_rows(k + pid * T * DK, tok, mt, ck, mk, DK, 1, 0.0, OP)  # [BT, BK]
         d_t = tl.load(dec + pid * T + tok, mask=mt, other=0.0).to(ACC)  # [BT]
         # Phase 1, the gradient point: z1, a1 by hidden blocks (to scratch), y summed over them.
-        y = tl.zeros([BT, BV], dtype=ACC)
-        for j0 in range(0, DH, HB):
-            hj = j0 + ch
-            mh = hj < DH
-            m2 = mt[:, None] & mh[None, :]
-            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)  # A[j] [HB, BK]
-            z1 = tl.dot(x, tl.trans(a_t), input_precision=DOT_PRECISION, out_dtype=ACC)
-            if RETAINED:
-                z1 = d_t[:, None] * z1
-            a1 = tl.where(m2, activation(z1), 0.0)  # [BT, HB]
-            store_rows(z1_p, rows, every, hj, mh, DH, tl.where(m2, z1, 0.0))
-            store_rows(a1_p, rows, every, hj, mh, DH, a1)
-            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)  # B[:, j] [BV, HB]
-            y = tl.dot(a1.to(OP), tl.trans(b_t), y, input_precision=DOT_PRECISION, out_dtype=ACC)
+        y = gradient_point(x, d_t, mt, wa_p, wb_p, z1_p, a1_p, DK, DH, DV,
+                           BT, BK, BV, HB, ACC, DOT_PRECISION)  # fmt: skip
         if RETAINED:
             y = d_t[:, None] * y
         # Phase 2, the output error: the printed bias gradient, the window's weight.
@@ -119,16 +163,8 @@ def dual_forward(
         e2_op = e2.to(OP)
         tl.debug_barrier()  # phase 1's scratch stores are read back below
         # Phase 3, the hidden error e1 = (e2 B[:, j]) * act'(z1) (times D_t: retained).
-        for j0 in range(0, DH, HB):
-            hj = j0 + ch
-            mh = hj < DH
-            m2 = mt[:, None] & mh[None, :]
-            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)  # [BV, HB]
-            g1 = tl.dot(e2_op, b_t, input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, HB]
-            if RETAINED:
-                g1 = d_t[:, None] * g1
-            z1 = load_rows(z1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
-            store_rows(e1_p, rows, every, hj, mh, DH, tl.where(m2, g1 * activation_grad(z1), 0.0))
+        hidden_error(e2_op, d_t, mt, wb_p, z1_p, e1_p, e1_p, DH, DV, BT, BV, HB, ACC,
+                     DOT_PRECISION, False)  # fmt: skip
         tl.debug_barrier()  # phase 3's e1 stores are read back below
         # Phase 4, the read: both layers' D, C and masked-score terms, by hidden blocks. The
         # row scalings go onto the operands (D_t q, -C_t q, -coeff * Q X^T) so each layer's
@@ -289,20 +325,8 @@ def dual_backward(
         vv = load_rows(v + pid * T * DV, tok, mt, cv, mv, DV, 1, 0.0, ACC)  # [BT, BV]
         mix = load_rows(coeff + cs * BT * BT, rows, every, rows, every, BT, 1, 0.0, ACC)
         # The forward again, from the chunk's start state: z1, a1, y, e2, g1, e1, zq, aq a1^T.
-        y = tl.zeros([BT, BV], dtype=ACC)  # before the retained point's D_t
-        for j0 in range(0, DH, HB):
-            hj = j0 + ch
-            mh = hj < DH
-            m2 = mt[:, None] & mh[None, :]
-            a_t = load_rows(wa_p, hj, mh, ck, mk, DK, 1, 0.0, OP)  # [HB, BK]
-            z1 = tl.dot(x, tl.trans(a_t), input_precision=DOT_PRECISION, out_dtype=ACC)
-            if RETAINED:
-                z1 = d_t[:, None] * z1
-            a1 = tl.where(m2, activation(z1), 0.0)
-            store_rows(z1_p, rows, every, hj, mh, DH, tl.where(m2, z1, 0.0))
-            store_rows(a1_p, rows, every, hj, mh, DH, a1)
-            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)  # [BV, HB]
-            y = tl.dot(a1.to(OP), tl.trans(b_t), y, input_precision=DOT_PRECISION, out_dtype=ACC)
+        y = gradient_point(x, d_t, mt, wa_p, wb_p, z1_p, a1_p, DK, DH, DV,
+                           BT, BK, BV, HB, ACC, DOT_PRECISION)  # before the retained point's D_t
         yp = y
         if RETAINED:
             yp = d_t[:, None] * y
@@ -311,18 +335,8 @@ def dual_backward(
         e2 = grad_b * g_w[:, None]
         e2_op = e2.to(OP)
         tl.debug_barrier()
-        for j0 in range(0, DH, HB):
-            hj = j0 + ch
-            mh = hj < DH
-            m2 = mt[:, None] & mh[None, :]
-            b_t = load_rows(wb_p, cv, mv, hj, mh, DH, 1, 0.0, OP)
-            g1 = tl.where(m2, tl.dot(e2_op, b_t, input_precision=DOT_PRECISION, out_dtype=ACC), 0.0)
-            z1 = load_rows(z1_p, rows, every, hj, mh, DH, 1, 0.0, ACC)
-            e1 = g1 * activation_grad(z1)
-            if RETAINED:
-                e1 = d_t[:, None] * e1
-            store_rows(g1_p, rows, every, hj, mh, DH, g1)
-            store_rows(e1_p, rows, every, hj, mh, DH, tl.where(m2, e1, 0.0))
+        hidden_error(e2_op, d_t, mt, wb_p, z1_p, e1_p, g1_p, DH, DV, BT, BV, HB, ACC,
+                     DOT_PRECISION, True)  # fmt: skip
         tl.debug_barrier()
         qx = tl.dot(qq.to(OP), tl.trans(x), input_precision=DOT_PRECISION, out_dtype=ACC)  # [BT, BT]
         q_d = (d_t[:, None] * qq).to(OP)

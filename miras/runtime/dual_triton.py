@@ -179,16 +179,7 @@ def run_kernel(module, q, k, v, gamma, mixing, state, chunk_size, precision, sto
         starts = [v.new_zeros(1)] * 4
     scratch = torch.empty(bh, 3, bt, d_h, dtype=v.dtype, device=v.device)  # z1, a1, e1
     o = poisoned(bh, t, d_v, like=v)
-    acc = accumulator(v)
-    meta = dict(
-        BT=bt,
-        BK=pow2(d_k),
-        BV=pow2(d_v),
-        HB=min(HIDDEN_BLOCK, pow2(d_h)),
-        ACC=acc,
-        DOT_PRECISION=dot_precision(precision, acc),
-        STORE_STARTS=bool(store_every),
-    )
+    meta = _blocks(v, bt, d_k, d_h, d_v, precision) | dict(STORE_STARTS=bool(store_every))
     if bh > 0:
         module.dual_forward[(bh,)](
             q, k, v, gamma, dec, car, coeff, last, last_s, ends, wa, wb, sa, sb, *starts,
@@ -260,6 +251,19 @@ def _rebuild(info: Info, tensors) -> tuple[Tokens, State]:
     return Tokens(q, k, v, valid, step, window, info.past), state
 
 
+def _blocks(v: torch.Tensor, bt: int, d_k: int, d_h: int, d_v: int, precision: str) -> dict:
+    """Both kernels' block sizes, accumulator dtype and tl.dot precision."""
+    acc = accumulator(v)
+    return dict(
+        BT=bt,
+        BK=pow2(d_k),
+        BV=pow2(d_v),
+        HB=min(HIDDEN_BLOCK, pow2(d_h)),
+        ACC=acc,
+        DOT_PRECISION=dot_precision(precision, acc),
+    )
+
+
 def run_backward(module, q, k, v, gamma, mixing, starts, grad_o, grad_final, chunk_size, precision):
     """One launch of `dual_backward`: the forward's prepared tensors (as `run_kernel` takes
     them), the chunk starts it stored, grad_o [BH, T, Dv] and the final state's gradients
@@ -281,15 +285,7 @@ def run_backward(module, q, k, v, gamma, mixing, starts, grad_o, grad_final, chu
     dcoeff = poisoned(bh, nc, bt, bt, like=v)
     dlast, dlast_s = poisoned(bh, nc, bt, like=v), poisoned(bh, nc, bt, like=v)
     dends = poisoned(bh, nc, 4, like=v)
-    acc = accumulator(v)
-    meta = dict(
-        BT=bt,
-        BK=pow2(d_k),
-        BV=pow2(d_v),
-        HB=min(HIDDEN_BLOCK, pow2(d_h)),
-        ACC=acc,
-        DOT_PRECISION=dot_precision(precision, acc),
-    )
+    meta = _blocks(v, bt, d_k, d_h, d_v, precision)
     if bh > 0:
         module.dual_backward[(bh,)](
             q, k, v, gamma, dec, car, coeff, last, last_s, ends, *starts, grad_o,
