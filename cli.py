@@ -195,7 +195,7 @@ def _kernel_report(
     dtype: str,
 ) -> None:
     from miras import gpu_compile
-    from miras.compiler.emit import cache_dir
+    from miras.derive.emit import cache_dir
     from miras.runtime.inputs import TRITON_PRECISIONS
 
     try:

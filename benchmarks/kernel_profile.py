@@ -230,7 +230,7 @@ def main(argv=None) -> None:
         return
 
     from miras import gpu_compile
-    from miras.compiler.emit import cache_dir
+    from miras.derive.emit import cache_dir
 
     rules = [r for r in args.rules.split(",") if r]
     for rule in rules:

@@ -35,10 +35,10 @@ from types import ModuleType
 
 import torch
 
-from miras.check import CheckResult, max_relative_error
 from miras.check_inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
-from miras.compiler.emit import load_module, module_source
-from miras.compiler.retention_emit import objective_source
+from miras.derive.check import CheckResult, max_relative_error
+from miras.derive.emit import load_module, module_source
+from miras.derive.retention_emit import objective_source
 
 PIECES = ("bias gradient", "optimizer", "retention step", "read")
 

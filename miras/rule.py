@@ -18,13 +18,13 @@ from types import ModuleType
 
 import torch
 
-from miras.check import CheckResult
-from miras.compiler.bias_check import check_bias
-from miras.compiler.describe import Derivation, describe
 from miras.compiler.pipeline import compile_ir
-from miras.compiler.precondition_check import check_precondition
-from miras.compiler.retention_check import check_retention
 from miras.compiler.triton_kernels import TritonKernels
+from miras.derive.bias_check import check_bias
+from miras.derive.check import CheckResult
+from miras.derive.describe import Derivation, describe
+from miras.derive.precondition_check import check_precondition
+from miras.derive.retention_check import check_retention
 from miras.ir import BiasRule, CompiledRule, Plan, RetentionRule
 from miras.runtime import run
 from miras.runtime.core import Runtime

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from miras.kernels.templates.choice import linear_applies
 from miras.runtime.core import State, Tokens
 from miras.runtime.inputs import DEFAULT_TRITON_PRECISION
 from miras.runtime.triton_launch import (
@@ -38,7 +39,6 @@ from miras.runtime.triton_launch import (
     pow2,
     runs_on_cpu,
 )
-from miras.triton_template import linear_applies
 
 if TYPE_CHECKING:
     from miras.runtime.program import Program
