@@ -87,9 +87,9 @@ class MemoryRule:
     def check(self, seed: int = 0, *, triton: bool = True) -> list[CheckResult]:
         """Re-run every derived-vs-reference check on fresh random inputs, then the end-to-end
         stage: the whole rule on every backend (Triton unless `triton=False`) against an
-        autograd oracle (`miras.check_end_to_end`). The compile-time `check` pass runs the
+        autograd oracle (`miras.checks.end_to_end`). The compile-time `check` pass runs the
         piece checks only: the stage takes seconds per spec."""
-        from miras.check_end_to_end import check_end_to_end
+        from miras.checks.end_to_end import check_end_to_end
 
         pieces = check_bias(self.spec.bias, self.bias, seed=seed) + check_retention(
             self.spec.retention, self.retention, seed=seed

@@ -193,7 +193,7 @@ def test_the_walker_sees_every_kind_of_import():
     # from-import of a module, relative import, in-function import.
     assert "miras.spec" in graph["miras.compiler.pipeline"]
     assert "miras.components.base" in graph["miras.components.retention.l2"]
-    assert "miras.check_end_to_end" in graph["miras.rule"]
+    assert "miras.checks.end_to_end" in graph["miras.rule"]
     # A TYPE_CHECKING import is not executed; asked for, it is counted.
     assert "miras.runtime.recurrent" not in graph["miras.runtime.call"]
     assert "miras.runtime.recurrent" in import_graph(type_checking=True)["miras.runtime.call"]
@@ -278,11 +278,10 @@ def test_pyproject_lists_every_package():
 def test_the_runtime_imports_neither_the_facade_nor_the_compiler():
     """run(program, ...) and every form below it know the compiled rule as plain data and the
     Triton kernels through the program's provider: no runtime module imports miras.compiler,
-    nor reaches miras.rule, the end-to-end checks above it or the models, TYPE_CHECKING
-    imports included. (The spec's components call compiler analyses of their own: reached
-    through miras.spec, not imported by the runtime.)"""
+    nor reaches miras.rule, the checks above it or the models, TYPE_CHECKING imports
+    included. (It reaches miras.derive through the components, whose analyses they call.)"""
     graph = import_graph(type_checking=True)
-    above = ("miras.rule", "miras.check_end_to_end", "miras.models")
+    above = ("miras.rule", "miras.checks", "miras.models")
     for module in [m for m in graph if _inside(m, "miras.runtime")]:
         compiler = sorted(m for m in graph[module] if _inside(m, "miras.compiler"))
         assert not compiler, f"{module} imports {compiler}"
@@ -311,12 +310,14 @@ def test_the_layer_ops_and_probes_go_through_the_runtimes_public_surface():
 
 
 def test_the_checks_sit_above_the_facade():
-    """The end-to-end checks call the rule they are handed and import nothing of the facade,
-    which calls them (`MemoryRule.check`)."""
+    """The checks (miras.checks: end to end, and the compile-only GPU checks) call the rule
+    they are handed and import nothing of the facade, which calls them (`MemoryRule.check`)."""
     graph = import_graph(type_checking=True)
-    for module in ("miras.check_end_to_end", "miras.check_inputs", "miras.check_minimizer"):
+    checks = [m for m in graph if _inside(m, "miras.checks")]
+    assert {"miras.checks.end_to_end", "miras.checks.gpu_compile"} <= set(checks)
+    for module in checks:
         assert "miras.rule" not in _reach(graph, module), module
-    assert "miras.check_end_to_end" in graph["miras.rule"]
+    assert "miras.checks.end_to_end" in graph["miras.rule"]
 
 
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:

@@ -365,7 +365,7 @@ def choose_kernels(
     """(linear, BV): whether a call runs the linear kernels, and the value channels per
     program, for a compiled rule (anything with the IR's `spec`, `plan` and `bias`: a
     `CompiledRule`, a runtime `Program`) at value width d_v and feature width d_k under tl.dot's
-    input `precision`. `miras.gpu_compile` asks the same question to compile what a
+    input `precision`. `miras.checks.gpu_compile` asks the same question to compile what a
     launch would run."""
     # A bias with channel sums keeps every value channel in one program; above 64 channels the
     # general kernels take it (the one-kernel linear backward needed 272 KB of shared memory at

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from torch.func import grad
 
 import miras
-from miras.check_end_to_end import check_end_to_end
+from miras.checks.end_to_end import check_end_to_end
 from miras.compiler.triton_kernels import unsupported_reason
 from miras.components import FEATURE_MAPS, MEMORIES, OPTIMIZERS
 from miras.components.base import FeatureMap, Memory, Optimizer

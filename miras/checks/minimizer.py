@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from miras.check_inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
+from miras.checks.inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
 from miras.derive.check import CheckResult, max_relative_error
 
 
