@@ -105,7 +105,7 @@ def _activation_functions(spec: Spec) -> list[tuple[str, object, str]]:
     dual form's autograd takes relu's derivative as a constant too."""
     import sympy as sp
 
-    from miras.symbols import x
+    from miras.derive.symbols import x
 
     pieces = list(spec.memory.emitted_functions())  # activation, activation_grad
     ((_, grad, doc),) = [p for p in pieces if p[0] == "activation_grad"]
