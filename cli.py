@@ -194,8 +194,8 @@ def _kernel_report(
     precision: str,
     dtype: str,
 ) -> None:
-    from miras import gpu_compile
-    from miras.compiler.emit import cache_dir
+    from miras.checks import gpu_compile
+    from miras.derive.emit import cache_dir
     from miras.runtime.inputs import TRITON_PRECISIONS
 
     try:
@@ -265,7 +265,7 @@ def check(
         verdict = "[green]pass[/green]" if r.passed else "[red]FAIL[/red]"
         table.add_row(r.piece, f"{r.error:.2e}", f"{r.tolerance:.0e}", verdict)
     out.print(table)
-    from miras.check_end_to_end import triton_reason
+    from miras.checks.end_to_end import triton_reason
 
     left_out = triton_reason(rule)
     if left_out is not None:

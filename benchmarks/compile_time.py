@@ -44,7 +44,7 @@ SEQUENCE = """
 import functools, json, sys, time
 import sympy
 import miras
-import miras.compiler.bias_derive as bias_derive
+import miras.derive.bias_derive as bias_derive
 import miras.rule
 from miras.components.base import Retention
 from miras.components import CATALOGUE

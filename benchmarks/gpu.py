@@ -32,7 +32,7 @@ it finishes:
    linear-memory ops also in nominal TFLOP/s (below). A pair that runs past its cap (its first
    run compiles and autotunes the kernels) skips the later shapes of its op and D.
 3. compile: the per-kernel compile report of every covered spec (registers, spills, shared
-   memory and the module's own limits; `miras.gpu_compile`, imported by the child
+   memory and the module's own limits; `miras.checks.gpu_compile`, imported by the child
    process that writes it: where it is not there, the output says so and the run goes on) at the device's own target, D = 128,
    the spec's default chunk size and the timing shape's (B, T, H) for the launch grid, each
    passed under whichever name the report function gives it (`compile_item`). Compiling for
@@ -90,8 +90,8 @@ from pathlib import Path
 import torch
 
 import miras
+from miras.checks.gpu_compile import default_chunk
 from miras.compiler.triton_kernels import unsupported_reason
-from miras.gpu_compile import default_chunk
 from miras.runtime.exact_chunk import default_chunk_size
 from miras.spec import load_spec
 
@@ -555,7 +555,7 @@ def titans_pair(depth: int, device) -> dict:
 
 
 # Where the per-kernel compile report lives (the first of these that is there).
-COMPILE_MODULES = ("miras.gpu_compile",)
+COMPILE_MODULES = ("miras.checks.gpu_compile",)
 
 
 def compile_module_name() -> tuple[str | None, str | None]:

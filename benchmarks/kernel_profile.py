@@ -111,7 +111,7 @@ def run_fla(rule: str, d: int, dtype: str, shape=SHAPE) -> None:
 def record_fla(target_name: str, rules, dims, dtypes, shape=SHAPE) -> list[dict]:
     """fla's jobs for every rule, width and dtype, recorded in this process acting as the
     target's GPU: [{"rule", "d", "dtype", "job": Job as a dict}], each kernel once per cell."""
-    from miras import gpu_compile
+    from miras.checks import gpu_compile
 
     act_as(gpu_compile.TARGETS[target_name])
     out = []
@@ -130,7 +130,7 @@ def record_fla(target_name: str, rules, dims, dtypes, shape=SHAPE) -> list[dict]
 
 
 def _job(data: dict):
-    from miras import gpu_compile
+    from miras.checks import gpu_compile
 
     def plain(value):  # JSON's lists back to the tuples a Job holds
         return tuple(plain(v) for v in value) if isinstance(value, list) else value
@@ -156,7 +156,7 @@ def fla_jobs(target_name: str, rules, dims, dtypes, shape=SHAPE) -> list[tuple]:
 
 def our_jobs(rules, dims, dtypes, precision: str, shape=SHAPE) -> list[tuple]:
     """(rule, d, dtype, Job or the launcher's refusal as text) of our kernels."""
-    from miras import gpu_compile
+    from miras.checks import gpu_compile
 
     out = []
     for rule in rules:
@@ -229,8 +229,8 @@ def main(argv=None) -> None:
         Path(out).write_text(json.dumps(record_fla(target, **spec), default=str))
         return
 
-    from miras import gpu_compile
-    from miras.compiler.emit import cache_dir
+    from miras.checks import gpu_compile
+    from miras.derive.emit import cache_dir
 
     rules = [r for r in args.rules.split(",") if r]
     for rule in rules:

@@ -5,8 +5,8 @@ anything runs), its methods state the math in sympy. A field that may be a data-
 takes either the word "gate" (the layer supplies it per token) or a fixed number.
 
 The typed fields need neither sympy nor torch, so loading and validating a spec imports
-neither (docs/spec.md): in every component module, sympy and its vocabulary (`miras.symbols`,
-`miras.formula`) are imported inside the methods that do math, torch inside those that run.
+neither (docs/spec.md): in every component module, sympy and its vocabulary (`miras.derive.symbols`,
+`miras.derive.formula`) are imported inside the methods that do math, torch inside those that run.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, WithJsonSchema
 
+from miras.derive.protocols import GateDefaults
+from miras.derive.ranges import Range
 from miras.errors import did_you_mean
-from miras.gate_defaults import GateDefaults
-from miras.ranges import Range
 
 if TYPE_CHECKING:  # annotations only (see the module docstring)
     import sympy as sp
@@ -158,7 +158,7 @@ class Component(BaseModel):
 
     def scalars(self) -> dict[str, sp.Symbol]:
         """The sympy symbol of every gateable field (gate or fixed)."""
-        from miras.symbols import gate_symbol
+        from miras.derive.symbols import gate_symbol
 
         return {name: gate_symbol(name) for name in self.gateable}
 
@@ -183,7 +183,7 @@ class Component(BaseModel):
 
     def emitted_functions(self) -> list[tuple[str, sp.Expr, str]]:
         """Elementwise functions of x the compiler emits into the rule's module for this
-        component: (name, a formula in `miras.symbols` x, docstring). None by default; an
+        component: (name, a formula in `miras.derive.symbols` x, docstring). None by default; an
         MLP memory's activation and its derivative, a custom feature map's phi."""
         return []
 
@@ -195,7 +195,7 @@ class Bias(Component):
 
     def expression(self) -> sp.Expr:
         """L over one vector: `ChannelSum(f(e, y, v))` plus, optionally, terms in channel sums
-        (e.g. a norm). Uses `miras.symbols` `e`, `y`, `v` and the component's scalars."""
+        (e.g. a norm). Uses `miras.derive.symbols` `e`, `y`, `v` and the component's scalars."""
         raise NotImplementedError
 
     def label(self) -> str:
@@ -220,7 +220,7 @@ class Retention(Component):
     family: ClassVar[str] = "retention"
 
     def objective(self) -> sp.Expr:
-        """One entry of <u, W> + (1/eta) D(W, W_{t-1}) + (1/alpha) G(W), in `miras.symbols`
+        """One entry of <u, W> + (1/eta) D(W, W_{t-1}) + (1/alpha) G(W), in `miras.derive.symbols`
         w, w0, u, eta, alpha and the component's gates."""
         raise NotImplementedError
 
@@ -234,10 +234,10 @@ class Retention(Component):
 
     def derive_step(self) -> tuple[list, sp.Expr]:
         """(the derivation's steps, the step W_t in w0, u and the gates): the closed-form
-        argmin of the objective, derived with sympy (`miras.compiler.retention_derive` runs
+        argmin of the objective, derived with sympy (`miras.derive.retention_derive` runs
         it). By default the separable strategy: solve dJ/dw = 0 for one entry, then
         reparameterize (any smooth objective); a retention of another shape writes its own."""
-        from miras.compiler.retention_solve import separable
+        from miras.derive.retention_solve import separable
 
         return separable(self)
 
@@ -249,7 +249,7 @@ class Retention(Component):
     # True when the derived step is exactly W_t = a_t W_{t-1} - u_t, with a_t the gate
     # `decay_gate` (or 1 without one): what spec validation reads without deriving (n steps
     # per token, the exact optimizer). The fast forms read the compiler's proof instead
-    # (`miras.compiler.linear_step`), which tests hold this declaration to.
+    # (`miras.derive.linear_step`), which tests hold this declaration to.
     linear_step: ClassVar[bool] = False
     # The gate a_t that multiplies W_{t-1}, where the retention has one.
     decay_gate: ClassVar[str | None] = None
@@ -283,7 +283,7 @@ class Retention(Component):
 
     def gradient_point_lines(self) -> list:
         """The display line of W_e, the state the bias gradient is taken at."""
-        from miras.terms import Line, scalar, sym, times
+        from miras.derive.terms import Line, scalar, sym, times
 
         factor = self.retained_factor()
         if factor is None:
@@ -294,7 +294,7 @@ class Retention(Component):
     def update_lines(self, step) -> list:
         """The display lines of W_t. `step(previous)`: the derived step as a sympy expression
         in the previous state (a symbol named `previous`) and u_t."""
-        from miras.terms import Line, Math, sym
+        from miras.derive.terms import Line, Math, sym
 
         return [Line(sym("W_t"), Math(step("W_{t-1}")))]
 
@@ -304,7 +304,7 @@ class Optimizer(Component):
 
     `update` is the step every backend runs (the recurrence and the chunk-start form call it
     per token); `update_expressions` states it in sympy, from which the compiler proves
-    whether the fast forms may unroll it as decay matrices (`miras.compiler.linear_step`)."""
+    whether the fast forms may unroll it as decay matrices (`miras.derive.linear_step`)."""
 
     family: ClassVar[str] = "optimizer"
     # True when each parameter carries a state s_t (kept as "S.<name>", zeros at t = 0).
@@ -352,17 +352,17 @@ class Optimizer(Component):
         (u_t = s_t = theta_t s_{t-1} + b_t g_t) or "general" (any other, such as Nesterov's);
         None where it is not linear (Muon, the exact minimizer). Every fast form, torch and
         Triton, unrolls the compiled record. Derived from `update_expressions`, never declared."""
-        from miras.compiler.linear_step import optimizer_update
+        from miras.derive.linear_step import optimizer_update
 
         step, _ = optimizer_update(self)
         return step.shape if step is not None else None
 
     def update_expressions(self) -> tuple[sp.Expr, sp.Expr | None] | None:
         """The step `update` takes, in sympy, for one entry of the parameter: (u_t, s_t), u_t
-        in `miras.symbols` g (the gradient g_t), s_new (the new state s_t) and the gate
+        in `miras.derive.symbols` g (the gradient g_t), s_new (the new state s_t) and the gate
         symbols of the gateable fields; s_t in g, s_prev (s_{t-1}) and the gates, or None
         when not `stateful`. The compiler proves from them whether the whole step is linear
-        (`miras.compiler.linear_step`). None by default: an update that is no elementwise
+        (`miras.derive.linear_step`). None by default: an update that is no elementwise
         expression (Muon's Newton-Schulz, the exact solve) gets no fast linear form."""
         return None
 
@@ -538,7 +538,7 @@ class Memory(Component):
     def update_lines(self, window) -> list:
         """The display lines of g_t (the whole step for a closed form), given the spec's
         Omega `window` (its c and gamma)."""
-        from miras.terms import GRAD_L, MLP_BACKWARD, PHI, Call, Line, Name, sym
+        from miras.derive.terms import GRAD_L, MLP_BACKWARD, PHI, Call, Line, Name, sym
 
         window_sum, index = window_terms(window)
         features = Call(PHI, (sym(f"k_{index}"),))
@@ -598,7 +598,7 @@ class Memory(Component):
 def window_terms(window):
     """(wrap, i): `wrap(term)` sums a term over the Omega window with its gamma weight, in the
     token index `i` ("i" inside a window, "t" without one)."""
-    from miras.terms import WindowSum, scalar, times
+    from miras.derive.terms import WindowSum, scalar, times
 
     c = window.c
     index = "i" if c != 1 else "t"

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
-from miras.gate_defaults import GateDefaults
+from miras.derive.protocols import GateDefaults
 
 if TYPE_CHECKING:
     import sympy as sp
 
-    from miras.check import CheckResult
-    from miras.ranges import Range
+    from miras.derive.check import CheckResult
+    from miras.derive.ranges import Range
 
 # The spec a CompiledRule was compiled from (`miras.spec.Spec`, as the compiler's passes, the
 # facade and the runtime name it: `CompiledRule[Spec]`). The IR does not name it itself: the
@@ -55,7 +55,7 @@ class GateInfo:
 @dataclass(frozen=True)
 class ChunkForm:
     """How `backend="chunk"` runs a spec at chunk size b > 1 (docs/chunking.md), decided by the
-    affine analysis (`miras.compiler.affine`):
+    affine analysis (`miras.derive.affine`):
 
     - "exact": every step is affine in the memory state, so each chunk is solved exactly (a
       unit-lower-triangular system per chunk); equal to the recurrence at any b;
@@ -157,7 +157,7 @@ class Coefficient:
 @dataclass(frozen=True)
 class LinearStep:
     """The whole step where the compiler proved it linear in the memory state and the gradient
-    (`miras.compiler.linear_step`, from the retention's derived step and the optimizer's
+    (`miras.derive.linear_step`, from the retention's derived step and the optimizer's
     `update_expressions`):
 
         W_t = a_t W_{t-1} - u_t,   u_t = p_t S_t + q_t g_t,   S_t = theta_t S_{t-1} + beta_t g_t

@@ -266,7 +266,7 @@ def check_work(spec: Spec, length: int) -> None:
 def check_fits(rule: Any) -> None:
     """Refuse the end-to-end check of a compiled rule (`MemoryRule`) that would not fit in
     memory or would run for hours, before it allocates; ResourceError names the window."""
-    from miras.check_inputs import sizes_for
+    from miras.checks.inputs import sizes_for
 
     sizes = sizes_for(rule)
     check_work(rule.spec, sizes.length)

@@ -18,13 +18,13 @@ from types import ModuleType
 
 import torch
 
-from miras.check import CheckResult
-from miras.compiler.bias_check import check_bias
-from miras.compiler.describe import Derivation, describe
 from miras.compiler.pipeline import compile_ir
-from miras.compiler.precondition_check import check_precondition
-from miras.compiler.retention_check import check_retention
 from miras.compiler.triton_kernels import TritonKernels
+from miras.derive.bias_check import check_bias
+from miras.derive.check import CheckResult
+from miras.derive.describe import Derivation, describe
+from miras.derive.precondition_check import check_precondition
+from miras.derive.retention_check import check_retention
 from miras.ir import BiasRule, CompiledRule, Plan, RetentionRule
 from miras.runtime import run
 from miras.runtime.core import Runtime
@@ -87,9 +87,9 @@ class MemoryRule:
     def check(self, seed: int = 0, *, triton: bool = True) -> list[CheckResult]:
         """Re-run every derived-vs-reference check on fresh random inputs, then the end-to-end
         stage: the whole rule on every backend (Triton unless `triton=False`) against an
-        autograd oracle (`miras.check_end_to_end`). The compile-time `check` pass runs the
+        autograd oracle (`miras.checks.end_to_end`). The compile-time `check` pass runs the
         piece checks only: the stage takes seconds per spec."""
-        from miras.check_end_to_end import check_end_to_end
+        from miras.checks.end_to_end import check_end_to_end
 
         pieces = check_bias(self.spec.bias, self.bias, seed=seed) + check_retention(
             self.spec.retention, self.retention, seed=seed

@@ -1,17 +1,19 @@
 """No import cycles in `miras`.
 
 Every module of the installed package tree is read as text (`ast`, nothing is imported):
-miras/ as `miras`, components/ as `miras.components`, kernels/ as `miras.kernels` (pyproject's
-package-dir). Every executed `import` counts, at module level and inside functions: data flows
-one way, spec -> IR -> runtime -> facade, so no module may reach back to one that reaches it,
-even lazily. Imports under `if TYPE_CHECKING:` run only in a type checker; the whole-package
-check counts them too, with no exception. The analyses a spec's components call while it is
-validated and compiled (`miras.compiler.affine`, `bias_derive`, `retention_derive`,
-`retention_emit`, `retention_solve`, `printer`, `linear_step`) import nothing of `miras.spec`:
-where they read a whole spec they name it by the Protocol `miras.spec_parts.SpecParts`
-(`linear_step`, which the component bases call, by Protocols of its own), and the IR names it
-by a type parameter (`CompiledRule[Spec]`). So annotations run one way too: spec ->
-components -> analyses -> IR. A cycle is named module by module.
+miras/ as `miras`, components/ as `miras.components`, kernels/ as `miras.kernels`, as
+pyproject.toml's package-dir maps them (read from there: the one place the mapping is
+written). Every executed `import` counts, at module level and inside functions: data flows one
+way, so no module may reach back to one that reaches it, even lazily. Imports under
+`if TYPE_CHECKING:` run only in a type checker; the whole-package check counts them too, with
+no exception. A cycle is named module by module.
+
+The packages state the layers (docs/architecture.md, "The layers"), and the tests below hold
+each to its place: `miras.derive` (the sympy analyses the components call while a spec
+validates, their printers and checks, and the Protocols they name a spec and its components
+by) imports nothing of the components, `miras.spec` or `miras.compiler` above it, annotations
+included; the IR imports only derive's leaves; `miras.compiler` (the passes and the pipeline)
+sits above the spec and below the runtime's facade.
 """
 
 from __future__ import annotations
@@ -21,9 +23,15 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
-# Installed package -> folder in the repository (pyproject.toml's [tool.setuptools.package-dir]).
-PACKAGE_DIRS = {"miras": "miras", "miras.components": "components", "miras.kernels": "kernels"}
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+# Installed package -> folder in the repository: pyproject.toml's [tool.setuptools.package-dir].
+PACKAGE_DIRS: dict[str, str] = SETUPTOOLS["package-dir"]
 
 
 def module_files() -> dict[str, Path]:
@@ -185,7 +193,7 @@ def test_the_walker_sees_every_kind_of_import():
     # from-import of a module, relative import, in-function import.
     assert "miras.spec" in graph["miras.compiler.pipeline"]
     assert "miras.components.base" in graph["miras.components.retention.l2"]
-    assert "miras.check_end_to_end" in graph["miras.rule"]
+    assert "miras.checks.end_to_end" in graph["miras.rule"]
     # A TYPE_CHECKING import is not executed; asked for, it is counted.
     assert "miras.runtime.recurrent" not in graph["miras.runtime.call"]
     assert "miras.runtime.recurrent" in import_graph(type_checking=True)["miras.runtime.call"]
@@ -212,33 +220,68 @@ def test_no_import_cycles_in_miras_even_in_type_checking_imports():
         pytest.fail(f"import cycles in miras, TYPE_CHECKING included:\n{cycle_report(graph)}")
 
 
-def test_what_the_components_call_reaches_neither_the_spec_nor_its_catalogue():
-    """spec -> components -> analyses -> IR, TYPE_CHECKING imports included: no compiler
-    module a component imports, nor the IR, reaches miras.spec or the catalogue
-    (miras.components, which imports every component), so a spec is read there through
-    `SpecParts`, never named."""
+def test_derive_imports_nothing_above_it():
+    """components -> derive -> IR, TYPE_CHECKING imports included: the components call
+    miras.derive while a spec validates, so no module of it imports a component (the base
+    classes included), miras.spec, miras.compiler or anything above them. Besides its own
+    modules it imports the IR and the errors; it names a spec and its components by the
+    Protocols of `miras.derive.protocols`."""
     graph = import_graph(type_checking=True)
     called = {
         imported
         for module in graph
         if _inside(module, "miras.components")
         for imported in graph[module]
-        if _inside(imported, "miras.compiler")
+        if _inside(imported, "miras.derive")
     }
-    assert {"miras.compiler.affine", "miras.compiler.linear_step"} <= called, sorted(called)
-    for module in sorted(called | {"miras.ir"}):
-        banned = sorted(_reach(graph, module) & {"miras.spec", "miras.components"})
+    assert {"miras.derive.affine", "miras.derive.linear_step"} <= called, sorted(called)
+    derive = sorted(m for m in graph if _inside(m, "miras.derive"))
+    for module in derive:
+        outside = sorted(m for m in graph[module] if not _inside(m, "miras.derive"))
+        assert set(outside) <= {"miras.ir", "miras.errors"}, f"{module} imports {outside}"
+    above = ("miras.components", "miras.spec", "miras.compiler", "miras.runtime", "miras.rule")
+    for module in [*derive, "miras.ir"]:
+        banned = sorted(m for m in _reach(graph, module) if any(_inside(m, p) for p in above))
         assert not banned, f"{module} reaches {banned}"
+
+
+def test_the_ir_imports_only_the_leaves_of_derive():
+    """The IR's records name a gate's `Range` and `GateDefaults` and the compile-time checks'
+    `CheckResult`: leaves of miras.derive that import nothing of miras but each other, so the
+    IR sits between derive's leaves and its analyses (which build IR records)."""
+    graph = import_graph(type_checking=True)
+    leaves = {"miras.derive.protocols", "miras.derive.ranges", "miras.derive.check"}
+    assert graph["miras.ir"] <= leaves, sorted(graph["miras.ir"])
+    for leaf in sorted(leaves):
+        assert graph[leaf] <= leaves, f"{leaf} imports {sorted(graph[leaf])}"
+
+
+def test_the_layers_below_the_compiler_never_reach_it():
+    """miras.compiler holds the passes and the pipeline, above the spec: nothing of
+    miras.derive, the components, miras.spec or the IR reaches it, annotations included; the
+    compiler imports the spec (its passes read a `Spec`)."""
+    graph = import_graph(type_checking=True)
+    below = ("miras.derive", "miras.components", "miras.spec", "miras.ir")
+    for module in [m for m in graph if any(_inside(m, p) for p in below)]:
+        reached = sorted(m for m in _reach(graph, module) if _inside(m, "miras.compiler"))
+        assert not reached, f"{module} reaches {reached}"
+    assert "miras.spec" in graph["miras.compiler.pipeline"]
+
+
+def test_pyproject_lists_every_package():
+    """A package folder of the tree that pyproject.toml's `packages` does not list would be
+    missing from a wheel (the editable install finds it anyway)."""
+    folders = {name for name, path in module_files().items() if path.name == "__init__.py"}
+    assert folders == set(SETUPTOOLS["packages"]), sorted(folders ^ set(SETUPTOOLS["packages"]))
 
 
 def test_the_runtime_imports_neither_the_facade_nor_the_compiler():
     """run(program, ...) and every form below it know the compiled rule as plain data and the
     Triton kernels through the program's provider: no runtime module imports miras.compiler,
-    nor reaches miras.rule, the end-to-end checks above it or the models, TYPE_CHECKING
-    imports included. (The spec's components call compiler analyses of their own: reached
-    through miras.spec, not imported by the runtime.)"""
+    nor reaches miras.rule, the checks above it or the models, TYPE_CHECKING imports
+    included. (It reaches miras.derive through the components, whose analyses they call.)"""
     graph = import_graph(type_checking=True)
-    above = ("miras.rule", "miras.check_end_to_end", "miras.models")
+    above = ("miras.rule", "miras.checks", "miras.models")
     for module in [m for m in graph if _inside(m, "miras.runtime")]:
         compiler = sorted(m for m in graph[module] if _inside(m, "miras.compiler"))
         assert not compiler, f"{module} imports {compiler}"
@@ -267,12 +310,14 @@ def test_the_layer_ops_and_probes_go_through_the_runtimes_public_surface():
 
 
 def test_the_checks_sit_above_the_facade():
-    """The end-to-end checks call the rule they are handed and import nothing of the facade,
-    which calls them (`MemoryRule.check`)."""
+    """The checks (miras.checks: end to end, and the compile-only GPU checks) call the rule
+    they are handed and import nothing of the facade, which calls them (`MemoryRule.check`)."""
     graph = import_graph(type_checking=True)
-    for module in ("miras.check_end_to_end", "miras.check_inputs", "miras.check_minimizer"):
+    checks = [m for m in graph if _inside(m, "miras.checks")]
+    assert {"miras.checks.end_to_end", "miras.checks.gpu_compile"} <= set(checks)
+    for module in checks:
         assert "miras.rule" not in _reach(graph, module), module
-    assert "miras.check_end_to_end" in graph["miras.rule"]
+    assert "miras.checks.end_to_end" in graph["miras.rule"]
 
 
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:

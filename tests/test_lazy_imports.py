@@ -41,7 +41,9 @@ def loaded_after(code: str) -> set[str]:
     "code",
     [
         pytest.param("import miras", id="import-miras"),
-        pytest.param("import miras.errors, miras.validation, miras.training.config", id="layers"),
+        pytest.param(
+            "import miras.errors, miras.spec.validation, miras.training.config", id="layers"
+        ),
     ],
 )
 def test_the_package_and_the_validation_layer_load_neither_torch_nor_sympy(code):

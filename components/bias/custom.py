@@ -16,7 +16,7 @@ RESERVED = frozenset({"e", "y", "v", "x", "w", "w0", "u", "pi", "True"})
 
 
 def check_param_names(params: dict[str, Any]) -> None:
-    from miras.formula import CONSTANTS, FUNCTIONS, SPECIAL_FUNCTIONS
+    from miras.derive.formula import CONSTANTS, FUNCTIONS, SPECIAL_FUNCTIONS
 
     for name in params:
         if not name.isascii() or not name.isidentifier() or name.startswith("_"):
@@ -58,8 +58,8 @@ def check_loss(loss: sp.Expr, fixed: dict[str, float]) -> None:
 def _check_loss(loss: sp.Expr, fixed_items: tuple[tuple[str, float], ...]) -> None:
     import sympy as sp
 
-    from miras.formula import TOO_LARGE, not_finite, value_at
-    from miras.symbols import ChannelSum, channel_gradient, e, v, y
+    from miras.derive.formula import TOO_LARGE, not_finite, value_at
+    from miras.derive.symbols import ChannelSum, channel_gradient, e, v, y
 
     fixed = dict(fixed_items)
     if not loss.free_symbols & {e, y, v}:
@@ -128,7 +128,7 @@ def _check_bounded_below(slopes: dict) -> None:
 
 
 def _advice(why: str, err: sp.Expr) -> str:
-    from miras.formula import TOO_LARGE
+    from miras.derive.formula import TOO_LARGE
 
     if why == TOO_LARGE:
         return (
@@ -175,7 +175,7 @@ class CustomBias(Bias):
         return f"the custom bias {self.loss!r}"
 
     def scalars(self) -> dict[str, sp.Symbol]:
-        from miras.symbols import gate_symbol
+        from miras.derive.symbols import gate_symbol
 
         return {name: gate_symbol(name) for name in self.params}
 
@@ -185,8 +185,8 @@ class CustomBias(Bias):
     def expression(self) -> sp.Expr:
         import sympy as sp
 
-        from miras.formula import parse_formula
-        from miras.symbols import ChannelSum, e, v, y
+        from miras.derive.formula import parse_formula
+        from miras.derive.symbols import ChannelSum, e, v, y
 
         symbols = {"e": e, "y": y, "v": v, **self.scalars()}
         expr = parse_formula(self.loss, symbols, channel_sums=True)
@@ -204,8 +204,8 @@ class CustomBias(Bias):
 
     def constant_slope(self) -> tuple[float | None, str]:
         """Derived: the compiler's affine analysis of the formula's gradient (sympy)."""
-        from miras.compiler.affine import slope_of
-        from miras.compiler.bias_derive import derive_bias
+        from miras.derive.affine import slope_of
+        from miras.derive.bias_derive import derive_bias
 
         slope, why = slope_of(self, derive_bias(self))
         if slope is None:

@@ -20,7 +20,7 @@ class DotBias(Bias):
     kind: Literal["dot"] = "dot"
 
     def expression(self) -> sp.Expr:
-        from miras.symbols import ChannelSum, v, y
+        from miras.derive.symbols import ChannelSum, v, y
 
         return ChannelSum(-y * v)
 

@@ -27,7 +27,7 @@ class HuberBias(Bias):
     def expression(self) -> sp.Expr:
         import sympy as sp
 
-        from miras.symbols import ChannelSum, e, gate_symbol
+        from miras.derive.symbols import ChannelSum, e, gate_symbol
 
         d = gate_symbol("delta")
         return ChannelSum(sp.Piecewise((e**2 / 2, sp.Abs(e) <= d), (d * (sp.Abs(e) - d / 2), True)))

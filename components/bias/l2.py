@@ -20,7 +20,7 @@ class L2Bias(Bias):
     kind: Literal["l2"] = "l2"
 
     def expression(self) -> sp.Expr:
-        from miras.symbols import ChannelSum, e
+        from miras.derive.symbols import ChannelSum, e
 
         return ChannelSum(e**2 / 2)
 

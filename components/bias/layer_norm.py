@@ -40,12 +40,12 @@ class LayerNormBias(Bias):
     def expression(self) -> sp.Expr:
         """L = 1/2 sum_j (w_j (y_j - mu) / sqrt(sigma^2 + eps) + b_j - v_j)^2 with
         mu = sum_j y_j / Dv and sigma^2 = sum_j (y_j - mu)^2 / Dv: channel sums inside a
-        channel sum (channel statistics, `miras.symbols.channel_gradient`), the variance in two
+        channel sum (channel statistics, `miras.derive.symbols.channel_gradient`), the variance in two
         passes as torch's layer_norm takes it (E[y^2] - mu^2 would cancel where |mu| is far above
         sigma)."""
         import sympy as sp
 
-        from miras.symbols import ChannelSum, channels, gate_symbol, v, y
+        from miras.derive.symbols import ChannelSum, channels, gate_symbol, v, y
 
         w, b = gate_symbol("ln_weight"), gate_symbol("ln_bias")
         mean = ChannelSum(y) / channels

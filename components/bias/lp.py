@@ -34,7 +34,7 @@ class LpBias(Bias):
     def expression(self) -> sp.Expr:
         import sympy as sp
 
-        from miras.symbols import ChannelSum, e
+        from miras.derive.symbols import ChannelSum, e
 
         p = sp.nsimplify(self.p)
         eps = self.smoothing()

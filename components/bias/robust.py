@@ -27,8 +27,8 @@ class RobustBias(Bias):
     def expression(self) -> sp.Expr:
         import sympy as sp
 
-        from miras.formula import NORM_EPS
-        from miras.symbols import ChannelSum, e, gate_symbol
+        from miras.derive.formula import NORM_EPS
+        from miras.derive.symbols import ChannelSum, e, gate_symbol
 
         r = gate_symbol("radius")
         sq = ChannelSum(e**2)
@@ -37,7 +37,7 @@ class RobustBias(Bias):
     def reference_loss(self, y, v, radius=None, **scalars) -> torch.Tensor:
         import torch
 
-        from miras.formula import NORM_EPS
+        from miras.derive.formula import NORM_EPS
 
         r = self.radius if radius is None else radius
         if torch.is_tensor(r) and r.dim() > 0:

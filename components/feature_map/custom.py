@@ -28,8 +28,8 @@ class CustomMap(FeatureMap):
     def _parse(self) -> CustomMap:
         import sympy as sp
 
-        from miras.formula import parse_formula
-        from miras.symbols import x
+        from miras.derive.formula import parse_formula
+        from miras.derive.symbols import x
 
         check_param_names(self.params)
         phi = self.expression()  # raises FormulaError (a ValueError) naming what is wrong
@@ -47,8 +47,8 @@ class CustomMap(FeatureMap):
     def expression(self) -> sp.Expr:
         import sympy as sp
 
-        from miras.formula import parse_formula
-        from miras.symbols import x
+        from miras.derive.formula import parse_formula
+        from miras.derive.symbols import x
 
         symbols = {"x": x, **{n: sp.Float(val) for n, val in self.params.items()}}
         return parse_formula(self.formula, symbols)
@@ -66,8 +66,8 @@ def check_map(phi: sp.Expr) -> None:
     or not differentiable, at some input."""
     import sympy as sp
 
-    from miras.formula import not_finite, value_at
-    from miras.symbols import x
+    from miras.derive.formula import not_finite, value_at
+    from miras.derive.symbols import x
 
     if not phi.has(x):
         raise ValueError(

@@ -23,7 +23,7 @@ class IdentityMap(FeatureMap):
         return d
 
     def expression(self) -> sp.Expr:
-        from miras.symbols import x
+        from miras.derive.symbols import x
 
         return x
 

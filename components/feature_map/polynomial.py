@@ -34,7 +34,7 @@ class PolynomialMap(FeatureMap):
         return [sp.Symbol(f"a{i}", real=True) for i in range(1, self.degree + 1)]
 
     def expression(self) -> sp.Expr:
-        from miras.symbols import x
+        from miras.derive.symbols import x
 
         return sum(a * x**i for i, a in enumerate(self.coefficient_symbols(), start=1))
 

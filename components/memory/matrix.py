@@ -47,7 +47,7 @@ class MatrixMemory(Memory):
 
     def update_lines(self, window) -> list:
         """g_t, then its matrix form: the error dL/dy times phi(k)^T."""
-        from miras.terms import DL_DY, GRAD_L, PHI, Call, Juxt, Line, Name, Transpose, sym
+        from miras.derive.terms import DL_DY, GRAD_L, PHI, Call, Juxt, Line, Name, Transpose, sym
 
         window_sum, index = window_terms(window)
         features = Call(PHI, (sym(f"k_{index}"),))

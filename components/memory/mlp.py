@@ -18,7 +18,7 @@ def activation_functions(name: Activation) -> list[tuple[str, sp.Expr, str]]:
     compiler emits both, and the memory's explicit backward uses the derivative."""
     import sympy as sp
 
-    from miras.symbols import sigmoid, x
+    from miras.derive.symbols import sigmoid, x
 
     formulas = {
         "gelu": x * (1 + sp.erf(x / sp.sqrt(2))) / 2,

@@ -35,7 +35,7 @@ class NonparametricMemory(Memory):
 
     def update_lines(self, window) -> list:
         """The whole step: the closed-form read over the window of past tokens."""
-        from miras.terms import SOFTMAX_I, Call, Dot, Juxt, Line, WindowSum, sym
+        from miras.derive.terms import SOFTMAX_I, Call, Dot, Juxt, Line, WindowSum, sym
 
         lo = "1" if not self.window else ("t" if self.window == 1 else f"t-{self.window - 1}")
         weights = Call(SOFTMAX_I, (Dot(sym("q_t"), sym("k_i")),))

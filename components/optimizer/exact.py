@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from miras.components.base import POSITIVE, GateDefaults, Optimizer, Range, gate_or
 
 if TYPE_CHECKING:  # the spec by what it offers: miras.spec imports this component
-    from miras.spec_parts import SpecParts
+    from miras.derive.protocols import SpecParts
 
 
 class Exact(Optimizer):
@@ -86,13 +86,13 @@ class Exact(Optimizer):
         return problems
 
     def update_lines(self) -> list:
-        from miras.terms import Line
+        from miras.derive.terms import Line
 
         return [Line(None, None, "(no update: the objective is solved exactly)")]
 
     def whole_step_lines(self, spec: SpecParts) -> list:
         """The step t in the sufficient statistics, then W_t, the minimizer, and the read."""
-        from miras.terms import (
+        from miras.derive.terms import (
             PHI,
             Call,
             Juxt,
@@ -105,7 +105,7 @@ class Exact(Optimizer):
             sym,
             times,
         )
-        from miras.terms import scalar as gate
+        from miras.derive.terms import scalar as gate
 
         decay = getattr(spec.retention, "decay", 1.0)
         a, gamma = gate(decay, "decay"), gate(spec.window.gamma, "gamma")

@@ -33,11 +33,11 @@ class GD(SteppedOptimizer):
 
     def update_expressions(self) -> tuple:
         """u_t = lr_t g_t, no state."""
-        from miras.symbols import g, gate_symbol
+        from miras.derive.symbols import g, gate_symbol
 
         return gate_symbol("lr") * g, None
 
     def update_lines(self) -> list:
-        from miras.terms import Line, scalar, sym, times
+        from miras.derive.terms import Line, scalar, sym, times
 
         return [Line(sym("u_t"), times(scalar(self.lr, "lr"), sym("g_t"))), *self.steps_lines()]

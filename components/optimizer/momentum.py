@@ -50,26 +50,26 @@ class Momentum(SteppedOptimizer):
 
     def update_expressions(self) -> tuple:
         """u_t = s_t, s_t = theta_t s_{t-1} + lr_t g_t."""
-        from miras.symbols import s_new
+        from miras.derive.symbols import s_new
 
         return s_new, surprise_expression()
 
     def update_lines(self) -> list:
-        from miras.terms import Line, sym
+        from miras.derive.terms import Line, sym
 
         return [*surprise_lines(self), Line(sym("u_t"), sym("S_t")), *self.steps_lines()]
 
 
 def surprise_expression():
     """s_t = theta_t s_{t-1} + lr_t g_t in sympy, the state Momentum and Nesterov share."""
-    from miras.symbols import g, gate_symbol, s_prev
+    from miras.derive.symbols import g, gate_symbol, s_prev
 
     return gate_symbol("momentum") * s_prev + gate_symbol("lr") * g
 
 
 def surprise_lines(opt: Optimizer) -> list:
     """S_t = theta_t S_{t-1} + lr_t g_t, the momentum that Muon and Nesterov share."""
-    from miras.terms import Line, Plus, scalar, sym, times
+    from miras.derive.terms import Line, Plus, scalar, sym, times
 
     step = times(scalar(opt.lr, "lr"), sym("g_t"))
     surprise = times(scalar(opt.momentum, "momentum"), sym("S_{t-1}"))

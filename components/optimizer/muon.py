@@ -74,7 +74,7 @@ class Muon(SteppedOptimizer):
         return lr * newton_schulz(s, self.ns_steps), s
 
     def update_lines(self) -> list:
-        from miras.terms import Call, Line, Name, Plus, scalar, sym, times
+        from miras.derive.terms import Call, Line, Name, Plus, scalar, sym, times
 
         n = self.ns_steps
         newton_schulz = Name(f"NewtonSchulz{n}", rf"\operatorname{{NewtonSchulz}}_{{{n}}}")

@@ -43,14 +43,14 @@ class Nesterov(SteppedOptimizer):
     def update_expressions(self) -> tuple:
         """u_t = theta_t s_t + lr_t g_t, s_t = theta_t s_{t-1} + lr_t g_t."""
         from miras.components.optimizer.momentum import surprise_expression
-        from miras.symbols import g, gate_symbol, s_new
+        from miras.derive.symbols import g, gate_symbol, s_new
 
         lr, theta = gate_symbol("lr"), gate_symbol("momentum")
         return theta * s_new + lr * g, surprise_expression()
 
     def update_lines(self) -> list:
         from miras.components.optimizer.momentum import surprise_lines
-        from miras.terms import Line, Plus, scalar, sym, times
+        from miras.derive.terms import Line, Plus, scalar, sym, times
 
         step = times(scalar(self.lr, "lr"), sym("g_t"))
         ahead = times(scalar(self.momentum, "momentum"), sym("S_t"))

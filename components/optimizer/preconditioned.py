@@ -83,7 +83,7 @@ class Preconditioned(Optimizer):
     def update_expressions(self) -> tuple:
         """u_t = lr_t g_t with lr_t the preconditioned step size b_t M_t (per key channel: the
         runtime's forms read which channel axis it has)."""
-        from miras.symbols import g, gate_symbol
+        from miras.derive.symbols import g, gate_symbol
 
         return gate_symbol("lr") * g, None
 
@@ -149,7 +149,7 @@ class Preconditioned(Optimizer):
     def update_lines(self) -> list:
         import sympy as sp
 
-        from miras.terms import PHI, Call, Juxt, Line, Name, Plus, Power, scalar, sym, times
+        from miras.derive.terms import PHI, Call, Juxt, Line, Name, Plus, Power, scalar, sym, times
 
         curvature = times(
             scalar(self.precond_lr, "precond_lr"),

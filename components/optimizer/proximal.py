@@ -60,12 +60,24 @@ class Proximal(Optimizer):
 
     def update_expressions(self) -> tuple:
         """u_t = lr_t g_t, no state, with lr_t the step size `step_size` has already made."""
-        from miras.symbols import g, gate_symbol
+        from miras.derive.symbols import g, gate_symbol
 
         return gate_symbol("lr") * g, None
 
     def update_lines(self) -> list:
-        from miras.terms import PHI, Call, Frac, Line, Name, Norm, Plus, Power, scalar, sym, times
+        from miras.derive.terms import (
+            PHI,
+            Call,
+            Frac,
+            Line,
+            Name,
+            Norm,
+            Plus,
+            Power,
+            scalar,
+            sym,
+            times,
+        )
 
         lr = scalar(self.lr, "lr") or Name("1")
         norm = Power(Norm(Call(PHI, (sym("k_t"),)), "2"), "2")

@@ -132,7 +132,7 @@ class SteppedOptimizer(Optimizer):
 
     def steps_lines(self) -> list:
         """The display note under u_t when the step is taken n times per token."""
-        from miras.terms import Line
+        from miras.derive.terms import Line
 
         if self.steps == 1:
             return []

@@ -21,7 +21,7 @@ def potential_domain(potential: sp.Expr) -> str:
     import sympy as sp
     from sympy.solvers.inequalities import solve_univariate_inequality
 
-    from miras.symbols import w
+    from miras.derive.symbols import w
 
     domains = {  # the state domains a potential may have, as intervals of w
         "real": sp.S.Reals,
@@ -63,8 +63,8 @@ class BregmanRetention(Retention):
     @field_validator("potential")
     @classmethod
     def _parse(cls, text: str) -> str:
-        from miras.formula import parse_formula
-        from miras.symbols import w
+        from miras.derive.formula import parse_formula
+        from miras.derive.symbols import w
 
         # A FormulaError is a ValueError: pydantic reports it at `retention.potential`.
         potential = parse_formula(text, {"w": w})
@@ -79,7 +79,7 @@ class BregmanRetention(Retention):
         F' does not run from -oo to oo, or (closed_form) that sympy cannot invert. The default
         potential is derived by the shipped specs' golden copies and is not derived again."""
         if self.potential != BINARY_ENTROPY or self.solver != "closed_form":
-            from miras.compiler.retention_derive import check_derivable  # sympy, no torch
+            from miras.derive.retention_derive import check_derivable  # sympy, no torch
 
             check_derivable(self)
         return self
@@ -93,8 +93,8 @@ class BregmanRetention(Retention):
 
     def potential_expr(self) -> sp.Expr:
         """F(w) as a sympy expression."""
-        from miras.formula import parse_formula
-        from miras.symbols import w
+        from miras.derive.formula import parse_formula
+        from miras.derive.symbols import w
 
         return parse_formula(self.potential, {"w": w})
 
@@ -103,7 +103,7 @@ class BregmanRetention(Retention):
         D_F(w, w0) = F(w) - F(w0) - F'(w0) (w - w0); no G."""
         import sympy as sp
 
-        from miras.symbols import eta, u, w, w0
+        from miras.derive.symbols import eta, u, w, w0
 
         F = self.potential_expr()
         slope = sp.diff(F, w).subs(w, w0)
@@ -113,7 +113,7 @@ class BregmanRetention(Retention):
         """eta = 1: the step size already lives in u_t (the optimizer's lr gate)."""
         import sympy as sp
 
-        from miras.symbols import eta
+        from miras.derive.symbols import eta
 
         return {eta: sp.Integer(1)}
 
@@ -130,7 +130,7 @@ class BregmanRetention(Retention):
             return super().update_lines(step)
         import sympy as sp
 
-        from miras.terms import NEWTON_NOTE, Line, Math
+        from miras.derive.terms import NEWTON_NOTE, Line, Math
 
         expr = step("W_{t-1}")
         z_t = sp.Symbol("z_t")

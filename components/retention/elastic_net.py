@@ -38,9 +38,9 @@ class ElasticNetRetention(Retention):
         """Subgradient cases of J = smooth(w) + gamma |w|: w > 0, w < 0, and 0 in dJ(0)."""
         import sympy as sp
 
-        from miras.compiler.retention_solve import J, equations, solve_unique
+        from miras.derive.retention_solve import J, equations, solve_unique
+        from miras.derive.symbols import soft_threshold, w
         from miras.errors import DerivationError
-        from miras.symbols import soft_threshold, w
 
         objective = self.objective()
         reparameterization = self.reparameterization()
@@ -82,14 +82,14 @@ class ElasticNetRetention(Retention):
         that after the reparameterization the threshold of the soft-thresholding is gamma."""
         import sympy as sp
 
-        from miras.symbols import alpha, eta, gate_symbol, u, w, w0
+        from miras.derive.symbols import alpha, eta, gate_symbol, u, w, w0
 
         gamma = gate_symbol("threshold")
         return u * w + (w - w0) ** 2 / (2 * eta) + w**2 / (2 * alpha) + gamma * sp.Abs(w)
 
     def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
         """As for l2: 1/eta = a, 1/alpha = 1 - a (the quadratic part has curvature 1)."""
-        from miras.symbols import alpha, eta, gate_symbol
+        from miras.derive.symbols import alpha, eta, gate_symbol
 
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}

@@ -26,13 +26,13 @@ def generator(text: str) -> sp.Expr:
     nothing), f'(1) = 0 and f''(1) > 0 (zero at, and curving up around, t = 1)."""
     import sympy as sp
 
-    from miras.formula import parse_formula
+    from miras.derive.formula import parse_formula
 
     t = ratio()
     f = parse_formula(text, {"t": t})
     if not f.has(t):
         raise ValueError(f"the generator f(t) = {text!r} does not depend on t")
-    from miras.formula import bounded_simplify
+    from miras.derive.formula import bounded_simplify
 
     for what, value, ok in (
         ("f(1)", f.subs(t, 1), lambda x: x == 0),
@@ -79,7 +79,7 @@ class FDivergenceRetention(Retention):
         closed form, or solves with a function the torch printer lacks ((t - 1)**2 gives
         LambertW). The default generator is derived by the shipped specs' golden copies."""
         if self.f != GENERALIZED_KL:
-            from miras.compiler.retention_derive import check_derivable  # sympy, no torch
+            from miras.derive.retention_derive import check_derivable  # sympy, no torch
 
             check_derivable(self)
         return self
@@ -88,14 +88,14 @@ class FDivergenceRetention(Retention):
         """One entry of <u, W> + (1/eta) W_{t-1} f(W / W_{t-1}) + (1/alpha) (W log W - W)."""
         import sympy as sp
 
-        from miras.symbols import alpha, eta, u, w, w0
+        from miras.derive.symbols import alpha, eta, u, w, w0
 
         f = generator(self.f)
         return u * w + w0 * f.subs(ratio(), w / w0) / eta + (w * sp.log(w) - w) / alpha
 
     def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
         """As for l2 and KL: 1/eta = a, 1/alpha = 1 - a."""
-        from miras.symbols import alpha, eta, gate_symbol
+        from miras.derive.symbols import alpha, eta, gate_symbol
 
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}

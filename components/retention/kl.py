@@ -39,9 +39,9 @@ class KLRetention(Retention):
         import sympy as sp
         from sympy.utilities.iterables import sift
 
-        from miras.compiler.retention_solve import J, equations, solve_unique
+        from miras.derive.retention_solve import J, equations, solve_unique
+        from miras.derive.symbols import w
         from miras.errors import DerivationError
-        from miras.symbols import w
 
         # Display-only symbols (never printed to torch).
         mu = sp.Symbol("mu", real=True)  # the Lagrange multiplier of one row's sum
@@ -93,13 +93,13 @@ class KLRetention(Retention):
         entropy), minimized subject to each row of W summing to c (`scale`)."""
         import sympy as sp
 
-        from miras.symbols import alpha, eta, u, w, w0
+        from miras.derive.symbols import alpha, eta, u, w, w0
 
         return u * w + w * sp.log(w / w0) / eta + w * sp.log(w) / alpha
 
     def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
         """1/eta = a = 1 - lambda and 1/alpha = 1 - a = lambda (as for l2)."""
-        from miras.symbols import alpha, eta, gate_symbol
+        from miras.derive.symbols import alpha, eta, gate_symbol
 
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}
@@ -113,7 +113,7 @@ class KLRetention(Retention):
 
     def update_lines(self, step) -> list:
         """W_t = c softmax_row(logits): the derived step gives the logits."""
-        from miras.terms import SOFTMAX_ROW, Call, Line, Math, scalar, sym, times
+        from miras.derive.terms import SOFTMAX_ROW, Call, Line, Math, scalar, sym, times
 
         softmax = Call(SOFTMAX_ROW, (Math(step("W_{t-1}")),))
         return [Line(sym("W_t"), times(scalar(self.scale, "scale"), softmax))]

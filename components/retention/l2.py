@@ -35,14 +35,14 @@ class L2Retention(Retention):
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + 1/(2 eta) ||W - W_{t-1}||^2 + 1/(2 alpha) ||W||^2."""
-        from miras.symbols import alpha, eta, u, w, w0
+        from miras.derive.symbols import alpha, eta, u, w, w0
 
         return u * w + (w - w0) ** 2 / (2 * eta) + w**2 / (2 * alpha)
 
     def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
         """1/eta = a and 1/alpha = 1 - a: the curvature 1/eta + 1/alpha is 1, so u_t enters
         unscaled and a_t multiplies W_{t-1}. At a = 1 the global term vanishes (1/alpha = 0)."""
-        from miras.symbols import alpha, eta, gate_symbol
+        from miras.derive.symbols import alpha, eta, gate_symbol
 
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}

@@ -36,7 +36,7 @@ class LqRetention(Retention):
         """The l2 step on the accumulator A, then Moneta's normalization as the read map."""
         import sympy as sp
 
-        from miras.compiler.retention_solve import separable
+        from miras.derive.retention_solve import separable
 
         steps, step = separable(self)
         q = sp.nsimplify(self.q)
@@ -54,20 +54,20 @@ class LqRetention(Retention):
     def objective(self) -> sp.Expr:
         """One entry of the accumulator's objective: the l2 retention's, with w an entry of A.
         The read W = A / ||A||_q^(q-2) (per matrix) is Moneta's declared map, not an argmin."""
-        from miras.symbols import alpha, eta, u, w, w0
+        from miras.derive.symbols import alpha, eta, u, w, w0
 
         return u * w + (w - w0) ** 2 / (2 * eta) + w**2 / (2 * alpha)
 
     def reparameterization(self) -> dict[sp.Symbol, sp.Expr]:
         """As for l2: 1/eta = a, 1/alpha = 1 - a."""
-        from miras.symbols import alpha, eta, gate_symbol
+        from miras.derive.symbols import alpha, eta, gate_symbol
 
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}
 
     def update_lines(self, step) -> list:
         """The accumulator's step, then the read W_t = A_t / ||A_t||_q^(q-2)."""
-        from miras.terms import Frac, Line, Math, Norm, Power, sym
+        from miras.derive.terms import Frac, Line, Math, Norm, Power, sym
 
         a_t = sym("A_t")
         read = Frac(a_t, Power(Norm(a_t, f"{self.q:g}"), f"{self.q - 2:g}"))

@@ -14,12 +14,12 @@ from typing import Any
 import sympy as sp
 from sympy.core.function import PoleError
 
-from miras.compiler.printer import UnsupportedExpression, torch_code
-from miras.compiler.retention_emit import COORDINATES
-from miras.compiler.retention_solve import J, Step, equations
+from miras.derive.formula import OVERFLOW, value_at
+from miras.derive.printer import UnsupportedExpression, torch_code
+from miras.derive.retention_emit import COORDINATES
+from miras.derive.retention_solve import J, Step, equations
+from miras.derive.symbols import sigmoid_rewrite, w
 from miras.errors import DerivationError
-from miras.formula import OVERFLOW, value_at
-from miras.symbols import sigmoid_rewrite, w
 
 z = sp.Symbol("z", real=True)  # the argument of (F')^{-1}, the value of F' (display only)
 

@@ -21,7 +21,7 @@ class NoRetention(Retention):
 
     def objective(self) -> sp.Expr:
         """One entry of <u, W> + (1/eta) D(W, W_{t-1}) with D = 1/2 ||W - W_{t-1}||^2, no G."""
-        from miras.symbols import eta, u, w, w0
+        from miras.derive.symbols import eta, u, w, w0
 
         return u * w + (w - w0) ** 2 / (2 * eta)
 
@@ -29,6 +29,6 @@ class NoRetention(Retention):
         """eta = 1: the step size already lives in u_t (the optimizer's lr gate)."""
         import sympy as sp
 
-        from miras.symbols import eta
+        from miras.derive.symbols import eta
 
         return {eta: sp.Integer(1)}

@@ -9,7 +9,7 @@ scan's buffers do not depend on its BV, so its configs (`scan_configs`, below) t
 
 num_stages 1 (the chunk kernels): the chunk loop carries the state, and the software
 pipeliner's prefetch buffers would double the shared memory (past an H100's 227 KiB at
-d = 128). The compile-only checks (`miras.gpu_compile`) compile every config on sm_80 and sm_90.
+d = 128). The compile-only checks (`miras.checks.gpu_compile`) compile every config on sm_80 and sm_90.
 
 maxnreg 255 (the most a thread may hold): left unstated, the ptxas that triton 3.9 ships (CUDA
 13.4) gave the exact scan of before its rewrite (its state one [BV, Dphi] float32 tile, FMA

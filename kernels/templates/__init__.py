@@ -16,6 +16,8 @@ inside a line is text. The spec's math reaches the kernels only through the prin
 - `dual`: the dual form's forward for a two-layer MLP memory; no slots (the spec reaches it
   through its printed `activation`, `activation_grad` and `bias_grad`, and tensors prepared in
   torch); `miras.compiler.triton_dual` emits it.
+- `choice`: which template a compiled rule takes (`linear_applies`), read by the compiler's
+  Triton pass and the runtime's launcher alike.
 
 docs/kernels.md derives both.
 """

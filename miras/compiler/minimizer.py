@@ -19,7 +19,7 @@ derives s from the bias gradient (the affine analysis's `bias_slope`) and record
 
 from __future__ import annotations
 
-from miras.compiler.affine import bias_slope
+from miras.derive.affine import bias_slope
 from miras.errors import DerivationError
 from miras.ir import BiasRule, ChunkForm
 from miras.spec import Spec

@@ -8,7 +8,7 @@ Each pass reads and fills one `CompiledRule`; an invariant is checked after each
 `MIRAS_DEBUG=1` prints what every pass produced. A pass reads what the passes before it
 derived and never derives it again; the derivations themselves (a bias's gradient, a
 retention's step, a slope, a linear step) are cached by the component's canonical form
-(`miras.compiler.memo`), shared with validation and with every spec that has an equal
+(`miras.derive.memo`), shared with validation and with every spec that has an equal
 component. Results are cached by the spec's digest; `check` is a pass on the cached rule,
 run once. The compiler never imports the runtime: `miras.rule.MemoryRule` joins the two.
 """
@@ -22,22 +22,22 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
-from miras.compiler.affine import analyze
-from miras.compiler.bias_check import check_bias
-from miras.compiler.bias_derive import derive_bias
 from miras.compiler.dual_form import dual_reason
-from miras.compiler.emit import function_source, load_module, module_source
-from miras.compiler.linear_step import derive_linear_step
 from miras.compiler.minimizer import minimizer_form
 from miras.compiler.plan import make_plan
-from miras.compiler.precondition_check import check_precondition
-from miras.compiler.retention_check import check_retention
-from miras.compiler.retention_derive import derive_retention
 from miras.compiler.triton_kernels import compiled_source, emit_kernels
+from miras.derive.affine import analyze
+from miras.derive.bias_check import check_bias
+from miras.derive.bias_derive import derive_bias
+from miras.derive.emit import function_source, load_module, module_source
+from miras.derive.linear_step import derive_linear_step
+from miras.derive.precondition_check import check_precondition
+from miras.derive.retention_check import check_retention
+from miras.derive.retention_derive import derive_retention
+from miras.derive.symbols import channels, e, gate_symbol, u, v, w0
 from miras.errors import DerivationError
 from miras.ir import CompiledRule
 from miras.spec import Spec, load_spec
-from miras.symbols import channels, e, gate_symbol, u, v, w0
 
 # Passes ------------------------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ def plan(c: CompiledRule[Spec]) -> str:
 
 def linear_step(c: CompiledRule[Spec]) -> str:
     """The whole step, where it is linear in the memory state and the gradient, as one
-    `LinearStep` (`miras.compiler.linear_step`): what every fast form unrolls."""
+    `LinearStep` (`miras.derive.linear_step`): what every fast form unrolls."""
     step, why = derive_linear_step(c.spec, c.retention)
     c.plan = replace(c.plan, linear_step=step)
     return step.text() if step is not None else f"no linear step: {why}"

@@ -92,7 +92,7 @@ def _implicit_step(spec: Spec) -> ImplicitStep | None:
     has refused a spec without one)."""
     if not spec.optimizer.implicit:  # (softmax attention takes optimizer gd only)
         return None
-    from miras.compiler.linear_step import linear_update
+    from miras.derive.linear_step import linear_update
 
     slope, _ = spec.bias.constant_slope()
     step, why = linear_update(spec)  # u_t = b_t g_t: the gate b_t the step size replaces

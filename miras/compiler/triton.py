@@ -30,14 +30,14 @@ from string import Template
 
 import sympy as sp
 
-from miras.compiler.printer import UnsupportedExpression
-from miras.compiler.retention_emit import NORM_FLOOR
-from miras.compiler.stabilize import stable_forms
-from miras.compiler.triton_printer import CHANNEL_MASK, triton_code
+from miras.derive.printer import UnsupportedExpression
+from miras.derive.retention_emit import NORM_FLOOR
+from miras.derive.stabilize import stable_forms
+from miras.derive.symbols import ChannelSum, e, gate_symbol, soft_threshold, u, v, w0, y
+from miras.derive.triton_printer import CHANNEL_MASK, triton_code
 from miras.ir import BiasRule, Coefficient, LinearStep, RetentionRule
 from miras.kernels.templates import general, linear
 from miras.spec import Spec
-from miras.symbols import ChannelSum, e, gate_symbol, soft_threshold, u, v, w0, y
 
 # Names a printed function uses for itself (its arguments, the modules and helpers it calls);
 # a gate, which becomes an argument of the same function, may not take one.
@@ -278,9 +278,9 @@ class OptimizerStep:
 
 def optimizer_step(spec: Spec) -> OptimizerStep:
     """The `OptimizerStep` of `spec`, from the optimizer's half of its linear step
-    (`miras.compiler.linear_step.linear_update`; any retention: the general template prints
+    (`miras.derive.linear_step.linear_update`; any retention: the general template prints
     the retention's derived step). Raises UnsupportedExpression when the update is not linear."""
-    from miras.compiler.linear_step import linear_update
+    from miras.derive.linear_step import linear_update
 
     step, why = linear_update(spec)
     if step is None:
@@ -607,8 +607,8 @@ from miras.kernels.common.tuning import CHUNK, CHUNK_WIDE, PRUNE, configs"""
 
 def _linear_step_ok(rule: RetentionRule, spec: Spec) -> None:
     """The linear template runs W_t = a_t W_{t-1} - u_t: the compiler's proof of the linear
-    step (`miras.compiler.linear_step`) must hold."""
-    from miras.compiler.linear_step import derive_linear_step
+    step (`miras.derive.linear_step`) must hold."""
+    from miras.derive.linear_step import derive_linear_step
 
     step, why = derive_linear_step(spec, rule)
     if step is None:

@@ -16,9 +16,9 @@ torch dual form's, recomputed (`miras.runtime.dual_triton`).
 
 from __future__ import annotations
 
-from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.triton import _bias_pieces, _jit
-from miras.compiler.triton_printer import triton_code
+from miras.derive.printer import UnsupportedExpression
+from miras.derive.triton_printer import triton_code
 from miras.ir import BiasRule
 from miras.kernels.templates import dual
 from miras.spec import Spec
@@ -42,7 +42,7 @@ def dual_refusal(spec: Spec) -> str | None:
     """Why the dual kernel does not cover `spec` (a memory that is not a matrix), naming the
     field and what is covered; None when it does."""
     from miras.compiler.dual_form import dual_reason
-    from miras.compiler.linear_step import linear_update
+    from miras.derive.linear_step import linear_update
 
     memory = spec.memory
     covered = f"the Triton kernels cover matrix memory, and {COVERED}"
@@ -70,7 +70,7 @@ def dual_refusal(spec: Spec) -> str | None:
 def emit_dual_source(spec: Spec, bias: BiasRule) -> str:
     """The dual kernel module of a covered spec. Raises UnsupportedExpression for a piece the
     printer cannot emit."""
-    from miras.compiler.linear_step import linear_update
+    from miras.derive.linear_step import linear_update
 
     step, _ = linear_update(spec)
     if step is None:  # dual_refusal's reason; kept here so the module is never half emitted
@@ -105,7 +105,7 @@ def _activation_functions(spec: Spec) -> list[tuple[str, object, str]]:
     dual form's autograd takes relu's derivative as a constant too."""
     import sympy as sp
 
-    from miras.symbols import x
+    from miras.derive.symbols import x
 
     pieces = list(spec.memory.emitted_functions())  # activation, activation_grad
     ((_, grad, doc),) = [p for p in pieces if p[0] == "activation_grad"]

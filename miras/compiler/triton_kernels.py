@@ -27,14 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from miras.compiler.emit import load_module
-from miras.compiler.linear_step import linear_update
-from miras.compiler.printer import UnsupportedExpression
 from miras.compiler.triton import RESERVED, Gates, emit_source
+from miras.derive.emit import load_module
+from miras.derive.linear_step import linear_update
+from miras.derive.printer import UnsupportedExpression
+from miras.derive.symbols import ChannelSum, channels
 from miras.ir import CompiledRule
+from miras.kernels.templates.choice import linear_applies
 from miras.spec import Spec
-from miras.symbols import ChannelSum, channels
-from miras.triton_template import linear_applies
 
 
 def gate_plan(spec: Spec) -> Gates:
@@ -64,7 +64,7 @@ def gate_plan(spec: Spec) -> Gates:
 
 def reads_channel_statistics(loss) -> bool:
     """Whether a bias loss reads the channel count or a channel sum inside another (a mean
-    inside a variance: `miras.symbols.channel_gradient`)."""
+    inside a variance: `miras.derive.symbols.channel_gradient`)."""
     return loss.has(channels) or any(s.args[0].has(ChannelSum) for s in loss.atoms(ChannelSum))
 
 

@@ -158,7 +158,7 @@ def run_kernel(module, q, k, v, gamma, mixing, state, chunk_size, precision, sto
     `state` the [BH, ...] weights A, B (and SA, SB with momentum) that the kernel updates in
     place to the final state. Returns (o [BH, T, Dv], state, and the start states of chunks
     0, G, 2 G, ... for `store_every` = G, [BH, ceil(NC / G), ...] each, or None for 0).
-    `miras.gpu_compile` calls it on meta tensors to record the launch."""
+    `miras.checks.gpu_compile` calls it on meta tensors to record the launch."""
     bh, t, d_k = q.shape
     d_v = v.shape[-1]
     wa, wb = state[:2]
@@ -269,7 +269,7 @@ def run_backward(module, q, k, v, gamma, mixing, starts, grad_o, grad_final, chu
     them), the chunk starts it stored, grad_o [BH, T, Dv] and the final state's gradients
     [BH, ...] (A, B, SA, SB: float32, copied: the kernel turns them into the initial state's
     in place). Returns (dq, dk, dv, the initial state's gradients, the gate inputs' gradients:
-    dgamma, then one per `mixing` tensor). `miras.gpu_compile` calls it on meta tensors."""
+    dgamma, then one per `mixing` tensor). `miras.checks.gpu_compile` calls it on meta tensors."""
     bh, t, d_k = q.shape
     d_v = v.shape[-1]
     d_h = starts[0].shape[-2]  # A's chunk starts [BH, NC, Dh, Dk]

@@ -1,4 +1,4 @@
-"""The exact chunk form: for rules the affine analysis accepts (`miras.compiler.affine`), each
+"""The exact chunk form: for rules the affine analysis accepts (`miras.derive.affine`), each
 chunk is solved exactly, so the output equals the recurrence at any chunk size.
 
 The WY / UT form of the delta rule (Yang et al. 2024, "Parallelizing Linear Transformers with

@@ -2,7 +2,7 @@
 masks, no per-token state.
 
 It applies where every piece of the step is linear, as the compiler's chunk_form pass records
-(`miras.compiler.affine.start_path`, `ChunkForm.start_path`):
+(`miras.derive.affine.start_path`, `ChunkForm.start_path`):
 - the memory is linear in its weights (M_W(x) = W x: the matrix memory);
 - the whole step is linear in the state and the gradient, as the compiler proved and
   recorded it (`LinearStep`, here `rt.linear_step`): W_t = a_t W_{t-1} - u_t with

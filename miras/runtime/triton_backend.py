@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from miras.kernels.templates.choice import linear_applies
 from miras.runtime.core import State, Tokens
 from miras.runtime.inputs import DEFAULT_TRITON_PRECISION
 from miras.runtime.triton_launch import (
@@ -38,7 +39,6 @@ from miras.runtime.triton_launch import (
     pow2,
     runs_on_cpu,
 )
-from miras.triton_template import linear_applies
 
 if TYPE_CHECKING:
     from miras.runtime.program import Program
@@ -365,7 +365,7 @@ def choose_kernels(
     """(linear, BV): whether a call runs the linear kernels, and the value channels per
     program, for a compiled rule (anything with the IR's `spec`, `plan` and `bias`: a
     `CompiledRule`, a runtime `Program`) at value width d_v and feature width d_k under tl.dot's
-    input `precision`. `miras.gpu_compile` asks the same question to compile what a
+    input `precision`. `miras.checks.gpu_compile` asks the same question to compile what a
     launch would run."""
     # A bias with channel sums keeps every value channel in one program; above 64 channels the
     # general kernels take it (the one-kernel linear backward needed 272 KB of shared memory at

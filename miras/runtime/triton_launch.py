@@ -30,7 +30,7 @@ def poisoned(*shape, like: torch.Tensor) -> torch.Tensor:
 
 def check_written(named: dict[str, torch.Tensor]) -> None:
     """With MIRAS_TRITON_CHECK=1: a RuntimeError naming the first buffer still holding NaN.
-    Meta tensors (the compile checks' recorded launches, `miras.gpu_compile`) hold no values and
+    Meta tensors (the compile checks' recorded launches, `miras.checks.gpu_compile`) hold no values and
     are passed over."""
     if os.environ.get(CHECK_ENV, "") in ("", "0"):
         return

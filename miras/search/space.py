@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miras.errors import Problem, did_you_mean
-from miras.validation import float_text_hint
+from miras.spec.validation import float_text_hint
 
 DISTRIBUTIONS = ("choices", "int", "float")
 SWEEP = "sweep"

@@ -43,8 +43,8 @@ from miras.search.space import (
     sweeps,
 )
 from miras.spec import load_spec
+from miras.spec.validation import SOURCE_DICT, Slug, read_mapping, translate
 from miras.training.config import TrainConfig
-from miras.validation import SOURCE_DICT, Slug, read_mapping, translate
 
 
 class StudyError(ValueError):

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from miras.errors import did_you_mean
+from miras.spec.validation import translate
 from miras.tasks.base import IGNORE, SPLITS, Batch, Task
 from miras.tasks.continuous_mqar import ContinuousMQAR
 from miras.tasks.forgetting_mqar import ForgettingMQAR
@@ -24,7 +25,6 @@ from miras.tasks.mqar import MQAR
 from miras.tasks.niah import NIAH
 from miras.tasks.state_tracking import GroupWord, ModularArithmetic, Parity
 from miras.tasks.text import Text
-from miras.validation import translate
 
 TASKS: dict[str, type[Task]] = {
     "mqar": MQAR,

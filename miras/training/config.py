@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from miras.validation import translate
+from miras.spec.validation import translate
 
 # The settings a resumed run must share with its checkpoint to continue exactly.
 TRAJECTORY = (

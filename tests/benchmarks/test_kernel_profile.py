@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import triton
 
-from miras import gpu_compile
+from miras.checks import gpu_compile
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location(

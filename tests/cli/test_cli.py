@@ -58,7 +58,7 @@ def test_check_table_and_exit_code():
 
 
 def test_check_exit_code_one_on_failure(monkeypatch):
-    from miras.check import CheckResult
+    from miras.derive.check import CheckResult
     from miras.rule import MemoryRule
 
     monkeypatch.setattr(

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from miras.check import CheckResult
 from miras.cli import app
 from miras.components import CATALOGUE
+from miras.derive.check import CheckResult
 from miras.rule import MemoryRule
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,13 +9,13 @@ import sympy as sp
 import torch
 
 import miras
-from miras.compiler.bias_check import check_bias
-from miras.compiler.bias_derive import _sign_to_abs, derive_bias
-from miras.compiler.emit import load_module, module_source
 from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, RobustBias
 from miras.components.bias.layer_norm import LayerNormBias
+from miras.derive.bias_check import check_bias
+from miras.derive.bias_derive import _sign_to_abs, derive_bias
+from miras.derive.emit import load_module, module_source
+from miras.derive.symbols import channels, e, gate_symbol, v, y
 from miras.errors import DerivationError
-from miras.symbols import channels, e, gate_symbol, v, y
 from tests.helpers import random_inputs
 
 TOL = 1e-10

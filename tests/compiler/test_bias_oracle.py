@@ -22,10 +22,10 @@ import sympy as sp
 import torch
 
 import miras
-from miras.compiler.bias_derive import derive_bias
-from miras.compiler.emit import load_module, module_source
 from miras.components import CustomBias, DotBias, HuberBias, L2Bias, LpBias, RobustBias
-from miras.symbols import ChannelSum, e, gate_symbol, sigmoid, softplus, v, y
+from miras.derive.bias_derive import derive_bias
+from miras.derive.emit import load_module, module_source
+from miras.derive.symbols import ChannelSum, e, gate_symbol, sigmoid, softplus, v, y
 
 ROOT = Path(__file__).resolve().parents[2]
 DV = 3  # value channels written out

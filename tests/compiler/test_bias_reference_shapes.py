@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from miras.compiler.bias_check import check_bias
-from miras.compiler.bias_derive import derive_bias
 from miras.components import CustomBias, HuberBias, L2Bias
+from miras.derive.bias_check import check_bias
+from miras.derive.bias_derive import derive_bias
 
 
 class KeepsTheValueAxis(L2Bias):

@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 import miras
-from miras.check_end_to_end import (
+from miras.checks.end_to_end import (
     PIECES,
     _first_piece_off,
     argmin_rows,
@@ -26,7 +26,7 @@ from miras.check_end_to_end import (
     step_inputs,
     triton_reason,
 )
-from miras.check_inputs import random_inputs, sizes_for
+from miras.checks.inputs import random_inputs, sizes_for
 from miras.cli import app
 from miras.runtime import recurrent
 
@@ -260,7 +260,7 @@ def test_a_saturated_unit_interval_state_keeps_its_relative_precision():
     at the bisection's absolute floor (a state of 7e-18 came out as 2.8e-14), so the next
     token's step was off by 0.28 and `miras check` failed a correct rule (taylor features, lp
     bias, bregman retention, window 3: found by tests/spec/test_spec_fuzz.py)."""
-    from miras.check_end_to_end import argmin_separable
+    from miras.checks.end_to_end import argmin_separable
 
     w0 = torch.tensor([0.3, 1e-15, 0.5, 1 - 1e-9], dtype=torch.float64)
     u = torch.tensor([0.5, 20.0, -30.0, -3.0], dtype=torch.float64)

@@ -99,7 +99,7 @@ def test_the_triton_pass_emits_the_kernels_or_names_why_not():
 
 def test_failing_check_raises(monkeypatch):
     """A derived piece that disagrees with its reference stops the compile."""
-    from miras.compiler import bias_derive as bias_pass
+    from miras.derive import bias_derive as bias_pass
 
     original = bias_pass.derive_bias
 

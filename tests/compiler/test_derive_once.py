@@ -17,9 +17,9 @@ import pytest
 import sympy
 
 import miras
-from miras.compiler.bias_derive import BIASES
-from miras.compiler.retention_derive import RETENTIONS
 from miras.components.retention.none import NoRetention
+from miras.derive.bias_derive import BIASES
+from miras.derive.retention_derive import RETENTIONS
 from miras.registry import registered
 
 
@@ -132,7 +132,7 @@ def test_a_kind_registered_anew_is_derived_anew():
         linear_step: ClassVar[bool] = False
 
         def objective(self):
-            from miras.symbols import eta, u, w, w0
+            from miras.derive.symbols import eta, u, w, w0
 
             return u * w + (w - w0) ** 2 / eta  # W_t = W_(t-1) - u_t / 2
 
@@ -176,7 +176,7 @@ def test_a_refusal_is_cached_and_raised_afresh():
 
     retention = BregmanRetention.model_construct(potential="w**6/6 + w**2/2 + w**4/13")
     counts = Counts()
-    from miras.compiler.retention_derive import derive_retention
+    from miras.derive.retention_derive import derive_retention
 
     with pytest.raises(DerivationError) as first:
         derive_retention(retention)

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 import miras
 import miras.rule
-from miras.check import CheckResult
 from miras.cli import app
 from miras.compiler import pipeline
-from miras.compiler.describe import LatexPrinter, Line, Math, Name, PlainPrinter, Times
+from miras.derive.check import CheckResult
+from miras.derive.describe import LatexPrinter, Line, Math, Name, PlainPrinter, Times
 from miras.errors import DerivationError, SpecError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,9 +5,9 @@ import builtins
 import pytest
 import sympy as sp
 
+from miras.derive.formula import parse_formula
+from miras.derive.symbols import ChannelSum, e, gate_symbol, sigmoid, softplus, v, y
 from miras.errors import FormulaError
-from miras.formula import parse_formula
-from miras.symbols import ChannelSum, e, gate_symbol, sigmoid, softplus, v, y
 
 SYMBOLS = {"e": e, "y": y, "v": v, "a": gate_symbol("a")}
 a = gate_symbol("a")

@@ -1,4 +1,4 @@
-"""The limits that bound the work a formula asks of sympy (miras/formula.py), and what validate
+"""The limits that bound the work a formula asks of sympy (miras/derive/formula.py), and what validate
 refuses so that derive never meets it: each adversarial formula is refused with the project's
 own error, naming the field and the limit, within its time bound (validate 1 s, derive 10 s)."""
 
@@ -11,11 +11,10 @@ import time
 import pytest
 import sympy as sp
 
-from miras.compiler.affine import analyze
-from miras.compiler.bias_derive import derive_bias
-from miras.compiler.describe import latex_math, latex_text
-from miras.errors import FormulaError, SpecError
-from miras.formula import (
+from miras.derive.affine import analyze
+from miras.derive.bias_derive import derive_bias
+from miras.derive.describe import latex_math, latex_text
+from miras.derive.formula import (
     FLOAT64_MAX,
     MAX_CALL_DEPTH,
     MAX_DEGREE,
@@ -25,6 +24,7 @@ from miras.formula import (
     parse_formula,
     value_at,
 )
+from miras.errors import FormulaError, SpecError
 from miras.spec import load_spec
 
 BASE = {"name": "adv", "memory": "matrix", "retention": "none", "optimizer": "gd"}

@@ -9,8 +9,8 @@ import torch
 from typer.testing import CliRunner
 
 from miras.cli import app
-from miras.compiler.bias_derive import derive_bias
-from miras.compiler.emit import load_module, module_source
+from miras.derive.bias_derive import derive_bias
+from miras.derive.emit import load_module, module_source
 from miras.errors import SpecError
 from miras.spec import load_spec
 

@@ -1,4 +1,4 @@
-"""The compiler's linear-step record (miras/compiler/linear_step.py, `LinearStep` in the IR)
+"""The compiler's linear-step record (miras/derive/linear_step.py, `LinearStep` in the IR)
 and its one unrolling for the torch fast forms (miras/runtime/unroll.py).
 
 - The record exists exactly where the composed step is linear: retention none or l2 (the
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import miras
-from miras.compiler.affine import linear_record
 from miras.components import CATALOGUE
+from miras.derive.affine import linear_record
 from miras.errors import SpecError
 from miras.ir import Coefficient, LinearStep
 from miras.runtime.unroll import decay_matrix, unroll
@@ -169,8 +169,8 @@ def test_unrolled_weights_equal_the_recurrences_stepped_out():
 def test_the_triton_templates_take_the_optimizers_lines_from_the_record():
     """The templates' block phase multiplies every gradient by the one gate the gradient terms
     share (`scale`); the token phase runs the rest of the record's coefficients."""
-    from miras.compiler.printer import UnsupportedExpression
     from miras.compiler.triton import optimizer_step
+    from miras.derive.printer import UnsupportedExpression
 
     lr, theta = (
         Coefficient(1.0, (("optimizer", "lr"),)),
@@ -193,8 +193,8 @@ def test_the_triton_templates_take_the_optimizers_lines_from_the_record():
 def test_the_retentions_declared_linear_step_is_what_the_compiler_proves():
     """Spec validation reads `Retention.linear_step` (n steps per token, the exact optimizer)
     without deriving anything; it must agree with the proof every fast form reads."""
-    from miras.compiler.linear_step import retention_decay
-    from miras.compiler.retention_derive import derive_retention
+    from miras.derive.linear_step import retention_decay
+    from miras.derive.retention_derive import derive_retention
 
     for kind, cls in CATALOGUE["retention"].items():
         spec = load_spec({"name": "p", "retention": kind})

@@ -1,4 +1,4 @@
-"""The Protocols `miras.compiler.linear_step` reads a spec by (`StepParts`, `StepRetention`,
+"""The Protocols `miras.derive.linear_step` reads a spec by (`StepParts`, `StepRetention`,
 `StepOptimizer`).
 
 The component bases ask that module for an optimizer's proved update, so it names neither
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from miras.compiler.linear_step import StepOptimizer, StepParts, StepRetention
 from miras.components import CATALOGUE
+from miras.derive.protocols import StepOptimizer, StepParts, StepRetention
 from miras.spec import Spec
 
 

@@ -14,9 +14,9 @@ import torch
 from pydantic import ValidationError
 
 import miras
-from miras.compiler.emit import load_module, module_source
-from miras.compiler.retention_derive import derive_retention
 from miras.components.retention.bregman import BINARY_ENTROPY, BregmanRetention
+from miras.derive.emit import load_module, module_source
+from miras.derive.retention_derive import derive_retention
 from miras.errors import SpecError
 
 QUARTIC = "w**4/4"  # F' = w^3, F'' = 3 w^2: zero at the zero state

@@ -4,9 +4,19 @@ import pytest
 import sympy as sp
 import torch
 
-from miras.compiler.emit import function_source, load_module, module_source
-from miras.compiler.printer import UnsupportedExpression, torch_code
-from miras.symbols import ChannelSum, e, gate_symbol, sigmoid, soft_threshold, softplus, u, v, w0
+from miras.derive.emit import function_source, load_module, module_source
+from miras.derive.printer import UnsupportedExpression, torch_code
+from miras.derive.symbols import (
+    ChannelSum,
+    e,
+    gate_symbol,
+    sigmoid,
+    soft_threshold,
+    softplus,
+    u,
+    v,
+    w0,
+)
 
 d = gate_symbol("delta")
 
@@ -104,7 +114,7 @@ def test_a_soft_thresholds_compound_argument_is_computed_once():
     z into one variable, so the elastic-net step evaluates a W - u once per token, not twice."""
     import torch
 
-    from miras.compiler.emit import function_source
+    from miras.derive.emit import function_source
 
     decay = gate_symbol("decay")
     source = function_source("step", ["w0", "u", "decay"], soft_threshold(decay * w0 - u, 0.5))

@@ -1,4 +1,4 @@
-"""Stable forms (miras/compiler/stabilize.py): each cancelling or overflowing shape sympy writes
+"""Stable forms (miras/derive/stabilize.py): each cancelling or overflowing shape sympy writes
 is printed as the function that computes it accurately, with the same value; exact strings for
 the torch and Triton printers, and the emitted cosh Bregman step against mpmath."""
 
@@ -7,13 +7,13 @@ import pytest
 import sympy as sp
 import torch
 
-from miras.compiler.emit import load_module, module_source
-from miras.compiler.printer import torch_code
-from miras.compiler.retention_derive import derive_retention
-from miras.compiler.stabilize import elementary, stable_forms
-from miras.compiler.triton_printer import triton_code
 from miras.components.retention.bregman import BregmanRetention
-from miras.symbols import e, softplus, u, v, w, w0
+from miras.derive.emit import load_module, module_source
+from miras.derive.printer import torch_code
+from miras.derive.retention_derive import derive_retention
+from miras.derive.stabilize import elementary, stable_forms
+from miras.derive.symbols import e, softplus, u, v, w, w0
+from miras.derive.triton_printer import triton_code
 
 z = sp.sinh(w0) - u  # the cosh potential's mirror point F'(w0) - u
 

@@ -16,9 +16,6 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from miras.cli import app
-from miras.compiler.emit import load_module, module_source
-from miras.compiler.retention_check import SHAPE, check_retention, sample_gates, sample_state
-from miras.compiler.retention_derive import _solve_unique, derive_retention
 from miras.components.base import Retention
 from miras.components.retention.bregman import BregmanRetention
 from miras.components.retention.elastic_net import ElasticNetRetention
@@ -26,9 +23,12 @@ from miras.components.retention.kl import KLRetention
 from miras.components.retention.l2 import L2Retention
 from miras.components.retention.lq import LqRetention
 from miras.components.retention.none import NoRetention
+from miras.derive.emit import load_module, module_source
+from miras.derive.retention_check import SHAPE, check_retention, sample_gates, sample_state
+from miras.derive.retention_derive import _solve_unique, derive_retention
+from miras.derive.symbols import gate_symbol, sigmoid, soft_threshold, u, w, w0
 from miras.errors import DerivationError
 from miras.ir import RetentionRule
-from miras.symbols import gate_symbol, sigmoid, soft_threshold, u, w, w0
 
 STATIONARITY_TOL = 1e-8  # |autograd grad of the objective| at the derived W_t, float64
 ARGMIN_TOL = 1e-6  # derived W_t vs a numerical minimizer (golden section / L-BFGS), float64

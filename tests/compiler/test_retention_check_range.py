@@ -1,4 +1,4 @@
-"""The retention check's samples (miras/compiler/retention_check.py): previous states across the
+"""The retention check's samples (miras/derive/retention_check.py): previous states across the
 whole range of float32 and float64, not only near 0, and every branch of a soft-thresholding
 step, with the count of entries on each."""
 
@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from miras.compiler.retention_check import _branch_counts, check_retention, range_states
-from miras.compiler.retention_derive import derive_retention
 from miras.components.retention.bregman import BregmanRetention
 from miras.components.retention.elastic_net import ElasticNetRetention
 from miras.components.retention.l2 import L2Retention
+from miras.derive.retention_check import _branch_counts, check_retention, range_states
+from miras.derive.retention_derive import derive_retention
 
 COSH = BregmanRetention(potential="cosh(w)")
 

@@ -8,10 +8,20 @@ import torch
 import triton
 import triton.language as tl
 
-from miras.compiler.printer import UnsupportedExpression
-from miras.compiler.triton_printer import triton_code
+from miras.derive.printer import UnsupportedExpression
+from miras.derive.symbols import (
+    ChannelSum,
+    e,
+    gate_symbol,
+    sigmoid,
+    soft_threshold,
+    softplus,
+    u,
+    v,
+    w0,
+)
+from miras.derive.triton_printer import triton_code
 from miras.kernels.common import math as cm
-from miras.symbols import ChannelSum, e, gate_symbol, sigmoid, soft_threshold, softplus, u, v, w0
 
 d = gate_symbol("delta")
 

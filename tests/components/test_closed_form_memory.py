@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import miras
-from miras.check_end_to_end import check_end_to_end
-from miras.check_inputs import sizes_for
+from miras.checks.end_to_end import check_end_to_end
+from miras.checks.inputs import sizes_for
 from miras.components.memory.nonparametric import NonparametricMemory
 from miras.registry import registered
 from miras.resources import check_estimate, check_work

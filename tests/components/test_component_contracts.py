@@ -19,9 +19,7 @@ from pydantic import ValidationError
 from torch.func import grad
 
 import miras
-from miras.check_end_to_end import check_end_to_end
-from miras.compiler.describe import plain_lines
-from miras.compiler.retention_derive import derive_retention
+from miras.checks.end_to_end import check_end_to_end
 from miras.compiler.triton_kernels import unsupported_reason
 from miras.components import FEATURE_MAPS, MEMORIES, OPTIMIZERS
 from miras.components.base import FeatureMap, Memory, Optimizer
@@ -42,6 +40,8 @@ from miras.components.optimizer.nesterov import Nesterov
 from miras.components.optimizer.preconditioned import Preconditioned
 from miras.components.optimizer.proximal import Proximal
 from miras.components.retention.f_divergence import FDivergenceRetention
+from miras.derive.describe import plain_lines
+from miras.derive.retention_derive import derive_retention
 from miras.errors import DerivationError
 from tests.compiler.test_retention import RetentionContract
 
@@ -136,7 +136,7 @@ class OptimizerContract:
         """The compiled linear update licenses every fast form (torch and Triton) to unroll the
         update as decay matrices, and `linear_form` names its shape: its coefficients, at the
         gates, must give what `update` computes."""
-        from miras.compiler.linear_step import optimizer_update
+        from miras.derive.linear_step import optimizer_update
 
         step, _ = optimizer_update(self.optimizer)
         form = self.optimizer.linear_form
@@ -169,8 +169,8 @@ class OptimizerContract:
             pytest.skip("no elementwise update: the fast linear forms do not apply")
         import sympy as sp
 
-        from miras.symbols import g as grad
-        from miras.symbols import gate_symbol, s_new, s_prev
+        from miras.derive.symbols import g as grad
+        from miras.derive.symbols import gate_symbol, s_new, s_prev
 
         g, s, gates = self._step(11)
         u, s_next = self.optimizer.update(g, s, **gates)

@@ -6,19 +6,19 @@ from __future__ import annotations
 import torch
 
 import miras
-from miras.compiler.emit import load_module, module_source
 from miras.compiler.pipeline import _extra_functions
 from miras.compiler.plan import make_plan
-from miras.compiler.retention_derive import derive_retention
-from miras.compiler.retention_emit import retention_source
 from miras.components.feature_map.identity import IdentityMap
 from miras.components.feature_map.polynomial import PolynomialMap
 from miras.components.memory.gated_mlp import GatedMLPMemory
 from miras.components.memory.matrix import MatrixMemory
 from miras.components.retention.l2 import L2Retention
+from miras.derive.emit import load_module, module_source
+from miras.derive.retention_derive import derive_retention
+from miras.derive.retention_emit import retention_source
+from miras.derive.symbols import x
+from miras.derive.terms import sym
 from miras.spec import load_spec, residual_needs_equal_widths
-from miras.symbols import x
-from miras.terms import sym
 
 
 class NormalizedL2(L2Retention):
@@ -126,13 +126,13 @@ class TaggedMatrix(MatrixMemory):
         return ["W: [B, H, Dv, Dphi], tagged"]
 
     def whole_step_lines(self, spec) -> list:
-        from miras.terms import Line
+        from miras.derive.terms import Line
 
         return [Line(sym("o_t"), sym("tagged"))]
 
 
 def test_the_plan_and_the_derivation_take_a_memorys_own_lines():
-    from miras.compiler.describe import update_lines
+    from miras.derive.describe import update_lines
 
     spec = load_spec({"name": "t"})
     rule = miras.compile(spec, checked=False)

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from miras.compiler.emit import function_source, load_module, module_source
 from miras.components import CATALOGUE, GD, Momentum, Muon, PolynomialMap, TaylorMap
 from miras.components.base import Range
 from miras.components.optimizer.muon import newton_schulz
+from miras.derive.emit import function_source, load_module, module_source
 
 
 @pytest.mark.parametrize(

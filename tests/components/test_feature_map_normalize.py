@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import miras
-from miras.check_end_to_end import check_end_to_end
+from miras.checks.end_to_end import check_end_to_end
 from miras.components.base import STEP_SIZE_GATE
 from miras.models.layer import MirasLayer, feature_norm_bound
 from miras.models.model import build_model

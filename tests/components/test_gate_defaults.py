@@ -15,7 +15,6 @@ import torch
 
 import miras
 from miras import ops
-from miras.compiler.linear_step import optimizer_update
 from miras.components import CATALOGUE
 from miras.components.base import (
     NONNEGATIVE,
@@ -26,6 +25,7 @@ from miras.components.base import (
     gate_or,
     retnet_decay,
 )
+from miras.derive.linear_step import optimizer_update
 from miras.models.layer import MirasLayer
 from miras.probes import Episode, gate_grid, recall_errors
 from miras.registry import registered
@@ -52,12 +52,12 @@ class EtaGD(Optimizer):
         return eta * grad, None
 
     def update_expressions(self):
-        from miras.symbols import g, gate_symbol
+        from miras.derive.symbols import g, gate_symbol
 
         return gate_symbol("eta") * g, None
 
     def update_lines(self) -> list:
-        from miras.terms import Line, scalar, sym, times
+        from miras.derive.terms import Line, scalar, sym, times
 
         return [Line(sym("u_t"), times(scalar(self.eta, "eta"), sym("g_t")))]
 

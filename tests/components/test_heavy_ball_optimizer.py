@@ -47,7 +47,7 @@ class HeavyBall(Optimizer):
         return lr * s, s
 
     def update_lines(self) -> list:
-        from miras.terms import Line, Name, Plus, scalar, sym, times
+        from miras.derive.terms import Line, Name, Plus, scalar, sym, times
 
         kept = times(Name(f"{FACTOR:g}"), sym("S_{t-1}"))
         return [
@@ -58,7 +58,7 @@ class HeavyBall(Optimizer):
     def update_expressions(self):
         import sympy as sp
 
-        from miras.symbols import g, gate_symbol, s_new, s_prev
+        from miras.derive.symbols import g, gate_symbol, s_new, s_prev
 
         return gate_symbol("lr") * s_new, sp.Rational(9, 10) * s_prev + g
 

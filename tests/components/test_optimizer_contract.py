@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import miras
-from miras.check_end_to_end import check_end_to_end, proximal_update
+from miras.checks.end_to_end import check_end_to_end, proximal_update
 from miras.compiler.pipeline import kernel_source
 from miras.compiler.triton_kernels import unsupported_reason
 from miras.errors import SpecError

@@ -31,12 +31,12 @@ class HandSolvedRetention(Retention):
     linear_step: ClassVar[bool] = True
 
     def objective(self):
-        from miras.symbols import alpha, eta, u, w, w0
+        from miras.derive.symbols import alpha, eta, u, w, w0
 
         return u * w + (w - w0) ** 2 / (2 * eta) + w**2 / (2 * alpha)
 
     def reparameterization(self):
-        from miras.symbols import alpha, eta, gate_symbol
+        from miras.derive.symbols import alpha, eta, gate_symbol
 
         a = gate_symbol("decay")
         return {eta: 1 / a, alpha: 1 / (1 - a)}
@@ -44,7 +44,7 @@ class HandSolvedRetention(Retention):
     def derive_step(self):
         import sympy as sp
 
-        from miras.symbols import gate_symbol, u, w, w0
+        from miras.derive.symbols import gate_symbol, u, w, w0
 
         step = gate_symbol("decay") * w0 - u
         return [("by hand", "J'(w) = u + w - a w0 = 0"), ("step", sp.Eq(w, step))], step
@@ -57,7 +57,7 @@ def _registered():
 
 
 def test_the_compiler_runs_the_retentions_own_strategy():
-    from miras.symbols import gate_symbol, u, w0
+    from miras.derive.symbols import gate_symbol, u, w0
 
     rule = miras.compile({"name": "hand_solved_delta", "retention": "hand_solved"})
     assert rule.retention.step == gate_symbol("decay") * w0 - u

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import miras
-from miras.check_end_to_end import proximal_update
+from miras.checks.end_to_end import proximal_update
 from miras.components.optimizer.proximal import Proximal
 from miras.errors import SpecError
 from miras.spec import load_spec

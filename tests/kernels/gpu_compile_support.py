@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import triton
 
-from miras import gpu_compile
+from miras.checks import gpu_compile
 from miras.compiler.triton_kernels import unsupported_reason
 from miras.spec import load_spec
 

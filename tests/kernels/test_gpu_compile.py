@@ -1,4 +1,4 @@
-"""Compile-only GPU checks (`miras.gpu_compile`): every kernel a shipped spec runs on,
+"""Compile-only GPU checks (`miras.checks.gpu_compile`): every kernel a shipped spec runs on,
 compiled for sm_80 and sm_90 by Triton and the ptxas its wheel ships (no GPU), with the
 launcher's block sizes and each autotune config; and, under the interpreter, every autotune
 config giving the same results.
@@ -22,7 +22,7 @@ import torch
 import triton.language as tl
 
 import miras
-from miras import gpu_compile
+from miras.checks import gpu_compile
 from miras.compiler.pipeline import compile_ir
 from miras.kernels.common import tuning
 from miras.runtime import triton_backend

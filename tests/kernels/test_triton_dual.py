@@ -277,7 +277,7 @@ def test_the_compile_checks_record_the_dual_launch(monkeypatch):
     """`gpu_compile.jobs` records the launch a GPU call makes, on meta tensors: one program per
     (batch, head), q and k in the inputs' half dtype, the chunk starts stored (the variant a
     backward kernel would read)."""
-    from miras import gpu_compile
+    from miras.checks import gpu_compile
 
     # MIRAS_TRITON_CHECK=1 stays set (the fixture's): the check passes over meta tensors
     forward, backward = gpu_compile.jobs("specs/titans.yaml", d=64, shape=(2, 100, 3), dtype="bf16")

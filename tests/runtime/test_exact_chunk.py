@@ -1,5 +1,5 @@
 """The exact chunk form (`chunk_mode="exact"`, miras/runtime/exact_chunk.py) against the
-recurrence, and the affine analysis that decides which specs get it (miras/compiler/affine.py).
+recurrence, and the affine analysis that decides which specs get it (miras/derive/affine.py).
 
 - Every affine case at b in {1, 7, 16, 64} equals `recurrent` to 1e-10 in float64: outputs,
   final state (memory and momentum) and the gradients of a random functional of both w.r.t.
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 import miras
-from miras.compiler.affine import analyze
 from miras.components.base import HALF_OPEN_UNIT, UNIT
+from miras.derive.affine import analyze
 from miras.runtime import chunk
 from miras.spec import load_spec
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import miras
-from miras.check_minimizer import check_minimizer_end_to_end
+from miras.checks.minimizer import check_minimizer_end_to_end
 from miras.errors import SpecError
 from tests.helpers import tiny_mqar_losses
 

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 import miras
-from miras.check_end_to_end import check_end_to_end
-from miras.check_inputs import random_inputs, sizes_for
+from miras.checks.end_to_end import check_end_to_end
+from miras.checks.inputs import random_inputs, sizes_for
 from miras.errors import SpecError
 from miras.models.layer import GateMaps, MirasLayer
 from miras.spec import load_spec

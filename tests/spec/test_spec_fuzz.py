@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 import miras
 from miras.components import CATALOGUE
+from miras.derive.formula import FUNCTIONS
 from miras.errors import DerivationError, FormulaError, SpecError
-from miras.formula import FUNCTIONS
 from miras.resources import ResourceError, check_fits
 from miras.spec import ModelConfig, Window
 

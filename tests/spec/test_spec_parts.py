@@ -1,10 +1,11 @@
-"""`miras.spec_parts.SpecParts`: the spec as the analyses below `miras.spec` read it.
+"""`miras.derive.protocols.SpecParts`: the spec as the analyses below `miras.spec` read it.
 
 The Protocol stands for `Spec` in the signatures of the modules a spec's components reach
 (the affine analysis, the derivation's renderer, the exact optimizer's hooks), so that they
-import nothing of `miras.spec`. No type checker runs in the tests, so these check that a
-loaded spec offers every member the Protocol names, each component of the base class the
-Protocol states.
+import nothing of `miras.spec`; each of its components is named by its family's Protocol
+(`BiasParts`, ...). No type checker runs in the tests, so these check that a loaded spec
+offers every member the Protocol names, each component every member of its family's Protocol,
+and that every component of the catalogue does too.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-import miras.spec_parts
-from miras.components import base
+import miras.derive.protocols
+from miras.components import CATALOGUE
+from miras.derive.protocols import ComponentParts, SpecParts, WindowParts
 from miras.spec import Spec, Window, load_spec
-from miras.spec_parts import SpecParts, WindowParts
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 
@@ -29,12 +30,21 @@ def _members(protocol: type) -> dict[str, object]:
 
 def _returns(prop: property) -> object:
     """The return annotation of a Protocol's property, its TYPE_CHECKING names resolved."""
-    names = {**vars(miras.spec_parts), **vars(base)}
-    return typing.get_type_hints(prop.fget, globalns=names)["return"]
+    return typing.get_type_hints(prop.fget, globalns=vars(miras.derive.protocols))["return"]
 
 
 def _is_component(annotation: object) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, base.Component)
+    return isinstance(annotation, type) and ComponentParts in annotation.__mro__
+
+
+def _all_members(protocol: type) -> set[str]:
+    """The members a component Protocol declares, its own and its bases'."""
+    bases = [c for c in protocol.__mro__ if c is not typing.Protocol and c.__module__ != "typing"]
+    return {m for c in bases if c is not object for m in _members(c)}
+
+
+def _lacks(component: object, protocol: type) -> list[str]:
+    return sorted(m for m in _all_members(protocol) if not hasattr(component, m))
 
 
 @pytest.mark.parametrize("name", ["titans", "moneta", "mesanet"])
@@ -44,13 +54,13 @@ def test_a_spec_offers_every_part_the_protocol_names(name):
         if isinstance(declared, property):  # a field of the spec
             assert member in Spec.model_fields, member
             expected = _returns(declared)
-            if _is_component(expected):  # of its kind's base class
-                assert isinstance(getattr(spec, member), expected), (member, expected)
+            if _is_component(expected):  # every member of its family's Protocol
+                assert not _lacks(getattr(spec, member), expected), (member, expected)
         else:  # a method of the spec
             assert callable(getattr(spec, member)), member
     parts = _members(SpecParts).items()
     components = {m for m, d in parts if isinstance(d, property) and _is_component(_returns(d))}
-    assert components == set(spec.components())  # all five, each as its base class
+    assert components == set(spec.components())  # all five, each by its Protocol
 
 
 def test_the_window_offers_its_size_and_weight():
@@ -59,3 +69,14 @@ def test_the_window_offers_its_size_and_weight():
     assert isinstance(window.c, int) and int in typing.get_args(_returns(WindowParts.c))
     gamma = typing.get_args(_returns(WindowParts.gamma))
     assert window.gamma == "gate" and typing.Literal["gate"] in gamma
+
+
+@pytest.mark.parametrize("family", sorted(CATALOGUE))
+def test_every_component_offers_what_its_family_protocol_names(family):
+    """Each registered kind, by its class: a pydantic field (the kind) or a class attribute or
+    method for every member of the Protocol its family is named by in `SpecParts`."""
+    protocol = _returns(vars(SpecParts)[family])
+    assert _is_component(protocol), family
+    for kind, cls in CATALOGUE[family].items():
+        missing = [m for m in _lacks(cls, protocol) if m not in cls.model_fields]
+        assert not missing, f"{family} {kind} lacks {missing}"

@@ -1,5 +1,5 @@
 """One validation layer: a spec, a study and a task's options report the same mistake in the
-same words (miras.validation): unknown fields, wrong literals, wrong types, YAML syntax errors,
+same words (miras.spec.validation): unknown fields, wrong literals, wrong types, YAML syntax errors,
 keys written twice and names that are not slugs."""
 
 from __future__ import annotations

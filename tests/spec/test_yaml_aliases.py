@@ -1,4 +1,4 @@
-"""The YAML layer (miras/validation.py) bounds the work of reading a file: aliases are counted
+"""The YAML layer (miras/spec/validation.py) bounds the work of reading a file: aliases are counted
 on the composed node graph, never expanded, and deep nesting is refused with a SpecError."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from miras.errors import SpecError
 from miras.search.study import StudyError, load_study
 from miras.spec import load_spec
-from miras.validation import MAX_YAML_DEPTH, MAX_YAML_NODES
+from miras.spec.validation import MAX_YAML_DEPTH, MAX_YAML_NODES
 
 SPEC = "name: bomb\nmemory: matrix\nbias: l2\nretention: none\noptimizer: {kind: gd, lr: gate}\n"
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from miras.check import CheckResult, max_relative_error
-from miras.check_inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
+from miras.checks.inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
+from miras.derive.check import CheckResult, max_relative_error
 
 
 def _fixed_or_gate(component, name: str | None, gates, t: int, like: torch.Tensor):

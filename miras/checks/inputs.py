@@ -1,6 +1,6 @@
 """The inputs of the end-to-end checks: small sizes, random inputs with every gate inside its
-range, and their heads-first layout with the feature map applied (`miras.check_end_to_end` for
-the one-step rules, `miras.check_minimizer` for the optimizers that solve exactly)."""
+range, and their heads-first layout with the feature map applied (`miras.checks.end_to_end` for
+the one-step rules, `miras.checks.minimizer` for the optimizers that solve exactly)."""
 
 from __future__ import annotations
 

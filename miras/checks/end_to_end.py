@@ -35,10 +35,10 @@ from types import ModuleType
 
 import torch
 
-from miras.check import CheckResult, max_relative_error
-from miras.check_inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
-from miras.compiler.emit import load_module, module_source
-from miras.compiler.retention_emit import objective_source
+from miras.checks.inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
+from miras.derive.check import CheckResult, max_relative_error
+from miras.derive.emit import load_module, module_source
+from miras.derive.retention_emit import objective_source
 
 PIECES = ("bias gradient", "optimizer", "retention step", "read")
 
@@ -482,7 +482,7 @@ def check_end_to_end(
     gates per value channel where the runtime takes them so (per head otherwise, as the
     layer feeds them)."""
     if rule.plan.chunk_form.form == "minimizer":  # an optimizer that solves exactly
-        from miras.check_minimizer import check_minimizer_end_to_end
+        from miras.checks.minimizer import check_minimizer_end_to_end
 
         return check_minimizer_end_to_end(rule, seed=seed)
     sizes = sizes_for(rule)

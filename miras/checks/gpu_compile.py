@@ -19,7 +19,7 @@ records and compiles fla-core's kernels the same way.
 The interpreter (TRITON_INTERPRET=1) replaces `triton.jit` when triton is imported, and a
 Triton cache hit skips ptxas (whose log holds registers and spills), so the compiles run in a
 child process that does not interpret, with a fresh Triton cache (`python -m
-miras.gpu_compile`, one per batch of kernels). Results are cached by the kernel's source,
+miras.checks.gpu_compile`, one per batch of kernels). Results are cached by the kernel's source,
 arguments, constexprs, config and target: in this process, and on disk under `cache_dir`
 (entries of an older CACHE_VERSION are compiled again).
 """
@@ -604,7 +604,7 @@ def start_compiles(
             [
                 sys.executable,
                 "-m",
-                "miras.gpu_compile",
+                "miras.checks.gpu_compile",
                 str(compiles.files / "jobs.json"),
                 str(nice),
             ],
@@ -920,5 +920,5 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return shape
 
 
-if __name__ == "__main__":  # python -m miras.gpu_compile JOBS_FILE [NICE]
+if __name__ == "__main__":  # python -m miras.checks.gpu_compile JOBS_FILE [NICE]
     _worker(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0)

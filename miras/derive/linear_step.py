@@ -18,64 +18,18 @@ The memory's own linearity (W phi(k)) is a separate question each form asks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import sympy as sp
 
-from miras.compiler.memo import Memo, component_key
+from miras.derive.memo import Memo, component_key
+from miras.derive.protocols import StepOptimizer, StepParts, StepRetention
+from miras.derive.symbols import g, gate_symbol, s_new, s_prev, u, w0
 from miras.ir import Coefficient, LinearStep
-from miras.symbols import g, gate_symbol, s_new, s_prev, u, w0
 
 if TYPE_CHECKING:  # annotations only
     from miras.ir import RetentionRule
-    from miras.ranges import Range
-
-
-# What the analysis reads of a spec, named by what it offers: `miras.components.base` asks this
-# module for an optimizer's proved update (`Optimizer.linear_form`), so this module imports
-# neither it nor `miras.spec` (which holds the components), not even for annotations. A `Spec`
-# is a `StepParts`, a `Retention` a `StepRetention`, an `Optimizer` a `StepOptimizer`.
-
-
-class StepRetention(Protocol):
-    """A retention component, as far as its step's linearity and its state's reading go (the
-    JSON of its fields keys the proof's cache)."""
-
-    @property
-    def kind(self) -> str: ...
-    @property
-    def gateable(self) -> Mapping[str, Range]: ...
-    @property
-    def simplex_rows(self) -> bool: ...
-    def read_norm(self) -> float | None: ...
-    def domain(self) -> str: ...
-    def solved_by_newton(self) -> bool: ...
-    def model_dump_json(self) -> str: ...
-
-
-class StepOptimizer(Protocol):
-    """An optimizer component, as far as its stated update goes (the JSON of its fields keys
-    the proof's cache)."""
-
-    @property
-    def kind(self) -> str: ...
-    @property
-    def gateable(self) -> Mapping[str, Range]: ...
-    @property
-    def stateful(self) -> bool: ...
-    def update_expressions(self) -> tuple[sp.Expr, sp.Expr | None] | None: ...
-    def model_dump_json(self) -> str: ...
-
-
-class StepParts(Protocol):
-    """The two components whose composed step the analysis proves linear."""
-
-    @property
-    def retention(self) -> StepRetention: ...
-    @property
-    def optimizer(self) -> StepOptimizer: ...
 
 
 # (retention class, fields, its derived rule) -> its proved decay: the linear_step pass, the

@@ -1,6 +1,6 @@
 """`TritonPrinter`: sympy expressions to Triton source, strict.
 
-The Triton sibling of `TorchPrinter` (miras/compiler/printer.py): every construct it knows has a
+The Triton sibling of `TorchPrinter` (miras/derive/printer.py): every construct it knows has a
 `_print_<Class>` method or an entry in `FUNCTIONS`; anything else raises `UnsupportedExpression`,
 so no half-printed kernel is ever emitted. The printed code runs inside a `@triton.jit`
 function on blocks that broadcast together; numbers are literals.
@@ -17,8 +17,8 @@ import sympy as sp
 from sympy.codegen.cfunctions import expm1, hypot, log1p
 from sympy.codegen.numpy_nodes import logaddexp
 
-from miras.compiler.printer import StrictPrinter, UnsupportedExpression
-from miras.symbols import ChannelSum, sigmoid, soft_threshold, softplus
+from miras.derive.printer import StrictPrinter, UnsupportedExpression
+from miras.derive.symbols import ChannelSum, sigmoid, soft_threshold, softplus
 
 # The name of the channel mask a printed channel sum reads (a [1, BV] or [BT, BV] block).
 CHANNEL_MASK = "cmask"

@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from miras.check import CheckResult, max_relative_error
-from miras.compiler.emit import load_module, module_source
-from miras.components.base import Bias
+from miras.derive.check import CheckResult, max_relative_error
+from miras.derive.emit import load_module, module_source
+from miras.derive.protocols import BiasParts as Bias
 from miras.ir import BiasRule
 
 

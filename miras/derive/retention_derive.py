@@ -7,7 +7,7 @@ become its gates (`reparameterization()`), and derives its step with sympy (`der
 one strategy per shape of objective, each written with its retention:
 
     smooth, separable (none, l2, f_divergence)  solve d/dw = 0 (the default,
-                                                miras.compiler.retention_solve)
+                                                miras.derive.retention_solve)
     lq                                          the l2 step on an accumulator, then its read
     with |w| (elastic_net)                      subgradient cases w > 0, w < 0, w = 0
     on a scaled simplex per row (kl)            Lagrange multiplier, fixed by the row sum
@@ -17,7 +17,7 @@ This pass runs the component's strategy, substitutes the fixed values and emits 
 
 The result is a `miras.ir.RetentionRule`: the derivation's steps (and their display), the
 step, and the torch source of `retention_step(w0, u, *gates)` and `retention_read(state)`
-(written by `miras.compiler.retention_emit`); `miras.compiler.retention_check` tests it against
+(written by `miras.derive.retention_emit`); `miras.derive.retention_check` tests it against
 autograd and a numerical minimizer. The derivations are written out in docs/retention.md.
 """
 
@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import sympy as sp
 
-from miras.compiler.describe import latex_block, latex_math, latex_text
-from miras.compiler.memo import Memo, component_key
-from miras.compiler.printer import UnsupportedExpression
-from miras.compiler.retention_emit import fixed_values, retention_source
-from miras.compiler.retention_solve import equations
-from miras.compiler.retention_solve import solve_unique as _solve_unique  # noqa: F401 (tests)
-from miras.components.base import Retention
+from miras.derive.describe import latex_block, latex_math, latex_text
+from miras.derive.memo import Memo, component_key
+from miras.derive.printer import UnsupportedExpression
+from miras.derive.protocols import RetentionParts as Retention
+from miras.derive.retention_emit import fixed_values, retention_source
+from miras.derive.retention_solve import equations
+from miras.derive.retention_solve import solve_unique as _solve_unique  # noqa: F401 (tests)
+from miras.derive.symbols import gate_symbol, u, w, w0
 from miras.errors import DerivationError
 from miras.ir import RetentionRule, Step
-from miras.symbols import gate_symbol, u, w, w0
 
 
 def _plain(value: sp.Basic | str) -> str:
@@ -78,7 +78,7 @@ def retention_latex(kind: str, steps: tuple[Step, ...]) -> str:
 
 
 # Retention (class, fields) -> its derived rule or refusal: validation (`check_derivable`),
-# the passes and every spec with an equal retention share one derivation (miras.compiler.memo).
+# the passes and every spec with an equal retention share one derivation (miras.derive.memo).
 RETENTIONS: Memo[RetentionRule] = Memo("retention")
 
 

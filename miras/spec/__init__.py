@@ -37,7 +37,7 @@ from miras.components.memory.matrix import MatrixMemory
 from miras.components.optimizer.gd import GD
 from miras.components.retention.none import NoRetention
 from miras.errors import Problem, SpecError
-from miras.validation import (
+from miras.spec.validation import (
     SOURCE_DICT,
     CarriesProblems,
     Slug,

@@ -8,7 +8,7 @@ The step is affine in (W, S) when
   symbolically from the derived gradient) does not depend on y, and no channel sum of the
   error enters it (that would couple the value channels);
 - the retention step is W_t = a_t W_{t-1} - u_t and the optimizer's update is linear in the
-  gradient, as the compiler proved and recorded (`miras.compiler.linear_step`, the IR's
+  gradient, as the compiler proved and recorded (`miras.derive.linear_step`, the IR's
   `LinearStep`: none or l2, either gradient point; gd, momentum, Nesterov; Muon's
   Newton-Schulz is not linear);
 - the feature map reads only the keys and queries (every feature map does);
@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING
 
 import sympy as sp
 
-from miras.compiler.bias_derive import derive_bias
-from miras.compiler.linear_step import derive_linear_step, retention_decay
-from miras.compiler.memo import Memo, component_key
-from miras.formula import MAX_SIMPLIFY_OPS, bounded_simplify, not_finite, value_at
+from miras.derive.bias_derive import derive_bias
+from miras.derive.formula import MAX_SIMPLIFY_OPS, bounded_simplify, not_finite, value_at
+from miras.derive.linear_step import derive_linear_step, retention_decay
+from miras.derive.memo import Memo, component_key
+from miras.derive.symbols import e, gate_symbol, v, y
 from miras.ir import BiasRule, ChunkForm, LinearStep, RetentionRule
-from miras.symbols import e, gate_symbol, v, y
 
 if TYPE_CHECKING:  # annotations only: a bias's own slope (`slope_of`) is asked for while
     # its spec is validated, so this module names the spec by what it offers (`SpecParts`)
-    from miras.components.base import Bias
-    from miras.spec_parts import SpecParts
+    from miras.derive.protocols import BiasParts as Bias
+    from miras.derive.protocols import SpecParts
 
 
 def _start(reason: str) -> ChunkForm:
@@ -100,7 +100,7 @@ def linear_record(spec: SpecParts) -> tuple[LinearStep | None, str]:
 
 
 def _retention_rule(spec: SpecParts) -> RetentionRule:
-    from miras.compiler.retention_derive import derive_retention
+    from miras.derive.retention_derive import derive_retention
 
     return derive_retention(spec.retention)
 

@@ -15,8 +15,8 @@ import sympy as sp
 from sympy.printing.latex import LatexPrinter as SympyLatexPrinter
 from sympy.printing.latex import greek_letters_set
 
-from miras.symbols import gate_symbol, u, w0
-from miras.terms import (
+from miras.derive.symbols import gate_symbol, u, w0
+from miras.derive.terms import (
     PHI,
     Call,
     Dot,
@@ -37,8 +37,8 @@ from miras.terms import (
 
 if TYPE_CHECKING:  # the spec by what it offers (`SpecParts`): the analyses that components
     # call render their derivations with this module's printers
+    from miras.derive.protocols import SpecParts
     from miras.ir import BiasRule, Plan, RetentionRule
-    from miras.spec_parts import SpecParts
 
 
 # Printers --------------------------------------------------------------------------------------

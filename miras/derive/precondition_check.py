@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from miras.check import CheckResult, max_relative_error
-from miras.compiler.bias_check import sample_gates
+from miras.derive.bias_check import sample_gates
+from miras.derive.check import CheckResult, max_relative_error
 from miras.ir import Plan
 
 # [matrices, heads, Dv, Dphi]: odd sizes on purpose, small for the full Hessian (72 entries).

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 import sympy as sp
 from sympy.logic.boolalg import Boolean
 
+from miras.derive.symbols import ChannelSum, sigmoid, softplus
 from miras.errors import FormulaError, did_you_mean
-from miras.symbols import ChannelSum, sigmoid, softplus
 
 # Limits, checked on the syntax tree before sympy builds anything: they bound the work that
 # sympy (differentiation, simplification, numeric evaluation) does on a formula. docs/spec.md

@@ -5,18 +5,18 @@
     retention_read(state)           the memory W seen by reads (lq: A / ||A||_q^(q-2))
     retention_objective(w, w0, u, *gates)   the objective, for the checks
 
-The step expression comes from `miras.compiler.retention_derive`.
+The step expression comes from `miras.derive.retention_derive`.
 """
 
 from __future__ import annotations
 
 import sympy as sp
 
-from miras.compiler.emit import function_source
-from miras.compiler.printer import torch_code
-from miras.compiler.stabilize import stable_forms
-from miras.components.base import Retention
-from miras.symbols import gate_symbol, sigmoid, w
+from miras.derive.emit import function_source
+from miras.derive.printer import torch_code
+from miras.derive.protocols import RetentionParts as Retention
+from miras.derive.stabilize import stable_forms
+from miras.derive.symbols import gate_symbol, sigmoid, w
 
 
 def fixed_values(retention: Retention) -> dict[sp.Symbol, sp.Expr]:

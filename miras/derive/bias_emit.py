@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sympy as sp
 
-from miras.compiler.printer import torch_code
-from miras.symbols import ChannelSum, channels
+from miras.derive.printer import torch_code
+from miras.derive.symbols import ChannelSum, channels
 
 
 def bias_source(loss, sums, gradient, gates, fixed) -> str:

@@ -16,14 +16,14 @@ import math
 import sympy as sp
 import torch
 
-from miras.check import CheckResult, max_relative_error
-from miras.compiler.emit import function_source, load_module, module_source
-from miras.compiler.memo import Memo
-from miras.compiler.retention_emit import objective_source
-from miras.components.base import Retention
+from miras.derive.check import CheckResult, max_relative_error
+from miras.derive.emit import function_source, load_module, module_source
+from miras.derive.memo import Memo
+from miras.derive.protocols import RetentionParts as Retention
+from miras.derive.retention_emit import objective_source
+from miras.derive.symbols import soft_threshold, u
 from miras.errors import DerivationError
 from miras.ir import RetentionRule
-from miras.symbols import soft_threshold, u
 
 SHAPE = (3, 4, 5, 6)  # [B, H, Dv, Dphi]: the last axis is a row (KL's simplex)
 # (stationarity, argmin) tolerances: autograd is exact up to rounding; a numerical minimizer

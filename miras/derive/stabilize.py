@@ -25,7 +25,7 @@ import sympy as sp
 from sympy.codegen.cfunctions import expm1, hypot, log1p
 from sympy.codegen.numpy_nodes import logaddexp
 
-from miras.symbols import softplus
+from miras.derive.symbols import softplus
 
 HALF = sp.Rational(1, 2)
 

@@ -1,7 +1,7 @@
 """The display terms of the update rule: a small tree whose leaves are sympy expressions.
 
 Components build their lines of the step from these (`update_lines` hooks); the printers in
-`miras.compiler.describe` render the same lines as text and as LaTeX. A leaf: it imports only
+`miras.derive.describe` render the same lines as text and as LaTeX. A leaf: it imports only
 sympy, so a component may build lines without reaching into the compiler.
 """
 

@@ -15,8 +15,8 @@ from types import ModuleType
 
 import sympy as sp
 
-from miras.compiler.printer import torch_code
-from miras.symbols import soft_threshold
+from miras.derive.printer import torch_code
+from miras.derive.symbols import soft_threshold
 
 
 def function_source(

@@ -11,22 +11,22 @@ emitted code computes once per vector. For a memory M_W the gradient in W follow
 rule through M (for a matrix, dL/dW = dL/dy phi(k)^T), assembled by the runtime.
 
 The result is a `miras.ir.BiasRule`, with the torch source of `bias_loss` and `bias_grad`
-(written by `miras.compiler.bias_emit`); `miras.compiler.bias_check` tests it against autograd.
+(written by `miras.derive.bias_emit`); `miras.derive.bias_check` tests it against autograd.
 """
 
 from __future__ import annotations
 
 import sympy as sp
 
-from miras.compiler.bias_emit import bias_source
-from miras.compiler.describe import Line, Math, Name, latex_lines, plain_lines
-from miras.compiler.memo import Memo, component_key
-from miras.compiler.printer import UnsupportedExpression
-from miras.components.base import Bias
+from miras.derive.bias_emit import bias_source
+from miras.derive.describe import Line, Math, Name, latex_lines, plain_lines
+from miras.derive.formula import bounded_simplify
+from miras.derive.memo import Memo, component_key
+from miras.derive.printer import UnsupportedExpression
+from miras.derive.protocols import BiasParts as Bias
+from miras.derive.symbols import ChannelSum, channel_gradient, e, gate_symbol, v, y
 from miras.errors import DerivationError
-from miras.formula import bounded_simplify
 from miras.ir import BiasRule
-from miras.symbols import ChannelSum, channel_gradient, e, gate_symbol, v, y
 
 
 def bias_lines(loss: sp.Expr, sums, gradient: sp.Expr, elementwise: bool) -> list[Line]:
@@ -78,7 +78,7 @@ def _tidy(expr: sp.Expr) -> sp.Expr:
 
 
 # Bias (class, fields) -> its derived rule: validation (a formula's slope), the passes and
-# every spec with an equal bias share one derivation (miras.compiler.memo).
+# every spec with an equal bias share one derivation (miras.derive.memo).
 BIASES: Memo[BiasRule] = Memo("bias")
 
 

@@ -3,7 +3,7 @@
 Every construct the printer knows has a `_print_<Class>` method or an entry in `FUNCTIONS`;
 anything else raises `UnsupportedExpression`, so no half-printed code is ever emitted.
 Arguments of emitted functions are tensors that broadcast together; numbers are literals.
-Every expression is first put in its stable forms (`miras.compiler.stabilize`): asinh, log1p,
+Every expression is first put in its stable forms (`miras.derive.stabilize`): asinh, log1p,
 expm1, logaddexp, hypot where sympy wrote a cancelling or overflowing shape.
 """
 
@@ -14,8 +14,8 @@ from sympy.codegen.cfunctions import expm1, hypot, log1p
 from sympy.codegen.numpy_nodes import logaddexp
 from sympy.printing.printer import Printer
 
-from miras.compiler.stabilize import stable_forms
-from miras.symbols import ChannelSum, e, sigmoid, soft_threshold, softplus, v, y
+from miras.derive.stabilize import stable_forms
+from miras.derive.symbols import ChannelSum, e, sigmoid, soft_threshold, softplus, v, y
 
 
 class UnsupportedExpression(ValueError):

@@ -4,7 +4,7 @@ solve, and the default strategy, `separable` (solve dJ/dw = 0 per entry, then re
 Each retention component derives its own step (`Retention.derive_step`): a smooth objective
 takes `separable` (the base's default), and a retention of another shape writes its strategy in
 its own file (elastic_net's subgradient cases, kl's Lagrange multiplier, bregman's mirror step,
-lq's accumulator and read) from these pieces. `miras.compiler.retention_derive` runs the
+lq's accumulator and read) from these pieces. `miras.derive.retention_derive` runs the
 component's strategy and emits the step. Sympy only; nothing here imports a component.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import sympy as sp
 
+from miras.derive.formula import bounded_simplify
+from miras.derive.symbols import w
 from miras.errors import DerivationError
-from miras.formula import bounded_simplify
-from miras.symbols import w
 
 J = sp.Symbol("J")  # the objective's value (display only, never printed to torch)
 # One line of a derivation: (label, an equation or a note) -- `miras.ir.Step`, which this
@@ -48,7 +48,7 @@ def solve_unique(equation: sp.Expr, symbol: sp.Symbol, what: str) -> sp.Expr:
 
 def separable(retention: Any) -> tuple[list[Step], sp.Expr]:
     """A smooth objective, one entry at a time: solve dJ/dw = 0, then reparameterize.
-    `retention`: a `miras.components.base.Retention`; returns (steps, step)."""
+    `retention`: a `miras.derive.protocols.RetentionParts`; returns (steps, step)."""
     objective = retention.objective()
     stationarity = sp.expand(sp.diff(objective, w))
     solution = solve_unique(stationarity, w, f"retention {retention.kind}")
