@@ -38,14 +38,18 @@ text to this file and the emitted solve to `monotone_root`, bit for bit.
 
 Imports only torch, math and the standard library: this module sits below everything else
 (miras.derive imports nothing of miras.spec or miras.compiler; this file nothing of miras).
+torch is imported inside each function that runs it, as the components do: a derivation that
+only chooses a branch (`select_branches`, `SAMPLES`) while a spec validates loads no torch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: each function imports torch where it runs
+    import torch
 
 # The domains of a state entry -------------------------------------------------------------------
 
@@ -57,21 +61,29 @@ def real_coordinate(x):
 
 def log_coordinate(w):
     """w > 0 onto the reals: s = log w."""
+    import torch
+
     return torch.log(w)
 
 
 def exp_coordinate(s):
     """The inverse of `log_coordinate`: w = exp(s) > 0."""
+    import torch
+
     return torch.exp(s)
 
 
 def logit_coordinate(w):
     """0 < w < 1 onto the reals: s = log w - log(1 - w)."""
+    import torch
+
     return torch.log(w) - torch.log1p(-w)
 
 
 def sigmoid_coordinate(s):
     """The inverse of `logit_coordinate`: w = sigmoid(s) in (0, 1)."""
+    import torch
+
     return torch.sigmoid(s)
 
 
@@ -95,21 +107,23 @@ SAMPLES: dict[str, tuple[float, ...]] = {
 
 
 def inside(domain: str, x):
-    """Whether x (a float or a tensor, elementwise) is a finite point of the domain."""
-    if isinstance(x, torch.Tensor):
-        finite = torch.isfinite(x)
+    """Whether x (a float, or a tensor elementwise) is a finite point of the domain."""
+    if isinstance(x, (int, float)):
+        if not math.isfinite(x):
+            return False
         if domain == "positive":
-            return finite & (x > 0)
+            return x > 0
         if domain == "unit_interval":
-            return finite & (x > 0) & (x < 1)
-        return finite
-    if not math.isfinite(x):
-        return False
+            return 0 < x < 1
+        return True
+    import torch
+
+    finite = torch.isfinite(x)
     if domain == "positive":
-        return x > 0
+        return finite & (x > 0)
     if domain == "unit_interval":
-        return 0 < x < 1
-    return True
+        return finite & (x > 0) & (x < 1)
+    return finite
 
 
 def select_branches(
@@ -161,6 +175,8 @@ def expand_bracket(f, lo, hi, step, iterations=1100):
     domain: sigmoid(40) is 1.0, where log(1 - w) is -inf) comes back halfway, and the next slide
     is a quarter as long, so the bracket closes in on that edge instead of stopping on it; an
     entry whose f is NaN at both ends stays where it is."""
+    import torch
+
     for _ in range(iterations):
         f_lo, f_hi = f(lo), f(hi)
         low, high = f_lo > 0, f_hi < 0
@@ -181,6 +197,8 @@ def expand_bracket(f, lo, hi, step, iterations=1100):
 def newton_start(lo, hi, x, from_s):
     """The state `newton_iteration` carries, at x inside the bracket [lo, hi] (in s):
     (x, lo, hi, the step before last, the last step, done). A NaN x is done at once."""
+    import torch
+
     width = (from_s(hi) - from_s(lo)).abs()
     return x, lo, hi, width, width, torch.isnan(x)
 
@@ -188,6 +206,8 @@ def newton_start(lo, hi, x, from_s):
 def newton_iteration(fn, state, to_s, from_s, scale=0.0):
     """One iteration of `safeguarded_newton` on every entry that is not done: the state of
     `newton_start` in, the next state out."""
+    import torch
+
     x, lo, hi, before_last, last, done = state
     eps = torch.finfo(x.dtype).eps
     f, df = fn(x)
@@ -242,6 +262,8 @@ def monotone_bracket(value, start, to_s, from_s, step=1.0, iterations=1100):
     root lies, [s0 - step, s0] or [s0, s0 + step], and grows by `expand_bracket`; x is the
     start, or the bracket's middle if the bracket moved off it. A start on the domain's edge
     (s0 infinite: a state that underflowed to 0) starts from s = 0."""
+    import torch
+
     s0 = to_s(start)
     edge = torch.isinf(s0)
     s0 = torch.where(edge, torch.zeros_like(s0), s0)
@@ -288,6 +310,8 @@ def printed_functions(domain: str) -> tuple[Callable, ...]:
 
 def slope(objective, point: torch.Tensor) -> torch.Tensor:
     """dJ/dw per entry of a separable objective (J summed), by autograd."""
+    import torch
+
     with torch.enable_grad():
         point = point.detach().requires_grad_()
         (grad,) = torch.autograd.grad(objective(point).sum(), point)
@@ -296,6 +320,8 @@ def slope(objective, point: torch.Tensor) -> torch.Tensor:
 
 def slope_and_curvature(objective, point: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """dJ/dw and d2J/dw2 per entry of a separable objective, by autograd."""
+    import torch
+
     with torch.enable_grad():
         point = point.detach().requires_grad_()
         (first,) = torch.autograd.grad(objective(point).sum(), point, create_graph=True)
@@ -315,6 +341,8 @@ def argmin_separable(
     0 or 1 keeps its relative precision; sought in w, a binary-entropy state of 7e-18 came out
     as 2.8e-14, the bisection's floor). On the real line the bracket's first step and the
     Newton floor are the problem's scale 1 + |w0| + |u|."""
+    import torch
+
     to_s, from_s = COORDINATES[domain]
     spread = 1 + w0.abs() + u.abs()
     real = domain == "real"
@@ -344,6 +372,7 @@ def argmin_rows(
     f(mu) = log c - log sum_j w_j(mu), nondecreasing and close to linear, by `monotone_root`
     from the root of the line through f(-1) and f(1) (a wide first bracket would reach the mu
     where entries underflow and f is flat). w0, u [..., n]."""
+    import torch
 
     def entries(mu: torch.Tensor) -> torch.Tensor:
         return argmin_separable(lambda x: objective(x) + mu * x, w0, u, "positive", iterations)
@@ -368,6 +397,8 @@ def argmin_rows(
 def golden_section(f, lo: torch.Tensor, hi: torch.Tensor, iterations: int = 120) -> torch.Tensor:
     """Per-entry minimizer of an elementwise convex f over [lo, hi], by comparing values
     (evaluated inside only)."""
+    import torch
+
     ratio = (math.sqrt(5) - 1) / 2
     for _ in range(iterations):
         left, right = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
@@ -384,6 +415,8 @@ def golden_section_argmin(
     the bracket where the minimizer is found at an edge that is not the domain's. Positive
     states are searched in s = log w from the smallest normal float up: as precise for a
     minimizer at 1e-30 or 1e30 as at 1 (a bracket [0, 1e55] resolves only 1e30 in 120 steps)."""
+    import torch
+
     spread = 1 + w0.abs() + u.abs()
     f = objective
     if domain == "unit_interval":
@@ -412,6 +445,8 @@ def lbfgs_argmin_rows(objective, w0: torch.Tensor, row_sum: float) -> torch.Tens
     """The minimizer over W = c softmax(theta) (every row on the simplex scaled by c =
     `row_sum`) from its values and gradient, with torch's L-BFGS from theta = 0: independent
     of the multiplier (`argmin_rows`)."""
+    import torch
+
     theta = torch.zeros_like(w0, requires_grad=True)
     opt = torch.optim.LBFGS(
         [theta],
@@ -441,6 +476,8 @@ def newton_minimize(objective, start: torch.Tensor, iterations: int = 20) -> tor
     autograd gradient and full autograd Hessian (a torch.linalg.solve), from `start` until a
     step is below 4 eps max(|x|, 1) or after `iterations` (1: one step, exact for a quadratic).
     L-BFGS, which compares objective values, stops near sqrt(eps) of the minimizer."""
+    import torch
+
     flat = start.detach()
     eps = torch.finfo(flat.dtype).eps
     with torch.enable_grad():
