@@ -400,3 +400,19 @@ def test_the_runtime_imports_no_private_names():
     """What two runtime modules share is public (the Triton forms' launch helpers:
     miras.runtime.triton_launch), not one module's private helper reached from another."""
     assert private_imports("miras.runtime") == []
+
+
+def test_the_derive_layer_sits_below_the_components_and_numerics_below_everything():
+    """miras.derive is the symbolic layer below the components: none of its modules imports
+    miras.spec or miras.compiler, TYPE_CHECKING imports included; its numerics library
+    (torch, math and the standard library) imports nothing of miras, so components, analyses,
+    checks and the runtime may all call it."""
+    graph = import_graph(type_checking=True)
+    derive = [m for m in graph if _inside(m, "miras.derive")]
+    assert "miras.derive.numerics" in derive
+    for module in derive:
+        banned = sorted(
+            m for m in graph[module] if _inside(m, "miras.spec") or _inside(m, "miras.compiler")
+        )
+        assert not banned, f"{module} imports {banned}"
+    assert graph["miras.derive.numerics"] == set()

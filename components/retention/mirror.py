@@ -14,9 +14,9 @@ from typing import Any
 import sympy as sp
 from sympy.core.function import PoleError
 
+from miras.derive import numerics
 from miras.derive.formula import OVERFLOW, value_at
 from miras.derive.printer import UnsupportedExpression, torch_code
-from miras.derive.retention_emit import COORDINATES
 from miras.derive.retention_solve import J, Step, equations
 from miras.derive.symbols import sigmoid_rewrite, w
 from miras.errors import DerivationError
@@ -38,12 +38,8 @@ class inverse_slope(sp.Function):
 
 
 # Bregman: sample points inside each domain, to pick sympy's branch of (F')^{-1} and to check
-# convexity (F'' > 0).
-SAMPLES = {
-    "real": (-1.3, -0.4, 0.2, 0.9, 1.7),
-    "positive": (0.1, 0.5, 1.3, 2.9),
-    "unit_interval": (0.05, 0.3, 0.6, 0.93),
-}
+# convexity (F'' > 0): the numerics' own, which every branch choice by domain reads.
+SAMPLES = numerics.SAMPLES
 
 
 def _exact(point: float) -> sp.Rational:
@@ -101,7 +97,7 @@ def mirror_step(retention: Any) -> tuple[list[Step], sp.Expr]:
             ("F''", sp.Eq(sp.Symbol("F''"), curvature)),
             (
                 "newton",
-                f"z = F'(w0) - u; bracket the root in s = {sp.sstr(COORDINATES[domain][0])} "
+                f"z = F'(w0) - u; bracket the root in s = {numerics.COORDINATE_TEXT[domain]} "
                 "from w0; then w <- w - (F'(w) - z)/F''(w), bisecting in s where that step "
                 "leaves the bracket or does not halve; until converged (step < 2 eps |w|), at "
                 f"most {retention.newton_steps} iterations",
@@ -155,7 +151,8 @@ def _invert_slope(slope: sp.Expr, domain: str) -> sp.Expr:
 
     F is strictly convex, so F' is one-to-one and the inverse is unique on F's range; of the
     branches sympy returns, keep those that give back w at sample points w_k of the domain:
-    candidate(F'(w_k)) = w_k."""
+    candidate(F'(w_k)) = w_k (`miras.derive.numerics.select_branches`, the branch choice by
+    domain that the separable derivation's several roots go through too)."""
     advice = "set `retention.solver: newton` to solve F'(w) = F'(w0) - u with Newton steps instead"
     try:
         candidates = sp.solve(sp.Eq(slope, z), w)
@@ -165,13 +162,14 @@ def _invert_slope(slope: sp.Expr, domain: str) -> sp.Expr:
             f"retention bregman: sympy cannot invert F'(w) = {slope} in closed form "
             f"({reason}); {advice}"
         ) from None
-    valid = []
-    for candidate in candidates:
-        back = [_value(candidate.subs(z, slope.xreplace({w: _exact(p)}))) for p in SAMPLES[domain]]
-        if all(
-            b is not None and abs(b - p) < 1e-9 for b, p in zip(back, SAMPLES[domain], strict=True)
-        ):
-            valid.append(candidate)
+
+    def branch(candidate: sp.Expr):
+        return lambda p: _value(candidate.subs(z, slope.xreplace({w: _exact(p)})))
+
+    kept = numerics.select_branches(
+        [branch(c) for c in candidates], domain, expected=lambda p: p, tolerance=1e-9
+    )
+    valid = [candidates[i] for i in kept]
     if not valid:
         if candidates:
             found = (

@@ -14,9 +14,10 @@ state with an oracle of the whole step that never calls a derived gradient or st
           by Newton's method on its autograd gradient and Hessian, never its closed form;
           preconditioned: its step size times M(A_t), A_t summing the diagonal of the loss's
           autograd Hessian in W, never the derived s phi(k)^2)
-    W_t = argmin_W of the printed Learning-Retaining objective, found numerically: bisection on
-          its autograd slope per entry (F convex: the slope is monotone), L-BFGS over each
-          row's logits for kl; lq's read A / ||A||_q^(q-2) written out
+    W_t = argmin_W of the printed Learning-Retaining objective, found numerically: the root of
+          its autograd slope per entry (F convex: the slope is monotone) by safeguarded Newton,
+          for kl each row's multiplier a second such root (`argmin_separable`, `argmin_rows`
+          of miras.derive.numerics); lq's read A / ||A||_q^(q-2) written out
     o_t = M_{W_t}(phi(q_t))
 
 A window never reads a token before the first here: its sum is shorter, not padded. Softmax
@@ -38,6 +39,7 @@ import torch
 from miras.checks.inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
 from miras.derive.check import CheckResult, max_relative_error
 from miras.derive.emit import load_module, module_source
+from miras.derive.numerics import argmin_rows, argmin_separable, newton_minimize
 from miras.derive.retention_emit import objective_source
 
 PIECES = ("bias gradient", "optimizer", "retention step", "read")
@@ -80,115 +82,6 @@ def _param_gate(g):
     return g.unsqueeze(-1) if isinstance(g, torch.Tensor) else g
 
 
-EPS = torch.finfo(DTYPE).eps
-
-
-def _slopes(objective, point: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """dJ/dw and d2J/dw2 per entry of a separable objective, by autograd."""
-    with torch.enable_grad():
-        point = point.detach().requires_grad_()
-        (slope,) = torch.autograd.grad(objective(point).sum(), point, create_graph=True)
-        if not slope.requires_grad:  # J linear in w: no curvature
-            return slope.detach(), torch.zeros_like(slope)
-        (curvature,) = torch.autograd.grad(slope.sum(), point, allow_unused=True)
-    curvature = torch.zeros_like(slope) if curvature is None else curvature
-    return slope.detach(), curvature.detach()
-
-
-def _root(fn, lo: torch.Tensor, hi: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Per entry, x in (lo, hi) with f(x) = 0, for f nondecreasing, f(lo) <= 0 <= f(hi) (the
-    ends are never evaluated). `fn(x)` -> (f, f'). Newton steps where they stay inside the
-    bracket and at least halve the step before last; bisection otherwise (Numerical Recipes'
-    rtsafe), so it converges whatever f' does (f' = 0 stalls plain Newton). Stops when the
-    step is below float precision of max(|x|, scale): relative for large roots, absolute (on
-    the problem's scale) for small ones, as `max_relative_error` measures."""
-    x = (lo + hi) / 2
-    step = step_before = hi - lo
-    done = torch.zeros_like(x, dtype=torch.bool)
-    for _ in range(400):
-        f, df = fn(x)
-        lo, hi = torch.where(f < 0, x, lo), torch.where(f > 0, x, hi)
-        newton = f / df
-        bisect = (
-            ~torch.isfinite(newton)
-            | (x - newton < lo)
-            | (x - newton > hi)
-            | (2 * newton.abs() > step_before.abs())
-        )
-        step_before = step
-        step = torch.where(bisect, x - (lo + hi) / 2, newton)
-        precision = 2 * EPS * torch.maximum(x.abs(), scale)
-        done |= (f == 0) | (newton.abs() <= precision) | (step.abs() <= precision)
-        x = torch.where(done, x, x - step)
-        if bool(done.all()):
-            break
-    return x
-
-
-def _bracket(fn, lo: torch.Tensor, hi: torch.Tensor):
-    """Widen [lo, hi] until f(lo) <= 0 <= f(hi) (a bounded domain is mapped onto the reals
-    before: log w, logit w)."""
-    for _ in range(200):
-        low = fn(lo)[0] > 0
-        high = fn(hi)[0] < 0
-        if not (low.any() or high.any()):
-            break
-        width = hi - lo
-        lo, hi = torch.where(low, lo - width, lo), torch.where(high, hi + width, hi)
-    return lo, hi
-
-
-def argmin_separable(objective, w0: torch.Tensor, u: torch.Tensor, domain: str) -> torch.Tensor:
-    """The minimizer of a convex objective, entry by entry, as the root of its autograd slope
-    (nondecreasing, J being convex) inside the domain: "real", "positive" or "unit_interval".
-    On "positive" the root is sought in z = log w, on "unit_interval" in z = logit w (w =
-    exp(z) or sigmoid(z) keeps it inside, a log-type slope is close to affine in z, where
-    Newton's steps are nearly exact, and a root near 0 keeps its relative precision: sought in
-    w, a binary-entropy state of 7e-18 came out as 2.8e-14, the bisection's floor, and the
-    next token's step was off by 0.28)."""
-    spread = 1 + w0.abs() + u.abs()
-    if domain in ("positive", "unit_interval"):
-        inside = torch.exp if domain == "positive" else torch.sigmoid
-        # d inside / dz: w, or w (1 - w); z0 finite even where w0 saturated to 0 or 1.
-        tiny = torch.finfo(w0.dtype).tiny
-        z0 = torch.log(w0) if domain == "positive" else torch.logit(w0.clamp(tiny, 1 - EPS))
-
-        def fn(z):
-            x = inside(z)
-            slope, curvature = _slopes(objective, x)
-            return slope, curvature * (x if domain == "positive" else x * (1 - x))
-
-        lo, hi = _bracket(fn, z0 - spread, z0 + spread)
-        return inside(_root(fn, lo, hi, torch.ones_like(z0)))
-
-    def fn(x):
-        return _slopes(objective, x)
-
-    lo, hi = _bracket(fn, w0 - spread, w0 + spread)
-    return _root(fn, lo, hi, spread)
-
-
-def argmin_rows(objective, w0: torch.Tensor, u: torch.Tensor, scale: float) -> torch.Tensor:
-    """KL: the minimizer of sum_j J(w_j) over w > 0 with each row summing to c = `scale`.
-    With the row's multiplier mu, w_j(mu) = argmin_w J(w) + mu w, and the row sum falls as mu
-    grows, with d w_j/d mu = -1/J''(w_j) (implicit differentiation): the root in mu of
-    log c - log sum_j w_j(mu), per row. w0, u [..., rows, n]; the last axis is a row."""
-
-    def entries(mu: torch.Tensor) -> torch.Tensor:
-        return argmin_separable(lambda x: objective(x) + mu * x, w0, u, "positive")
-
-    def fn(mu: torch.Tensor):  # nondecreasing in mu
-        w = entries(mu)
-        _, curvature = _slopes(objective, w)
-        total = w.sum(-1, keepdim=True)
-        return math.log(scale) - torch.log(total), (1 / curvature).sum(-1, keepdim=True) / total
-
-    lo, hi = -torch.ones_like(w0[..., :1]), torch.ones_like(w0[..., :1])
-    lo, hi = _bracket(fn, lo, hi)
-    mu = _root(fn, lo, hi, 1 + lo.abs() + hi.abs())
-    return entries(mu)
-
-
 def _retention_objective(rule: Rule) -> ModuleType:
     """The printed objective `retention_objective(w, w0, u, *gates)` of the spec's retention,
     the same one `check_retention` tests the derived step against."""
@@ -200,8 +93,9 @@ def _retention_objective(rule: Rule) -> ModuleType:
 def proximal_update(rule: Rule, weights, x, v, bias_args, lr, gamma=1.0) -> dict[str, torch.Tensor]:
     """u = W_e - argmin_W [gamma L(M_W(x), v) + ||W - W_e||^2 / (2 lr)] for each parameter, the
     argmin found numerically, never by the closed form: Newton's method on the objective's
-    autograd gradient and full autograd Hessian (all entries of every parameter at once, a
-    torch.linalg.solve), from W_e until a step is below float64 precision, on the printed
+    autograd gradient and full autograd Hessian (all entries of every parameter at once,
+    `miras.derive.numerics.newton_minimize`), from W_e until a step is below float64
+    precision, on the printed
     `bias_loss` and the memory's forward. (L-BFGS, which compares objective values, stops near
     sqrt(eps) ~ 1e-8 of the minimizer; the check's tolerance is 1e-9.) weights [B, H, out, in]
     (W_e); x [B, H, Dphi]; v [B, H, Dv]; lr [B, H, X, 1] (per head or per row) or a number > 0;
@@ -220,16 +114,7 @@ def proximal_update(rule: Rule, weights, x, v, bias_args, lr, gamma=1.0) -> dict
             total = total + ((w - start[n]) ** 2 / (2 * lr)).sum()
         return total
 
-    flat = torch.cat([w.flatten() for w in start.values()])
-    with torch.enable_grad():
-        for _ in range(20):
-            point = flat.detach().requires_grad_()
-            (gradient,) = torch.autograd.grad(objective(point), point)
-            hessian = torch.autograd.functional.hessian(objective, point.detach())
-            step = torch.linalg.solve(hessian, gradient)
-            flat = flat - step
-            if float(step.abs().max()) <= 4 * EPS * float(flat.abs().max().clamp_min(1)):
-                break
+    flat = newton_minimize(objective, torch.cat([w.flatten() for w in start.values()]))
     parts = torch.split(flat.detach(), sizes)
     pieces = zip(names, parts, shapes, strict=True)
     return {n: start[n] - part.reshape(shape) for n, part, shape in pieces}

@@ -42,7 +42,8 @@ class Rule(Protocol):
 
 DTYPE = torch.float64
 # Outputs and final state vs the oracle after T tokens. The oracle's argmin is found to about
-# 1e-14 (bisection) or 1e-12 (L-BFGS for kl); a wrong piece is off by far more.
+# 1e-14 (safeguarded Newton on the slope; for kl also on the row multiplier); a wrong piece is
+# off by far more.
 TOLERANCE = 1e-9
 
 

@@ -7,7 +7,8 @@ window's tokens i (all i <= t, or the last c),
     J_t(W) = sum_i a_{i+1..t} gamma_i L(W phi(k_i), v_i) + 1/2 sum_j ridge_t,j ||W_{:,j}||^2,
 
 takes its gradient at W = 0 and its Hessian by autograd (float64), and lands on the minimizer
-with one Newton step, W_t = -Hess^-1 grad J_t(0) (exact for a quadratic J_t); o_t = W_t phi(q_t).
+with one Newton step, W_t = -Hess^-1 grad J_t(0) (exact for a quadratic J_t;
+`miras.derive.numerics.newton_minimize`); o_t = W_t phi(q_t).
 The runtime's final state is compared through the W it implies,
 W_T = H_vk (s H_kk + diag(ridge_T))^-1 (with a finite window, the sums of its carried tokens).
 """
@@ -18,6 +19,7 @@ import torch
 
 from miras.checks.inputs import DTYPE, TOLERANCE, Rule, heads_first, random_inputs, sizes_for
 from miras.derive.check import CheckResult, max_relative_error
+from miras.derive.numerics import newton_minimize
 
 
 def _fixed_or_gate(component, name: str | None, gates, t: int, like: torch.Tensor):
@@ -53,9 +55,8 @@ def oracle(rule: Rule, q, k, v, gates) -> tuple[torch.Tensor, torch.Tensor]:
     zero = torch.zeros(b * h * d_v * d_phi, dtype=DTYPE)
     outputs, w = [], None
     for t in range(length):
-        grad = torch.autograd.functional.jacobian(lambda x, t=t: objective(x, t), zero)
-        hess = torch.autograd.functional.hessian(lambda x, t=t: objective(x, t), zero)
-        w = -torch.linalg.solve(hess, grad).view(b, h, d_v, d_phi)
+        w = newton_minimize(lambda x, t=t: objective(x, t), zero, iterations=1)
+        w = w.view(b, h, d_v, d_phi)
         outputs.append((w @ phi_q[:, :, t].unsqueeze(-1)).squeeze(-1))
     return torch.stack(outputs, dim=2), w
 

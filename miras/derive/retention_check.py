@@ -16,6 +16,7 @@ import math
 import sympy as sp
 import torch
 
+from miras.derive import numerics
 from miras.derive.check import CheckResult, max_relative_error
 from miras.derive.emit import function_source, load_module, module_source
 from miras.derive.memo import Memo
@@ -29,7 +30,6 @@ SHAPE = (3, 4, 5, 6)  # [B, H, Dv, Dphi]: the last axis is a row (KL's simplex)
 # (stationarity, argmin) tolerances: autograd is exact up to rounding; a numerical minimizer
 # of a function that is flat at its minimum finds it to about sqrt(machine epsilon).
 TOLERANCES = {torch.float64: (1e-8, 1e-6), torch.float32: (1e-3, 1e-2)}
-GOLDEN = (math.sqrt(5) - 1) / 2
 # The range check: rows of ROW entries, one magnitude class per row (a row spans a factor 1.5
 # for real states, a decade for positive ones, so kl's rows mix magnitudes).
 ROW = SHAPE[-1]
@@ -48,7 +48,9 @@ def check_retention(
     minimizer (golden section per entry; L-BFGS over each row's logits for kl). A
     soft-thresholding step gets a third of the entries on each branch ("branches" names the
     counts). Then, whatever `dtype`, "range (float32)" and "range (float64)": the step at
-    `range_states` against a float64 minimizer."""
+    `range_states` against a float64 minimizer. Every minimizer is `miras.derive.numerics`':
+    by values (golden section, L-BFGS) here, independent of the stationarity piece; by the
+    slope's root (safeguarded Newton, kl's row multiplier) in the range stage."""
     if dtype not in TOLERANCES:
         raise ValueError(f"dtype: expected one of {list(TOLERANCES)}, got {dtype}")
     stationary_tol, argmin_tol = TOLERANCES[dtype]
@@ -74,7 +76,7 @@ def check_retention(
     where = "accumulator A_t" if accumulator else "W_t"
     results = [_stationarity(retention, module, objective, new, w0_, u_, gates, stationary_tol)]
     if retention.simplex_rows:
-        numeric = _argmin_rows(objective, w0_, retention.row_sum())
+        numeric = numerics.lbfgs_argmin_rows(objective, w0_, retention.row_sum())
         method = "L-BFGS over each row's logits"
         row_sums = new.sum(-1)
         error = max_relative_error(row_sums, torch.full_like(row_sums, retention.row_sum()))
@@ -86,7 +88,7 @@ def check_retention(
             )
         )
     else:
-        numeric = _argmin_entries(objective, w0_, u_, retention.domain())
+        numeric = numerics.golden_section_argmin(objective, w0_, u_, retention.domain())
         method = "golden section per entry"
     results.append(
         CheckResult(
@@ -222,10 +224,10 @@ def _range_check(retention, module, where: str, dtype, generator) -> CheckResult
         return module.retention_objective(x, *wide)
 
     if retention.simplex_rows:
-        numeric = _root_of_rows(objective, wide[0], wide[1], retention.row_sum())
+        numeric = numerics.argmin_rows(objective, wide[0], wide[1], retention.row_sum())
     else:
-        numeric = _root_of_slope(objective, wide[0], wide[1], retention.domain())
-    method = "bisection on the sign of dJ/dw per entry"
+        numeric = numerics.argmin_separable(objective, wide[0], wide[1], retention.domain())
+    method = "safeguarded Newton on dJ/dw per entry"
     if retention.simplex_rows:
         method += " + mu, and on mu for each row sum"
     finite = torch.isfinite(new)
@@ -241,8 +243,8 @@ def _range_check(retention, module, where: str, dtype, generator) -> CheckResult
 
 
 def _representable(retention, module, w0_, u_, gates) -> torch.Tensor:
-    """Rows [R] where the objective and its gradient are finite at w0 and at the ends of the
-    minimizer's first bracket (in the check's dtype and in float64)."""
+    """Rows [R] where the objective and its gradient are finite at w0 and at w0 -+ (1 + |w0| +
+    |u|) (real states; positive ones: above), in the check's dtype and in float64."""
     spread = 1 + w0_.abs() + u_.abs()
     points = [w0_]
     domain = retention.domain()
@@ -314,159 +316,3 @@ def _stationarity(retention, module, objective, new, w0_, u_, gates, tolerance) 
         f"at the {int(zero.sum())} of {zero.numel()} entries that are exactly 0"
     )
     return CheckResult(piece, float(torch.maximum(off, on)), tolerance)
-
-
-def _golden_section(f, lo: torch.Tensor, hi: torch.Tensor, iterations: int = 120) -> torch.Tensor:
-    """Per-entry minimizer of an elementwise convex f over [lo, hi] (evaluated inside only)."""
-    for _ in range(iterations):
-        left, right = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
-        keep_left = f(left) < f(right)  # then the minimum lies in [lo, right]
-        lo, hi = torch.where(keep_left, lo, left), torch.where(keep_left, right, hi)
-    return (lo + hi) / 2
-
-
-def _argmin_entries(objective, w0_: torch.Tensor, u_: torch.Tensor, domain: str) -> torch.Tensor:
-    """Golden section per entry over the domain, widening the bracket where the minimizer is
-    found at an edge that is not the domain's. Positive states are searched in s = log w, from
-    the smallest normal float up: as precise for a minimizer at 1e-30 or 1e30 as at 1 (a
-    bracket [0, 1e55] resolves only 1e30 in 120 steps)."""
-    spread = 1 + w0_.abs() + u_.abs()
-    f = objective
-    if domain == "unit_interval":
-        lo, hi = torch.zeros_like(w0_), torch.ones_like(w0_)
-    elif domain == "positive":
-        lo = torch.full_like(w0_, math.log(torch.finfo(w0_.dtype).tiny))
-        hi = torch.log(w0_ + spread)
-
-        def f(s: torch.Tensor) -> torch.Tensor:
-            return objective(torch.exp(s))
-    else:
-        lo, hi = w0_ - spread, w0_ + spread
-    with torch.no_grad():
-        for _ in range(20):
-            x = _golden_section(f, lo, hi)
-            width = hi - lo
-            low = (x - lo < 1e-3 * width) & (domain == "real")
-            high = (hi - x < 1e-3 * width) & (domain != "unit_interval")
-            if not (low.any() or high.any()):
-                break
-            lo, hi = torch.where(low, lo - width, lo), torch.where(high, hi + width, hi)
-    return torch.exp(x) if domain == "positive" else x
-
-
-def _root_of_slope(objective, w0_: torch.Tensor, u_: torch.Tensor, domain: str) -> torch.Tensor:
-    """The minimizer of an elementwise convex objective per entry, as the point where its
-    autograd slope changes sign, by bisection (in s = log w for positive states) to the last
-    bit. Golden section compares values, whose rounding at a large w0 (a constant such as
-    cosh(w0) in every value) hides the minimum; the slope has no such constant."""
-    spread = 1 + w0_.abs() + u_.abs()
-    to_w = (
-        torch.exp
-        if domain == "positive"
-        else (torch.sigmoid if domain == "unit_interval" else None)
-    )
-    if domain == "positive":
-        lo, hi = (
-            torch.full_like(w0_, math.log(torch.finfo(w0_.dtype).tiny)),
-            torch.log(w0_ + spread),
-        )
-    elif domain == "unit_interval":
-        lo, hi = torch.full_like(w0_, -745.0), torch.full_like(w0_, 37.0)  # w in (0, 1)
-    else:
-        lo, hi = w0_ - spread, w0_ + spread
-
-    def slope(s: torch.Tensor) -> torch.Tensor:
-        x = (s if to_w is None else to_w(s)).detach().requires_grad_()
-        (grad,) = torch.autograd.grad(objective(x).sum(), x)
-        return grad
-
-    # Widen (real, and the top of the positive range) until bracketed: by the bracket's width
-    # for real states, by 1, 2, 4, ... in s = log w for positive ones (exp(s + width) would
-    # overflow).
-    step = torch.ones_like(hi)
-    for _ in range(64):
-        below, above = slope(lo) > 0, slope(hi) < 0
-        below &= domain == "real"
-        above &= domain != "unit_interval"
-        if not bool((below | above).any()):
-            break
-        grow = step if domain == "positive" else hi - lo
-        lo, hi = torch.where(below, lo - grow, lo), torch.where(above, hi + grow, hi)
-        step = 2 * step
-    for _ in range(2200):  # a float64 interval halves to one ulp within 2100 steps
-        mid = lo + (hi - lo) / 2
-        if bool(((mid == lo) | (mid == hi)).all()):
-            break
-        positive = slope(mid) > 0
-        lo, hi = torch.where(positive, lo, mid), torch.where(positive, mid, hi)
-    x = lo + (hi - lo) / 2
-    return (x if to_w is None else to_w(x)).detach()
-
-
-def _root_of_rows(objective, w0_: torch.Tensor, u_: torch.Tensor, scale: float) -> torch.Tensor:
-    """KL: the minimizer on each row's simplex sum_j w_j = c, by the multiplier mu of the row
-    sum: w_j(mu) solves dJ/dw_j + mu = 0 per entry (`_root_of_slope`), and
-    g(mu) = log sum_j w_j(mu) - log c, decreasing in mu (and close to linear), is solved by
-    regula falsi with the Illinois modification inside a bracket."""
-
-    def g(mu: torch.Tensor) -> torch.Tensor:
-        w = _root_of_slope(lambda x: objective(x) + mu * x, w0_, u_, "positive")
-        return torch.log(w.sum(-1, keepdim=True)) - math.log(scale)
-
-    # The bracket starts at +-1 around the root of the line through g(-1) and g(1) (g is
-    # close to linear), then widens by 1, 2, 4, ... until g(lo) >= 0 >= g(hi): a wide first
-    # bracket would reach the mu where entries underflow and g is flat.
-    one = torch.ones_like(w0_[..., :1])
-    g_minus, g_plus = g(-one), g(one)
-    guess = torch.where(g_minus > g_plus, 2 * g_minus / (g_minus - g_plus) - 1, 0 * one)
-    lo, hi = guess - 1, guess + 1
-    g_lo, g_hi = g(lo), g(hi)
-    step = one
-    for _ in range(64):
-        small, large = g_lo < 0, g_hi > 0
-        if not bool((small | large).any()):
-            break
-        lo, hi = torch.where(small, lo - step, lo), torch.where(large, hi + step, hi)
-        g_lo, g_hi = g(lo), g(hi)
-        step = 2 * step
-    side = torch.zeros_like(lo)
-    mid = lo
-    for _ in range(100):
-        mid = torch.where(g_lo == g_hi, (lo + hi) / 2, (lo * g_hi - hi * g_lo) / (g_hi - g_lo))
-        g_mid = g(mid)
-        if bool((g_mid.abs() <= 1e-13).all()):  # w to 1e-13, far inside any tolerance
-            break
-        over = g_mid > 0  # mu too small: the root lies in [mid, hi]
-        g_hi = torch.where(over & (side > 0), g_hi / 2, g_hi)  # Illinois: same side twice
-        g_lo = torch.where(~over & (side < 0), g_lo / 2, g_lo)
-        lo, g_lo = torch.where(over, mid, lo), torch.where(over, g_mid, g_lo)
-        hi, g_hi = torch.where(over, hi, mid), torch.where(over, g_hi, g_mid)
-        side = torch.where(over, 1.0, -1.0)
-    return _root_of_slope(lambda x: objective(x) + mid * x, w0_, u_, "positive")
-
-
-def _argmin_rows(objective, w0_: torch.Tensor, scale: float) -> torch.Tensor:
-    """KL: minimize over W = c softmax(theta) (every row on the scaled simplex) with L-BFGS."""
-    theta = torch.zeros_like(w0_, requires_grad=True)
-    opt = torch.optim.LBFGS(
-        [theta],
-        max_iter=500,
-        tolerance_grad=1e-14,
-        tolerance_change=0.0,
-        history_size=20,
-        line_search_fn="strong_wolfe",
-    )
-
-    # Floored at the smallest normal float: an entry that underflows to 0 would make w log w
-    # NaN (its share of the objective is below rounding anyway).
-    tiny = torch.finfo(w0_.dtype).tiny
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = objective((scale * torch.softmax(theta, dim=-1)).clamp_min(tiny)).sum()
-        loss.backward()
-        return loss
-
-    for _ in range(4):
-        opt.step(closure)
-    return (scale * torch.softmax(theta, dim=-1)).detach()

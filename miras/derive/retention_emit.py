@@ -10,13 +10,16 @@ The step expression comes from `miras.derive.retention_derive`.
 
 from __future__ import annotations
 
+import inspect
+
 import sympy as sp
 
+from miras.derive import numerics
 from miras.derive.emit import function_source
 from miras.derive.printer import torch_code
 from miras.derive.protocols import RetentionParts as Retention
 from miras.derive.stabilize import stable_forms
-from miras.derive.symbols import gate_symbol, sigmoid, w
+from miras.derive.symbols import gate_symbol, w
 
 
 def fixed_values(retention: Retention) -> dict[sp.Symbol, sp.Expr]:
@@ -49,45 +52,34 @@ def _step_source(retention: Retention, step: sp.Expr, gates: tuple[str, ...]) ->
     return f"{head}\n    z = {logits}\n    return {scale!r} * torch.softmax(z, dim=-1)\n"
 
 
-# Bregman `solver: newton`: a coordinate s(w) that maps the domain onto all reals, (s(w), w(s)),
-# where the root of F'(w) = z is bracketed and bisected; relative precision near 0 and 1.
-_s = sp.Symbol("s", real=True)
-COORDINATES = {
-    "real": (w, _s),
-    "positive": (sp.log(w), sp.exp(_s)),
-    "unit_interval": (sp.log(w) - sp.log(1 - w), sigmoid(_s)),
-}
-
-
 def _newton_source(retention: Retention, target: sp.Expr, args: list[str]) -> str:
     """`retention_step` solves F'(w) = F'(w0) - u per entry by safeguarded Newton, and helpers
     `bregman_slope` (F'), `bregman_curvature` (F'') and `bregman_inverse_slope` (the solve).
 
-    F' is increasing (F strictly convex, checked), so the root is bracketed in s(w) by doubling
-    steps from s(w0) (F' runs from -oo to oo over the domain, checked); then Newton steps, each
+    F' is increasing (F strictly convex, checked) and runs from -oo to oo over the domain
+    (checked), so the solve is `miras.derive.numerics.monotone_root` on F'(w) - z from w0:
+    bracketed by doubling steps in the domain's coordinate s(w), then Newton steps, each
     replaced by bisection in s where it leaves the bracket or does not halve the step before
-    last (Numerical Recipes' rtsafe). No step divides by a vanishing F'' unguarded: such a step
-    is not finite, so it is not inside the bracket. The iteration stops when every entry's step
-    is below 2 eps |w| or its bracket below 4 eps (1 + |s|), after at most `newton_steps`.
+    last (Numerical Recipes' rtsafe), until every entry's step is below 2 eps |w| or its
+    bracket below 4 eps (1 + |s|), after at most `newton_steps`. The emitted module stays
+    self-contained (it imports torch only, and runs what `miras derive --code` prints): it
+    holds the library's own source of the routines `monotone_root` is made of and the
+    domain's coordinate pair (`numerics.printed_functions`), printed here verbatim, not a
+    copy; only `safeguarded_newton`'s loop is written out, so that its bound is the cap.
 
     The solve runs on detached tensors; the returned w carries dw/dz = 1/F''(w) at the
     solution (implicit differentiation of F'(w) = z), 0 where F''(w) = 0 (the inverse's slope
     is unbounded there, like a cube root at 0)."""
     F = retention.potential_expr()
     slope, curvature = torch_code(sp.diff(F, w)), torch_code(sp.diff(F, w, 2))
-    to_s, from_s = COORDINATES[retention.domain()]
-
-    def s_of(name: str) -> str:
-        return torch_code(to_s.subs(w, sp.Symbol(name, real=True)))
-
-    def w_of(name: str) -> str:
-        return torch_code(from_s.subs(_s, sp.Symbol(name, real=True)))
-
+    domain = retention.domain()
+    to_s, from_s = numerics.COORDINATES[domain]
     cap = retention.newton_steps
     step_doc = (
         f"retention bregman: w = (F')^-1(F'(w0) - u) by safeguarded Newton (at most {cap} "
         f"iterations). {STEP_DOC}"
     )
+    library = "\n\n".join(inspect.getsource(f) for f in numerics.printed_functions(domain))
     return f'''def retention_step({", ".join(args)}):
     """{step_doc}"""
     z = {torch_code(target)}
@@ -109,48 +101,29 @@ def bregman_curvature(w):
 
 
 def bregman_inverse_slope(z, w0):
-    """(F')^-1(z) per entry from w0 (no autograd graph): bracket in s = {s_of("w")}, then
-    Newton, bisecting in s where a step leaves the bracket or stalls; at most {cap} iterations."""
-    eps = torch.finfo(z.dtype).eps
-    s0 = {s_of("w0")}
-    below = bregman_slope(w0) > z  # F' increases: the root lies below w0
-    lo, hi = torch.where(below, s0 - 1, s0), torch.where(below, s0, s0 + 1)
-    step = torch.ones_like(s0)
-    # Doubling steps reach any float (2**1024 overflows float64) in at most 1100.
-    for _ in range(1100):
-        low, high = bregman_slope({w_of("lo")}) > z, bregman_slope({w_of("hi")}) < z
-        if not bool((low | high).any()):
-            break
-        step = 2*step
-        lo, hi = (
-            torch.where(low, lo - step, torch.where(high, hi, lo)),
-            torch.where(high, hi + step, torch.where(low, lo, hi)),
-        )
-    mid = (lo + hi)/2
-    w = torch.where((lo <= s0) & (s0 <= hi), w0, {w_of("mid")})  # w0, unless the bracket moved
-    before_last = last = ({w_of("hi")} - {w_of("lo")}).abs()
-    done = torch.zeros_like(w, dtype=torch.bool)
+    """(F')^-1(z) per entry from w0, no autograd graph: monotone_root (miras.derive.numerics,
+    its pieces printed below) on F'(w) - z, at most {cap} Newton iterations; bracketed and
+    bisected in s = {numerics.COORDINATE_TEXT[domain]}."""
+
+    def slope_and_curvature(w):
+        return bregman_slope(w) - z, bregman_curvature(w)
+
+    def slope(w):
+        return bregman_slope(w) - z
+
+    lo, hi, w = monotone_bracket(slope, w0, {to_s.__name__}, {from_s.__name__})
+    state = newton_start(lo, hi, w, {from_s.__name__})
     for _ in range({cap}):
-        f = bregman_slope(w) - z
-        s = {s_of("w")}
-        lo, hi = torch.where(f < 0, s, lo), torch.where(f > 0, s, hi)
-        newton = w - f/bregman_curvature(w)
-        inside = (newton > {w_of("lo")}) & (newton < {w_of("hi")})
-        fast = (newton - w).abs() <= before_last/2
-        mid = (lo + hi)/2
-        bisection = {w_of("mid")}
-        # A Newton step below 2 eps |w| has converged: tested before the bracket, whose ends
-        # went through s and back (a round trip that may cost more than that step).
-        converged = (f == 0) | ((newton - w).abs() <= 2*eps*w.abs())
-        proposal = torch.where(converged, w, torch.where(inside & fast, newton, bisection))
-        moved = (proposal - w).abs()
-        w = torch.where(done, w, proposal)
-        done = done | converged | (moved <= 2*eps*w.abs()) | (hi - lo <= 4*eps*(1 + s.abs()))
-        before_last, last = last, moved
-        if bool(done.all()):
+        state = newton_iteration(slope_and_curvature, state, {to_s.__name__}, {from_s.__name__})
+        if bool(state[-1].all()):
             break
-    return w
-'''
+    return state[0]
+
+
+# miras.derive.numerics, printed from its source:
+
+
+{library}'''
 
 
 # The smallest norm lq's read divides by: a zero accumulator reads as zero, not nan.
