@@ -34,8 +34,7 @@ from miras.ir import BiasRule, ChunkForm, LinearStep, RetentionRule
 
 if TYPE_CHECKING:  # annotations only: a bias's own slope (`slope_of`) is asked for while
     # its spec is validated, so this module names the spec by what it offers (`SpecParts`)
-    from miras.derive.protocols import BiasParts as Bias
-    from miras.derive.protocols import SpecParts
+    from miras.derive.protocols import BiasParts, SpecParts
 
 
 def _start(reason: str) -> ChunkForm:
@@ -53,12 +52,12 @@ def bias_slope(spec: SpecParts, rule: BiasRule) -> tuple[sp.Expr | None, str]:
 SLOPES: Memo[tuple[sp.Expr | None, str]] = Memo("slope")
 
 
-def slope_of(bias: Bias, rule: BiasRule) -> tuple[sp.Expr | None, str]:
+def slope_of(bias: BiasParts, rule: BiasRule) -> tuple[sp.Expr | None, str]:
     """`bias_slope` of one bias and its derived rule; proved once per (bias, rule)."""
     return SLOPES.get((*component_key(bias), rule), lambda: _slope(bias, rule))
 
 
-def _slope(bias: Bias, rule: BiasRule) -> tuple[sp.Expr | None, str]:
+def _slope(bias: BiasParts, rule: BiasRule) -> tuple[sp.Expr | None, str]:
     name = bias.label()
     fixed = {gate_symbol(n): sp.nsimplify(x) for n, x in bias.fixed().items()}
     gradient = rule.gradient.subs(fixed).subs(e, y - v)

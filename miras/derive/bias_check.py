@@ -10,11 +10,13 @@ import torch
 
 from miras.derive.check import CheckResult, max_relative_error
 from miras.derive.emit import load_module, module_source
-from miras.derive.protocols import BiasParts as Bias
+from miras.derive.protocols import BiasParts
 from miras.ir import BiasRule
 
 
-def sample_gates(bias: Bias, shape: tuple[int, ...], dtype, generator) -> dict[str, torch.Tensor]:
+def sample_gates(
+    bias: BiasParts, shape: tuple[int, ...], dtype, generator
+) -> dict[str, torch.Tensor]:
     """Random in-range values for each gate of `bias`, [..., 1] (one per vector)."""
     return {
         name: 0.05 + torch.rand(*shape[:-1], 1, dtype=dtype, generator=generator)
@@ -23,7 +25,7 @@ def sample_gates(bias: Bias, shape: tuple[int, ...], dtype, generator) -> dict[s
 
 
 def check_bias(
-    bias: Bias, rule: BiasRule, *, dtype=torch.float64, seed: int = 0, tolerance: float = 1e-10
+    bias: BiasParts, rule: BiasRule, *, dtype=torch.float64, seed: int = 0, tolerance: float = 1e-10
 ) -> list[CheckResult]:
     """The derived dL/dy against autograd of the printed L and, for built-in biases, of the
     hand-written reference L; and the printed L against the reference."""
@@ -77,7 +79,7 @@ REFERENCE_SHAPES = (
 
 
 def reference_loss(
-    bias: Bias, y: torch.Tensor, v: torch.Tensor, gates: dict[str, torch.Tensor]
+    bias: BiasParts, y: torch.Tensor, v: torch.Tensor, gates: dict[str, torch.Tensor]
 ) -> torch.Tensor:
     """`bias.reference_loss(y, v, **gates)`, held to REFERENCE_SHAPES: a ValueError naming the
     component, the shapes it was given and what it gave back when the call fails on them

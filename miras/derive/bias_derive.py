@@ -23,7 +23,7 @@ from miras.derive.describe import Line, Math, Name, latex_lines, plain_lines
 from miras.derive.formula import bounded_simplify
 from miras.derive.memo import Memo, component_key
 from miras.derive.printer import UnsupportedExpression
-from miras.derive.protocols import BiasParts as Bias
+from miras.derive.protocols import BiasParts
 from miras.derive.symbols import ChannelSum, channel_gradient, e, gate_symbol, v, y
 from miras.errors import DerivationError
 from miras.ir import BiasRule
@@ -82,13 +82,13 @@ def _tidy(expr: sp.Expr) -> sp.Expr:
 BIASES: Memo[BiasRule] = Memo("bias")
 
 
-def derive_bias(bias: Bias) -> BiasRule:
+def derive_bias(bias: BiasParts) -> BiasRule:
     """dL/dy of `bias` by the chain rule through its channel sums; derived once per bias
     (its class and fields), then read from `BIASES`."""
     return BIASES.get(component_key(bias), lambda: _derive(bias))
 
 
-def _derive(bias: Bias) -> BiasRule:
+def _derive(bias: BiasParts) -> BiasRule:
     loss = bias.expression()
     sums, outer, gradient = channel_gradient(loss)
     if not sums:

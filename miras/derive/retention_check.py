@@ -20,7 +20,7 @@ from miras.derive import numerics
 from miras.derive.check import CheckResult, max_relative_error
 from miras.derive.emit import function_source, load_module, module_source
 from miras.derive.memo import Memo
-from miras.derive.protocols import RetentionParts as Retention
+from miras.derive.protocols import RetentionParts
 from miras.derive.retention_emit import objective_source
 from miras.derive.symbols import soft_threshold, u
 from miras.errors import DerivationError
@@ -40,7 +40,7 @@ BRANCHES = {"z > t": (1.1, 3.0), "z < -t": (-3.0, -1.1), "|z| <= t (W_t = 0)": (
 
 
 def check_retention(
-    retention: Retention, rule: RetentionRule, *, dtype=torch.float64, seed: int = 0
+    retention: RetentionParts, rule: RetentionRule, *, dtype=torch.float64, seed: int = 0
 ) -> list[CheckResult]:
     """The derived step against the objective it minimizes, on random inputs of shape SHAPE:
     the objective's autograd gradient vanishes at W_t (projected on the row constraint for kl,
@@ -168,7 +168,7 @@ def _branch_counts(new: torch.Tensor) -> CheckResult:
 # The whole range of states ---------------------------------------------------------------------
 
 
-def range_states(retention: Retention, dtype) -> torch.Tensor:
+def range_states(retention: RetentionParts, dtype) -> torch.Tensor:
     """Previous states [2 RANGE_ROWS, ROW] across what `dtype` represents in the retention's
     domain: magnitudes log-spaced from 1e-3 to near the largest float (and 1 to 100 linearly),
     both signs (real); from near the smallest normal float to near the largest (positive);
@@ -264,7 +264,7 @@ def _representable(retention, module, w0_, u_, gates) -> torch.Tensor:
     return ok
 
 
-def sample_state(retention: Retention, shape, dtype, generator) -> torch.Tensor:
+def sample_state(retention: RetentionParts, shape, dtype, generator) -> torch.Tensor:
     """A random previous state inside the retention's domain."""
     x = torch.randn(shape, dtype=dtype, generator=generator)
     domain = retention.domain()
@@ -275,7 +275,7 @@ def sample_state(retention: Retention, shape, dtype, generator) -> torch.Tensor:
     return x
 
 
-def sample_gates(retention: Retention, shape, dtype, generator) -> dict[str, torch.Tensor]:
+def sample_gates(retention: RetentionParts, shape, dtype, generator) -> dict[str, torch.Tensor]:
     """Random in-range values of each gate, one per entry (the most general broadcast)."""
     gates = {}
     for name in retention.gates():

@@ -28,7 +28,7 @@ import sympy as sp
 from miras.derive.describe import latex_block, latex_math, latex_text
 from miras.derive.memo import Memo, component_key
 from miras.derive.printer import UnsupportedExpression
-from miras.derive.protocols import RetentionParts as Retention
+from miras.derive.protocols import RetentionParts
 from miras.derive.retention_emit import fixed_values, retention_source
 from miras.derive.retention_solve import equations
 from miras.derive.retention_solve import solve_unique as _solve_unique  # noqa: F401 (tests)
@@ -82,7 +82,7 @@ def retention_latex(kind: str, steps: tuple[Step, ...]) -> str:
 RETENTIONS: Memo[RetentionRule] = Memo("retention")
 
 
-def derive_retention(retention: Retention) -> RetentionRule:
+def derive_retention(retention: RetentionParts) -> RetentionRule:
     """The closed-form step of `retention` and its torch source; derived once per retention
     (its class and fields), then read from `RETENTIONS`.
 
@@ -91,7 +91,7 @@ def derive_retention(retention: Retention) -> RetentionRule:
     return RETENTIONS.get(component_key(retention), lambda: _derive(retention))
 
 
-def _derive(retention: Retention) -> RetentionRule:
+def _derive(retention: RetentionParts) -> RetentionRule:
     steps, step = retention.derive_step()
     fixed = fixed_values(retention)
     if fixed:
@@ -133,7 +133,7 @@ def _short(expr: sp.Basic, keep: int = 200) -> str:
 _DERIVABLE: Memo[str | None] = Memo("derivable")
 
 
-def check_derivable(retention: Retention) -> None:
+def check_derivable(retention: RetentionParts) -> None:
     """Raise a ValueError with derive's message when `retention`'s step cannot be derived, so
     that validating a spec refuses what `miras derive` would (a retention's model validator
     calls it). No torch: derivation is sympy alone."""
@@ -154,7 +154,7 @@ def check_derivable(retention: Retention) -> None:
         raise ValueError(why)
 
 
-def _screen(retention: Retention) -> None:
+def _screen(retention: RetentionParts) -> None:
     """Refuse at once a separable step that no torch form can write: a solve without sympy's
     checks or simplification (tenths of a second), reparameterized and printed. Only the
     full derivation (seconds: `solve` verifies every solution) decides that a step works; this

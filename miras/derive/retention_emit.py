@@ -17,17 +17,17 @@ import sympy as sp
 from miras.derive import numerics
 from miras.derive.emit import function_source
 from miras.derive.printer import torch_code
-from miras.derive.protocols import RetentionParts as Retention
+from miras.derive.protocols import RetentionParts
 from miras.derive.stabilize import stable_forms
 from miras.derive.symbols import gate_symbol, w
 
 
-def fixed_values(retention: Retention) -> dict[sp.Symbol, sp.Expr]:
+def fixed_values(retention: RetentionParts) -> dict[sp.Symbol, sp.Expr]:
     """The retention's fixed (not gated) parameters, as exact sympy numbers."""
     return {gate_symbol(n): sp.nsimplify(x) for n, x in retention.fixed().items()}
 
 
-def retention_source(retention: Retention, step: sp.Expr, gates: tuple[str, ...]) -> str:
+def retention_source(retention: RetentionParts, step: sp.Expr, gates: tuple[str, ...]) -> str:
     """retention_step and retention_read, for the derived `step`."""
     return _step_source(retention, step, gates) + "\n\n" + _read_source(retention)
 
@@ -35,7 +35,7 @@ def retention_source(retention: Retention, step: sp.Expr, gates: tuple[str, ...]
 STEP_DOC = "New state from w0 and u [..., Dv, Dphi] (the last axis a row); gates broadcast."
 
 
-def _step_source(retention: Retention, step: sp.Expr, gates: tuple[str, ...]) -> str:
+def _step_source(retention: RetentionParts, step: sp.Expr, gates: tuple[str, ...]) -> str:
     args = ["w0", "u", *gates]
     # Before common subexpressions are hoisted, which could split log(z + sqrt(z**2 + 1)).
     step = stable_forms(step)
@@ -52,7 +52,7 @@ def _step_source(retention: Retention, step: sp.Expr, gates: tuple[str, ...]) ->
     return f"{head}\n    z = {logits}\n    return {scale!r} * torch.softmax(z, dim=-1)\n"
 
 
-def _newton_source(retention: Retention, target: sp.Expr, args: list[str]) -> str:
+def _newton_source(retention: RetentionParts, target: sp.Expr, args: list[str]) -> str:
     """`retention_step` solves F'(w) = F'(w0) - u per entry by safeguarded Newton, and helpers
     `bregman_slope` (F'), `bregman_curvature` (F'') and `bregman_inverse_slope` (the solve).
 
@@ -130,7 +130,7 @@ def bregman_inverse_slope(z, w0):
 NORM_FLOOR = 1e-12
 
 
-def _read_source(retention: Retention) -> str:
+def _read_source(retention: RetentionParts) -> str:
     doc = "The memory W seen by reads and gradients, from the state [..., Dv, Dphi]."
     q = retention.read_norm()
     if q is None:
@@ -144,7 +144,7 @@ def _read_source(retention: Retention) -> str:
     )
 
 
-def objective_source(retention: Retention, gates: tuple[str, ...]) -> list[str]:
+def objective_source(retention: RetentionParts, gates: tuple[str, ...]) -> list[str]:
     """retention_objective(w, w0, u, *gates): the objective per entry, gates substituted for
     (eta, alpha); and, for an objective with |w|, retention_l1_weight(w0, u, *gates)."""
     fixed = fixed_values(retention)
