@@ -1,5 +1,5 @@
 """The reproduction scripts (benchmarks/zoology_mqar.py, zoology_forgetting.py,
-zoology_continuous.py, mad_protocol.py and their shared benchmarks/reproduction.py): the per-model studies they
+zoology_continuous.py, mad_protocol.py, mad_memorization.py and their shared benchmarks/reproduction.py): the per-model studies they
 build load, and their tables and verdicts read hand-made per-seed numbers as stated. No
 training here: the scripts' --quick runs are the end-to-end check."""
 
@@ -33,7 +33,8 @@ rep = script("reproduction", registered_as="reproduction")
 mqar = script("zoology_mqar")
 forgetting = script("zoology_forgetting")
 continuous = script("zoology_continuous")
-mad = script("mad_protocol")
+mad = script("mad_protocol", registered_as="mad_protocol")  # mad_memorization imports it
+memorization = script("mad_memorization")
 
 HIGH = [0.95, 0.96, 0.97]
 LOW = [0.40, 0.42, 0.44]
@@ -52,6 +53,7 @@ def row(model, seeds, **params):
         "studies/zoology_forgetting.yaml",
         "studies/zoology_continuous.yaml",
         "studies/mad.yaml",
+        "studies/mad_memorization.yaml",
     ],
 )
 def test_the_study_files_load(path):
@@ -248,6 +250,41 @@ def test_mad_table_says_not_run_and_ends_with_the_scores():
     assert lines[-1].startswith("| MAD score (mean of 6)")
     memorization = [line for line in lines if line.startswith("| memorization")]
     assert memorization[0].startswith("| memorization | atlas |")  # best first
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_mad_memorization_runs_the_five_models_at_the_hard_setting(quick):
+    found = memorization.jobs(quick)
+    assert [j.label for j in found] == list(mad.MODELS) and found[0].label == "atlas"
+    for job in found:
+        study = load_study(job.study)
+        options = job.study["task"]["options"]
+        assert (options["vocab_size"], options["train_examples"]) == (8192, 256)
+        assert job.extra == {"task": "memorization"}
+        if not quick:
+            assert job.study["train"]["lr"]["sweep"]["extend"] is True
+            assert [p["lr"] for p in study.sweep_points] == pytest.approx(
+                [3e-3, 9.487e-3, 3e-2], rel=1e-3
+            )
+    swa = next(j for j in found if j.label == "swa")
+    assert swa.study["spec"]["memory"] == {"kind": "nonparametric", "window": 16}
+
+
+def test_mad_memorization_ceiling_is_the_share_of_test_facts_the_training_set_shows():
+    assert 0.58 < memorization.ceiling() < 0.68  # 1 - e^-1 expected
+
+
+def test_mad_memorization_table_and_verdict():
+    rows = [r for r in mad_rows() if r.extra["task"] == "memorization"]
+    for r in rows:
+        r.points = [({"lr": 0.03}, 0.5), ({"lr": 0.003}, 0.2)]
+    next(r for r in rows if r.model == "atlas").at_edge = {"lr": "high"}
+    lines = memorization.table(rows).splitlines()
+    assert lines[2].startswith("| atlas |") and lines[2].endswith("|  |")  # best, no p to itself
+    assert "lr at the high edge" in lines[2] and "0.003: 0.200, 0.03: 0.500" in lines[2]
+    assert all(line.split("|")[-2].strip() for line in lines[3:])  # Welch p vs atlas
+    said = memorization.verdict(rows)
+    assert said[0].startswith("ceiling") and "holds: Atlas is above every other" in said[1]
 
 
 def test_cost_line_names_resumed_studies():
