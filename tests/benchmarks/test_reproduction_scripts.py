@@ -1,5 +1,5 @@
 """The reproduction scripts (benchmarks/zoology_mqar.py, zoology_forgetting.py,
-zoology_continuous.py, mad_protocol.py, mad_memorization.py and their shared benchmarks/reproduction.py): the per-model studies they
+zoology_continuous.py, zoology_continuous_marked.py, mad_protocol.py, mad_memorization.py and their shared benchmarks/reproduction.py): the per-model studies they
 build load, and their tables and verdicts read hand-made per-seed numbers as stated. No
 training here: the scripts' --quick runs are the end-to-end check."""
 
@@ -32,7 +32,8 @@ def script(name: str, registered_as: str | None = None):
 rep = script("reproduction", registered_as="reproduction")
 mqar = script("zoology_mqar")
 forgetting = script("zoology_forgetting")
-continuous = script("zoology_continuous")
+continuous = script("zoology_continuous", registered_as="zoology_continuous")
+marked = script("zoology_continuous_marked")
 mad = script("mad_protocol", registered_as="mad_protocol")  # mad_memorization imports it
 memorization = script("mad_memorization")
 
@@ -54,6 +55,7 @@ def row(model, seeds, **params):
         "studies/zoology_continuous.yaml",
         "studies/mad.yaml",
         "studies/mad_memorization.yaml",
+        "studies/zoology_continuous_marked.yaml",
     ],
 )
 def test_the_study_files_load(path):
@@ -285,6 +287,47 @@ def test_mad_memorization_table_and_verdict():
     assert all(line.split("|")[-2].strip() for line in lines[3:])  # Welch p vs atlas
     said = memorization.verdict(rows)
     assert said[0].startswith("ceiling") and "holds: Atlas is above every other" in said[1]
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_marked_continuous_studies_mark_the_queries_and_sweep_an_extending_logspace(quick):
+    found = marked.jobs(quick, retnet=True)
+    assert [j.label for j in found] == [*marked.MODELS, "retnet"]
+    for job in found:
+        study = load_study(job.study)
+        assert job.study["task"]["options"]["query_marker"] is True
+        assert study.spec["model"]["conv_size"] == 0
+        if not quick:
+            assert job.study["train"]["lr"]["sweep"]["extend"] is True
+            lrs = [p["lr"] for p in study.sweep_points]
+            assert lrs == pytest.approx([1e-3, 10**-2.5, 1e-2])
+
+
+def test_marked_continuous_table_curves_and_the_curve_command(tmp_path):
+    rows = [row(m, s, **{"model.n_heads": 2}) for m, s in
+            (("deltanet", HIGH), ("linear_attention", LOW))]  # fmt: skip
+    rows[0].points = [({"lr": 0.01}, 0.9), ({"lr": 0.001}, 0.5)]
+    rows[0].at_edge = {"lr": "high"}
+    lines = marked.table(rows).splitlines()
+    assert lines[2].startswith("| deltanet | 2 |") and "lr at the high edge" in lines[2]
+    assert "0.001: 0.500, 0.01: 0.900" in lines[2]
+    assert lines[2].split("|")[-2].strip() == f"{welch_p(HIGH, LOW):.3g}"
+    study = marked.jobs(False)[0].study
+    cmd = marked.curve_command(study, "specs/deltanet.yaml", 4, 0.01, tmp_path / "c")
+    assert cmd[1:3] == ["train", "specs/deltanet.yaml"]
+    assert "query_marker=true" in " ".join(cmd) and "n_heads=4" in " ".join(cmd)
+    assert cmd[cmd.index("--lr") + 1] == "0.01" and cmd[cmd.index("--seed") + 1] == "0"
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(
+        '{"step": 0, "split": "run"}\n{"step": 100, "split": "valid", "accuracy": 0.5}\n'
+        '{"step": 100, "split": "train", "accuracy": 0.9}\n{"step": 200, "split": "valid", '
+        '"accuracy": 0.75}\n'
+    )
+    curve = marked.validation_curve(log)
+    assert curve == {100: 0.5, 200: 0.75}
+    text = marked.curves_table({("linear_attention", 2): {100: 0.4}, ("deltanet", 2): curve})
+    assert text.splitlines()[0] == "| step | deltanet h2 | linear_attention h2 |"
+    assert text.splitlines()[-1] == "| 200 | 0.750 |  |"
 
 
 def test_cost_line_names_resumed_studies():
