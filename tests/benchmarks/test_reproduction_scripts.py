@@ -259,9 +259,11 @@ def test_mad_memorization_runs_the_five_models_at_the_hard_setting(quick):
     found = memorization.jobs(quick)
     atlas = [j for j in found if j.label == "atlas"]
     assert [j.label for j in found] == ["atlas"] * len(atlas) + list(mad.MODELS)[1:]
-    assert len(atlas) == (2 if quick else 3)  # one study per seed, run in parallel
+    assert len(atlas) == (2 if quick else 12)  # one study per lr and seed, run in parallel
     assert len({j.study["name"] for j in found}) == len(found)
-    assert [j.study["train"]["seed"] for j in atlas] == list(range(len(atlas)))
+    assert [j.study["train"]["seed"] for j in atlas] == [0, 1, 2, 0, 1, 2][: len(atlas)] * (
+        1 if quick else 2
+    )
     for job in found:
         study = load_study(job.study)
         options = job.study["task"]["options"]
