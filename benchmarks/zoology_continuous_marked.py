@@ -25,6 +25,14 @@ and the validation accuracy of its metrics log (runs/<out>/curves/*/metrics.json
 against the step. The verdict is zoology_continuous.py's: DeltaNet and Gated DeltaNet each
 above linear attention at every head count at p < 0.05 (Welch, 3 seeds); and per model, whether
 the largest state beats the smallest.
+
+Budget: CPU time a step at d_model 32, T 32, about 13 to 32 ms (zoology_continuous.py's
+figures); 3 models x 9 to 15 runs x 1000 steps per head count, 500 to 700 CPU-s each.
+Measured 2026-12-07 one head count at a time (`--heads 4`, then 2, then 1; docs/claims.md has
+the tables and the curves): 712, 526 and 499 s of CPU; 49, 15 and 4 min wall on 2 cores shared
+at a load average of 2 to 14. DeltaNet beat linear attention at 1 and 2 heads (Welch p = 0.012,
+0.036), not at 4 (p = 0.198); Gated DeltaNet was above in the mean and separated at none. RetNet
+was not run.
 """
 
 from __future__ import annotations
