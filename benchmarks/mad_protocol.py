@@ -43,7 +43,9 @@ studies start Atlas first so that the two workers finish together.
 
 Measured 2026-12-01 at the full budget (docs/claims.md has the table): 1479 CPU-s, 1397 s wall
 on 2 cores. Every model, Atlas included, reached test accuracy 1.000 on memorization, so the
-claim is neither reproduced nor refuted at this size.
+claim is neither reproduced nor refuted at this size. benchmarks/mad_memorization.py runs
+memorization with a fixed training set of 256 sequences at V 4096 (MAD's harder settings),
+where it does not saturate.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ One task class; `subtask` picks the generator and its baseline (MAD's configs/ta
 | memorization       | 256   | 32      | 16 pairs of a fixed key-value map       |
 
 Any option may be overridden; an option that does not apply to the subtask is an error.
-docs/tasks.md states each generator and where it departs from MAD's code.
+`train_examples` (every subtask) fixes the training set at that many sequences, as MAD's
+`num_train_examples` does: the train split cycles over them in epochs, reshuffled each epoch;
+valid and test stay new draws. docs/tasks.md states each generator and where it departs from
+MAD's code.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ BASELINES: dict[str, dict[str, Any]] = {
     "compression": {"vocab_size": 16, "seq_len": 62},
     "memorization": {"vocab_size": 256, "seq_len": 32},
 }
-COMMON = ("subtask", "seed")
+COMMON = ("subtask", "seed", "train_examples")
 
 
 class MAD(Task):
@@ -71,6 +74,9 @@ class MAD(Task):
     vocab_size: int = Field(ge=4, le=1 << 20)
     seq_len: int = Field(ge=4, le=1 << 20)
     seed: int = Field(0, ge=0)
+    # MAD's num_train_examples: the train split cycles over this many fixed sequences (None:
+    # every training batch is new data).
+    train_examples: int | None = Field(None, ge=1, le=1 << 20)
     # Options of some subtasks only (None elsewhere).
     noise_vocab_size: int | None = Field(None, ge=1, le=1 << 20)
     frac_noise: float | None = Field(None, ge=0, lt=1)
@@ -152,7 +158,11 @@ class MAD(Task):
 
     def batch(self, split: Split, index: int, batch_size: int) -> Batch:
         check_batch_args(split, index, batch_size)
-        rng = self.generator(split, index)
+        if split == "train" and self.train_examples is not None:
+            return as_batch(*self._fixed_train_rows(index, batch_size))
+        return as_batch(*self._generate(self.generator(split, index), batch_size, split))
+
+    def _generate(self, rng: np.random.Generator, b: int, split: Split):
         generate = {
             "in_context_recall": self._recall,
             "noisy_recall": self._recall,
@@ -161,7 +171,28 @@ class MAD(Task):
             "compression": self._compression,
             "memorization": self._memorization,
         }[self.subtask]
-        return as_batch(*generate(rng, batch_size, split))
+        return generate(rng, b, split)
+
+    def train_set(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed training set of `train_examples` sequences (inputs, labels [N, T]), drawn
+        once from the train stream's batch 0 at batch size N; built once per task's options."""
+        if self.train_examples is None:
+            raise ValueError("train_set: this task has no train_examples (every batch is new)")
+        return _train_set(self)
+
+    def _fixed_train_rows(self, index: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch `index` of the fixed training set: positions index*b .. index*b + b - 1 of
+        the stream of epochs, epoch e a permutation of the N sequences seeded by (seed, e)."""
+        inputs, labels = self.train_set()
+        n = len(inputs)
+        at = index * b + np.arange(b)
+        epochs, within = at // n, at % n
+        rows = np.empty(b, dtype=np.int64)
+        for e in np.unique(epochs):
+            order = np.random.default_rng(np.random.SeedSequence([self.seed, 3, int(e)]))
+            here = epochs == e
+            rows[here] = order.permutation(n)[within[here]]
+        return inputs[rows], labels[rows]
 
     def _content_vocab(self) -> int:
         return self.vocab_size - (self.noise_vocab_size or 0)
@@ -311,6 +342,24 @@ class MAD(Task):
         labels = np.full((b, self.seq_len), IGNORE, dtype=np.int64)
         labels[:, 1::2] = table[keys]
         return inputs, labels
+
+
+_TRAIN_SETS: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _train_set(task: MAD) -> tuple[np.ndarray, np.ndarray]:
+    """A task's fixed training set, kept per options (the task is frozen, so its options name
+    it); at most a few sets are kept, the oldest dropped first."""
+    key = task.model_dump_json()
+    if key not in _TRAIN_SETS:
+        while len(_TRAIN_SETS) >= 4:
+            _TRAIN_SETS.pop(next(iter(_TRAIN_SETS)))
+        n = task.train_examples
+        inputs, labels = task._generate(task.generator("train", 0), n, "train")
+        inputs.setflags(write=False)
+        labels.setflags(write=False)
+        _TRAIN_SETS[key] = (inputs, labels)
+    return _TRAIN_SETS[key]
 
 
 def _shifted(inputs: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """The reproduction scripts (benchmarks/zoology_mqar.py, zoology_forgetting.py,
-zoology_continuous.py, mad_protocol.py and their shared benchmarks/reproduction.py): the per-model studies they
+zoology_continuous.py, zoology_continuous_marked.py, mad_protocol.py, mad_memorization.py and their shared benchmarks/reproduction.py): the per-model studies they
 build load, and their tables and verdicts read hand-made per-seed numbers as stated. No
 training here: the scripts' --quick runs are the end-to-end check."""
 
@@ -32,8 +32,10 @@ def script(name: str, registered_as: str | None = None):
 rep = script("reproduction", registered_as="reproduction")
 mqar = script("zoology_mqar")
 forgetting = script("zoology_forgetting")
-continuous = script("zoology_continuous")
-mad = script("mad_protocol")
+continuous = script("zoology_continuous", registered_as="zoology_continuous")
+marked = script("zoology_continuous_marked")
+mad = script("mad_protocol", registered_as="mad_protocol")  # mad_memorization imports it
+memorization = script("mad_memorization")
 
 HIGH = [0.95, 0.96, 0.97]
 LOW = [0.40, 0.42, 0.44]
@@ -52,6 +54,8 @@ def row(model, seeds, **params):
         "studies/zoology_forgetting.yaml",
         "studies/zoology_continuous.yaml",
         "studies/mad.yaml",
+        "studies/mad_memorization.yaml",
+        "studies/zoology_continuous_marked.yaml",
     ],
 )
 def test_the_study_files_load(path):
@@ -248,6 +252,117 @@ def test_mad_table_says_not_run_and_ends_with_the_scores():
     assert lines[-1].startswith("| MAD score (mean of 6)")
     memorization = [line for line in lines if line.startswith("| memorization")]
     assert memorization[0].startswith("| memorization | atlas |")  # best first
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_mad_memorization_runs_the_five_models_at_the_hard_setting(quick):
+    found = memorization.jobs(quick)
+    atlas = [j for j in found if j.label == "atlas"]
+    assert [j.label for j in found] == ["atlas"] * len(atlas) + list(mad.MODELS)[1:]
+    assert len(atlas) == (2 if quick else 12)  # one study per lr and seed, run in parallel
+    assert len({j.study["name"] for j in found}) == len(found)
+    assert [j.study["train"]["seed"] for j in atlas] == [0, 1, 2, 0, 1, 2][: len(atlas)] * (
+        1 if quick else 2
+    )
+    for job in found:
+        study = load_study(job.study)
+        options = job.study["task"]["options"]
+        assert (options["vocab_size"], options["train_examples"]) == (4096, 256)
+        assert job.extra == {"task": "memorization"}
+        if quick:
+            continue
+        if job.label == "atlas":
+            assert len(study.sweep_points) == 1 and study.replicates == 1
+        else:
+            assert job.study["train"]["lr"]["sweep"]["extend"] is True
+            lrs = [p["lr"] for p in study.sweep_points]
+            assert lrs == pytest.approx([5e-3, 1e-2, 2e-2])
+    swa = next(j for j in found if j.label == "swa")
+    assert swa.study["spec"]["memory"] == {"kind": "nonparametric", "window": 16}
+
+
+def atlas_run(lr, value, valid):
+    r = row("atlas", [value], task="memorization")
+    r.selected, r.points = {"lr": lr}, [({"lr": lr}, valid)]
+    return r
+
+
+def test_mad_memorization_merges_atlas_runs_as_the_sweep_selects():
+    other = row("swa", LOW, task="memorization")
+    runs = [atlas_run(0.01, v, 0.4) for v in LOW] + [atlas_run(0.02, v, 0.9) for v in HIGH]
+    rows = memorization.merged([*runs, other])
+    assert [r.model for r in rows] == ["atlas", "swa"] and rows[1] is other
+    assert rows[0].seeds == HIGH and rows[0].selected == {"lr": 0.02}
+    assert rows[0].at_edge == {"lr": "high"}
+    assert rows[0].points == [
+        ({"lr": 0.01}, pytest.approx(0.4)),
+        ({"lr": 0.02}, pytest.approx(0.9)),
+    ]
+    assert runs[0].points == [({"lr": 0.01}, 0.4)]  # the parts are left as they were
+    runs[3].points = [({"lr": 0.02}, float("nan"))]  # a diverged lr is never selected
+    assert memorization.merged(runs)[0].seeds == LOW
+    one = memorization.merged([atlas_run(0.01, v, 0.4) for v in HIGH])[0]
+    assert one.seeds == HIGH and one.at_edge == {} and one.extra["note"] == "one lr, not swept"
+    line = memorization.table([atlas_run(0.01, v, 0.4) for v in HIGH]).splitlines()[2]
+    assert "lr=0.01 (one lr, not swept)" in line
+
+
+def test_mad_memorization_ceiling_is_the_share_of_test_facts_the_training_set_shows():
+    assert 0.82 < memorization.ceiling() < 0.9  # 1 - e^-2 = 0.865 expected (V 4096)
+
+
+def test_mad_memorization_table_and_verdict():
+    rows = [r for r in mad_rows() if r.extra["task"] == "memorization"]
+    for r in rows:
+        r.points = [({"lr": 0.03}, 0.5), ({"lr": 0.003}, 0.2)]
+    next(r for r in rows if r.model == "atlas").at_edge = {"lr": "high"}
+    lines = memorization.table(rows).splitlines()
+    assert lines[2].startswith("| atlas |") and lines[2].endswith("|  |")  # best, no p to itself
+    assert "lr at the high edge" in lines[2] and "0.003: 0.200, 0.03: 0.500" in lines[2]
+    assert all(line.split("|")[-2].strip() for line in lines[3:])  # Welch p vs atlas
+    said = memorization.verdict(rows)
+    assert said[0].startswith("ceiling") and "holds: Atlas is above every other" in said[1]
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_marked_continuous_studies_mark_the_queries_and_sweep_an_extending_logspace(quick):
+    found = marked.jobs(quick, retnet=True)
+    assert [j.label for j in found] == [*marked.MODELS, "retnet"]
+    for job in found:
+        study = load_study(job.study)
+        assert job.study["task"]["options"]["query_marker"] is True
+        assert study.spec["model"]["conv_size"] == 0
+        if not quick:
+            assert job.study["train"]["lr"]["sweep"]["extend"] is True
+            lrs = [p["lr"] for p in study.sweep_points]
+            assert lrs == pytest.approx([1e-3, 10**-2.5, 1e-2])
+
+
+def test_marked_continuous_table_curves_and_the_curve_command(tmp_path):
+    rows = [row(m, s, **{"model.n_heads": 2}) for m, s in
+            (("deltanet", HIGH), ("linear_attention", LOW))]  # fmt: skip
+    rows[0].points = [({"lr": 0.01}, 0.9), ({"lr": 0.001}, 0.5)]
+    rows[0].at_edge = {"lr": "high"}
+    lines = marked.table(rows).splitlines()
+    assert lines[2].startswith("| deltanet | 2 |") and "lr at the high edge" in lines[2]
+    assert "0.001: 0.500, 0.01: 0.900" in lines[2]
+    assert lines[2].split("|")[-2].strip() == f"{welch_p(HIGH, LOW):.3g}"
+    study = marked.jobs(False)[0].study
+    cmd = marked.curve_command(study, "specs/deltanet.yaml", 4, 0.01, tmp_path / "c")
+    assert cmd[1:3] == ["train", "specs/deltanet.yaml"]
+    assert "query_marker=true" in " ".join(cmd) and "n_heads=4" in " ".join(cmd)
+    assert cmd[cmd.index("--lr") + 1] == "0.01" and cmd[cmd.index("--seed") + 1] == "0"
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(
+        '{"step": 0, "split": "run"}\n{"step": 100, "split": "valid", "accuracy": 0.5}\n'
+        '{"step": 100, "split": "train", "accuracy": 0.9}\n{"step": 200, "split": "valid", '
+        '"accuracy": 0.75}\n'
+    )
+    curve = marked.validation_curve(log)
+    assert curve == {100: 0.5, 200: 0.75}
+    text = marked.curves_table({("linear_attention", 2): {100: 0.4}, ("deltanet", 2): curve})
+    assert text.splitlines()[0] == "| step | deltanet h2 | linear_attention h2 |"
+    assert text.splitlines()[-1] == "| 200 | 0.750 |  |"
 
 
 def test_cost_line_names_resumed_studies():

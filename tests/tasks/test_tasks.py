@@ -274,6 +274,40 @@ def test_memorization_map_is_fixed_across_batches_and_splits():
         assert (batch.labels[:, 0::2] == IGNORE).all()
 
 
+@pytest.mark.parametrize("subtask", SUBTASKS)
+def test_train_examples_fix_the_training_set_and_reshuffle_each_epoch(subtask):
+    n, b = 12, 8  # batches straddle the epochs: 12 rows, 8 a batch
+    task = make_task("mad", subtask=subtask, train_examples=n)
+    fixed = {tuple(row) for row in task.train_set()[0].tolist()}
+    assert len(fixed) == n
+    rows = [task.batch("train", i, b) for i in range(6)]  # 48 rows: epochs 0 to 3
+    inputs = [tuple(r) for batch in rows for r in batch.inputs.tolist()]
+    assert set(inputs) <= fixed
+    epochs = [inputs[e * n : (e + 1) * n] for e in range(4)]
+    assert all(sorted(epoch) == sorted(fixed) for epoch in epochs)  # each epoch: every row once
+    assert epochs[0] != epochs[1]  # in a new order
+    again = task.batch("train", 1, b)  # deterministic, labels with their inputs
+    assert torch.equal(again.inputs, rows[1].inputs) and torch.equal(again.labels, rows[1].labels)
+    pairs = {tuple(i): tuple(l) for batch in rows for i, l in
+             zip(batch.inputs.tolist(), batch.labels.tolist(), strict=True)}  # fmt: skip
+    assert len(pairs) == n  # a sequence keeps its labels
+    valid = {tuple(r) for r in task.batch("valid", 0, 64).inputs.tolist()}
+    assert len(valid - fixed) > 32  # valid stays new draws
+    assert not torch.equal(
+        make_task("mad", subtask=subtask).batch("train", 1, b).inputs, rows[1].inputs
+    )
+
+
+def test_memorization_with_few_train_examples_leaves_facts_unseen():
+    # MAD's hardest memorization setting: V 8192, 256 sequences of 16 facts, about one view of
+    # each of the 4095 keys; the valid split asks for keys the training set never showed.
+    task = make_task("mad", subtask="memorization", vocab_size=8192, train_examples=256)
+    seen = set(task.train_set()[0][:, 0::2].ravel().tolist())
+    asked = set(task.batch("valid", 0, 64).inputs[:, 0::2].ravel().tolist())
+    assert 0.5 < len(seen) / 4095 < 0.75  # 1 - e^-1 = 0.63 expected
+    assert asked - seen
+
+
 # --- NIAH ----------------------------------------------------------------------------------
 
 
@@ -425,6 +459,8 @@ BAD_OPTIONS = [
     ("mad", {"subtask": "noisy_recall", "noise_vocab_size": 32}, r"leaves no keys and values"),
     ("mad", {"subtask": "compression", "seq_len": 63}, r"must be even"),
     ("mad", {"train_labels": "all"}, r"option 'train_labels': expected one of next_token, answers"),
+    ("mad", {"train_examples": 0}, r"option 'train_examples': expected an integer >= 1, got 0"),
+    ("mad", {"train_examples": "all"}, r"option 'train_examples': expected an integer, got 'all'"),
     ("niah", {"kind": "needle"}, r"option 'kind': expected one of passkey, number, word, uuid"),
     ("niah", {"lengths": [50]}, r"every length >= \d+, got 50"),
     ("niah", {"depths": [1.5]}, r"option 'depths\[0\]'"),
