@@ -40,6 +40,9 @@ class SpecError(ValueError):
         head = f"{source}: {n} problem{'s' if n != 1 else ''} in the spec"
         super().__init__("\n".join([head, *(f"  - {p}" for p in self.problems)]))
 
+    def __reduce__(self):  # rebuilt from its fields across processes (a search's workers)
+        return type(self), (self.source, self.problems)
+
 
 class DerivationError(ValueError):
     """The compiler cannot derive a rule the spec asks for (e.g. F' has no closed-form inverse)."""
@@ -63,6 +66,9 @@ class TrainingDiverged(ValueError):
             f"training diverged at step {step}: the {what} is {value}; {advice}{where}"
         )
 
+    def __reduce__(self):
+        return type(self), (self.step, self.what, self.value, self.detail)
+
 
 class ForwardDiverged(ValueError):
     """A model's forward pass went non-finite: `token` (the first in time) and the message say
@@ -71,3 +77,6 @@ class ForwardDiverged(ValueError):
     def __init__(self, message: str, token: int):
         self.token = token
         super().__init__(message)
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.token)

@@ -57,6 +57,9 @@ class StudyError(ValueError):
         head = f"{source}: {n} problem{'s' if n != 1 else ''} in the study"
         super().__init__("\n".join([head, *(f"  - {p}" for p in self.problems)]))
 
+    def __reduce__(self):  # rebuilt from its fields across processes (a search's workers)
+        return type(self), (self.source, self.problems)
+
 
 # Default directions of the metrics the search knows. The task's primary metric follows the
 # task's `higher_is_better`; any other metric needs `direction:`.
