@@ -304,10 +304,10 @@ def run_backward(module, q, k, v, gamma, mixing, starts, grad_o, grad_final, chu
 
 class DualKernel(torch.autograd.Function):
     """(q, k, v, valid, *step gates, *window gates, *initial state) -> (o, *final state), in
-    the runtime's [B, H, ...] layout. The forward kernel stores every chunk's start state when
-    a gradient is wanted; the backward kernel walks the chunks back from them, and torch
-    carries its gate gradients back through the mixing matrices (`mixing_inputs` under
-    autograd) to the step and window gates."""
+    the runtime's [B, H, ...] layout. When a gradient is wanted the forward kernel stores the
+    chunk starts (every G-th past `STARTS_BUDGET`); the backward kernel walks the chunks back
+    from them, and torch carries its gate gradients back through the mixing matrices
+    (`mixing_inputs` under autograd) to the step and window gates."""
 
     @staticmethod
     def forward(ctx, info: Info, *tensors):
