@@ -201,12 +201,7 @@ def main() -> None:
         folder = scratch if args.quick else args.out  # a quick run leaves nothing behind
         found = jobs(args.quick, atlas_tasks, args.weight_decays)
         results, cost = rep.run_studies(found, args.workers, folder)
-    rows = [row for result in results for row in result.rows]
-    print(table(rows))
-    for result in results:
-        for line in result.failed:
-            print(f"  {line}")
-    print(rep.cost_line(cost, args.workers, results))
+    rows = rep.print_results(results, cost, args.workers, table)
     print(verdict(rows))
     if any(math.isnan(r.mean) for r in rows):
         print("note: a NaN mean is a seed whose test metric was not finite")

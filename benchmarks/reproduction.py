@@ -288,6 +288,18 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def print_results(results: Sequence[StudyResult], cost: Cost, workers: int, table) -> list:
+    """Prints the studies' rows as `table(rows)` draws them, each failed trial's line and the
+    cost line; returns the rows (for the script's verdict)."""
+    rows = [row for result in results for row in result.rows]
+    print(table(rows))
+    for result in results:
+        for line in result.failed:
+            print(f"  {line}")
+    print(cost_line(cost, workers, results))
+    return rows
+
+
 def cost_line(cost: Cost, workers: int, results: Sequence[StudyResult] = ()) -> str:
     """The CPU and wall time of this run; studies resumed from storage are named, since the
     time they took before is not in it."""
@@ -366,12 +378,7 @@ def main(
     with tempfile.TemporaryDirectory(prefix=f"miras-{name}-") as scratch:
         folder = scratch if args.quick else args.out  # a quick run leaves nothing behind
         results, cost = run_studies(jobs(args.quick), args.workers, folder)
-    rows = [row for result in results for row in result.rows]
-    print(table(rows))
-    for result in results:
-        for line in result.failed:
-            print(f"  {line}")
-    print(cost_line(cost, args.workers, results))
+    rows = print_results(results, cost, args.workers, table)
     lines = verdict(rows)
     for line in [lines] if isinstance(lines, str) else lines:
         print(line)

@@ -171,12 +171,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="miras-zcm-") as scratch:
         folder = Path(scratch if args.quick else args.out)
         results, cost = rep.run_studies(found, args.workers, folder)
-        rows = [row for result in results for row in result.rows]
-        print(table(rows))
-        for result in results:
-            for line in result.failed:
-                print(f"  {line}")
-        print(rep.cost_line(cost, args.workers, results))
+        rows = rep.print_results(results, cost, args.workers, table)
         for line in zc.verdict([r for r in rows if r.model in (*zc.DELTA, zc.REFERENCE)]):
             print(line)
         if not args.no_curves:
