@@ -115,7 +115,9 @@ def _error_y(data: pd.DataFrame) -> dict[str, Any]:
 
 def state_size_figure(data: pd.DataFrame, metric: str, size: str = "state_bytes") -> go.Figure:
     """The objective against the state size (log), one line per model family, the 95%
-    interval over the seeds as error bars."""
+    interval over the seeds as error bars; each point labelled by its `trial` number, or by
+    `d_model` where the data has that column instead."""
+    label = next((c for c in ("trial", "d_model") if c in data.columns), None)
     fig = go.Figure()
     for family, part in data.groupby("family", sort=True):
         part = part.sort_values(size)
@@ -125,7 +127,7 @@ def state_size_figure(data: pd.DataFrame, metric: str, size: str = "state_bytes"
             mode="markers+lines",
             name=str(family),
             error_y=_error_y(part),
-            text=[f"trial {n}" for n in part["trial"]],
+            text=[f"{label} {n}" for n in part[label]] if label else None,
         )
     fig.update_layout(**LAYOUT, xaxis={"type": "log", "title": size}, yaxis_title=metric)
     return fig

@@ -69,7 +69,7 @@ def test_the_study_files_load(path):
 @pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
 def test_every_model_study_loads(module, quick):
     found = module.jobs(quick)
-    assert [j.label for j in found] == list(module.MODELS)
+    assert list(dict.fromkeys(j.label for j in found)) == list(module.MODELS)
     for job in found:
         study = load_study(job.study)
         assert study.name == job.study["name"]
@@ -123,42 +123,80 @@ def test_quick_study_takes_a_logspace_sweep_as_its_lowest_values():
     assert rep.sweep_values([3e-3, 1e-2]) == [3e-3, 1e-2]
 
 
-def test_mqar_studies_run_the_four_models_at_the_study_width():
+def test_mqar_studies_run_the_four_models_at_each_width_the_widest_first():
     found = mqar.jobs(False)
-    assert [j.label for j in found] == ["deltanet", "gated_deltanet", "linear_attention", "retnet"]
+    models = ["deltanet", "gated_deltanet", "linear_attention", "retnet"]
+    assert [(j.label, j.extra["d_model"]) for j in found] == [
+        *((m, 128) for m in models),
+        *((m, 64) for m in models),
+    ]
+    assert len({j.study["name"] for j in found}) == 8  # one SQLite file each
     for job in found:
         study = load_study(job.study)
-        assert study.spec["model"]["d_model"] == 64 and study.spec["model"]["conv_size"] == 4
+        assert study.spec["model"]["d_model"] == job.extra["d_model"]
+        assert study.spec["model"]["conv_size"] == 4 and study.spec["model"]["n_heads"] == 4
         assert [p["lr"] for p in study.sweep_points] == [3e-3, 1e-2]  # and one past the edge
         assert job.study["train"]["lr"]["sweep"]["max_extend"] == 1
+    assert [j.extra["d_model"] for j in mqar.jobs(False, [64])] == [64] * 4
 
 
-def mqar_rows(gdn=HIGH, dn=HIGH, la=LOW, ret=LOW):
+def mqar_rows(gdn=HIGH, dn=HIGH, la=LOW, ret=LOW, width=64):
     rows = forgetting_rows(gdn, dn, la, ret)
     for r in rows:
+        r.extra = {"d_model": width}
+        r.state_bytes = 2 * 4 * (width // 4) ** 2 * 4  # 2 layers x 4 heads x d_k^2 floats
         r.slices = {"n4": [1.0] * 3, "n16": list(r.seeds)}
         r.points = [({"lr": 1e-3}, 0.3), ({"lr": 0.01}, 0.6), ({"lr": 0.0031}, 0.5)]
     rows[0].at_edge, rows[0].extended = {"lr": "high"}, {"lr": {"low": 0, "high": 1}}
     return rows
 
 
-def test_mqar_verdict_needs_both_delta_models_above_both_additive():
-    assert mqar.verdict(mqar_rows()).startswith("verdict: reproduced")
-    line = mqar.verdict(mqar_rows(gdn=NOISY))
+def test_mqar_verdict_needs_both_delta_models_above_both_additive_where_the_state_binds():
+    assert mqar.verdict(mqar_rows())[0].startswith("verdict: reproduced")
+    line = mqar.verdict(mqar_rows(gdn=NOISY))[0]
     assert line.startswith("verdict: not reproduced")
     assert "gated_deltanet vs linear_attention" in line and "gated_deltanet vs retnet" in line
     assert "deltanet vs" not in line.replace("gated_deltanet vs", "")
+    # The wider run is context: the verdict is read at d_model 64 alone.
+    lines = mqar.verdict(mqar_rows() + mqar_rows(gdn=NOISY, width=128))
+    assert lines[0].startswith("verdict: reproduced")
+    assert lines[1].startswith("at d_model 128: not reproduced") and "gated_deltanet vs" in lines[1]
+    assert mqar.verdict(mqar_rows(width=128))[0].startswith("verdict: not reproduced (d_model 64")
+
+
+def test_mqar_curve_line_compares_each_models_largest_state_with_its_smallest():
+    lines = mqar.verdict(mqar_rows(la=LOW) + mqar_rows(la=HIGH, width=128))
+    curve = lines[-1]
+    assert curve.startswith("curve rises")
+    assert f"linear_attention yes (p = {welch_p(HIGH, LOW):.3g})" in curve
+    assert "deltanet no" in curve and "retnet no" in curve  # LOW at both widths
 
 
 def test_mqar_table_marks_the_edge_and_lists_every_lr_run():
-    text = mqar.table(mqar_rows())
-    gdn = next(line for line in text.splitlines() if line.startswith("| gated_deltanet"))
+    text = mqar.table(mqar_rows() + mqar_rows(width=128))
+    gdn = next(line for line in text.splitlines() if line.startswith("| 64 | gated_deltanet"))
     assert "lr=0.01 (lr at the high edge; lr +1 above)" in gdn
-    assert "n4 1.000, n16 0.960" in gdn and "1,024" in gdn
-    dn = next(line for line in text.splitlines() if line.startswith("| deltanet"))
+    assert "n4 1.000, n16 0.960" in gdn and "8,192" in gdn
+    wide = next(line for line in text.splitlines() if line.startswith("| 128 | gated_deltanet"))
+    assert "32,768" in wide
+    dn = next(line for line in text.splitlines() if line.startswith("| 64 | deltanet"))
     assert "edge" not in dn
-    listed = next(line for line in text.splitlines() if line.startswith("  retnet"))
+    listed = next(line for line in text.splitlines() if line.startswith("  retnet at d_model 64"))
     assert listed.endswith("lr=0.001 0.300, lr=0.0031 0.500, lr=0.01 0.600*")
+
+
+def test_mqar_figure_draws_each_model_against_its_state_size():
+    from miras.search import plots
+
+    rows = mqar_rows(la=LOW) + mqar_rows(la=HIGH, width=128)
+    frame = mqar.state_size_frame(rows)
+    la = frame[frame.family == "linear_attention"]
+    assert list(la.state_bytes) == [8192, 32768] and list(la.d_model) == [64, 128]
+    assert la["mean"].tolist() == pytest.approx([sum(LOW) / 3, sum(HIGH) / 3])
+    figure = plots.state_size_figure(frame, "accuracy")
+    line = next(t for t in figure.data if t.name == "linear_attention")
+    assert list(line.x) == [8192, 32768] and list(line.text) == ["d_model 64", "d_model 128"]
+    assert len(figure.data) == 4
 
 
 def test_beats_needs_a_higher_mean_and_p_below_005():
