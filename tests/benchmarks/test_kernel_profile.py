@@ -60,6 +60,7 @@ def test_bad_arguments_name_the_allowed_values(capsys):
 
 
 @pytest.mark.slow  # fla's import in a child process, then one ptxas compile: about a minute
+@pytest.mark.extended  # the benchmark's peer, not miras: past make test's budget
 @pytest.mark.skipif(not PTXAS.exists(), reason=f"the triton wheel's ptxas is absent ({PTXAS})")
 def test_fla_s_output_kernel_compiles_to_fla_s_profile(tmp_path):
     """fla's retention output kernel (chunk_fwd_kernel_o) at K = V = 64, bf16, recorded from

@@ -25,8 +25,9 @@ MEMORY_SPECS = [p for p in SPECS if load_spec(p).memory.closed_form() is None]
 RUNS = [("recurrent", "auto"), ("chunk", "auto"), ("chunk", "start"), ("triton", "auto")]
 T, D, HEADS, VOCAB = 5, 16, 2, 11
 # The triton layers' B = 1 references run in Triton's interpreter (1 to 6 s each on 2 cores):
-# the fast suite keeps the linear and exact-scan kernels (gated_deltanet), the general ones
-# (logcosh_deltanet) and the dual form's (titans); the rest are slow.
+# the fast suite and `make test` keep the linear and exact-scan kernels (gated_deltanet), the
+# general ones (logcosh_deltanet) and the dual form's (titans); the rest are slow and extended
+# (`make test-extended`).
 FAST_TRITON = {"gated_deltanet", "logcosh_deltanet", "titans"}
 VARIANTS = [
     ("gated_deltanet", {"variant": "lmm"}),
@@ -73,7 +74,7 @@ def layer_cases():
     for path in MEMORY_SPECS:
         for backend, mode in RUNS:
             slow = backend == "triton" and path.stem not in FAST_TRITON
-            marks = [pytest.mark.slow] if slow else []
+            marks = [pytest.mark.slow, pytest.mark.extended] if slow else []
             ids = f"{path.stem}-{backend}-{mode}"
             params.append(pytest.param(path, backend, mode, marks=marks, id=ids))
     return params

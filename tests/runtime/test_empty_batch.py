@@ -35,8 +35,9 @@ RUNS = [
 ]
 T, H, D, CHUNK = 5, 2, 8, 4  # T odd and above the chunk: a full chunk and a partial one
 # The triton backend's B = 1 references run in Triton's interpreter (1 to 6 s each on 2 cores,
-# 70 s in all): the fast suite keeps the linear and exact-scan kernels (gated_deltanet), the
-# general ones (logcosh_deltanet) and two refusals (mesanet, titans); the rest are slow.
+# 70 s in all): the fast suite and `make test` keep the linear and exact-scan kernels
+# (gated_deltanet), the general ones (logcosh_deltanet) and two refusals (mesanet, titans);
+# the rest are slow and extended (`make test-extended`).
 FAST_TRITON = {"gated_deltanet", "logcosh_deltanet", "mesanet", "titans"}
 # One case per form of the registry: (spec, backend, chunk_mode) that runs it.
 FORM_CASES = {
@@ -116,7 +117,7 @@ def cases():
     for path in SPECS:
         for backend, mode in RUNS:
             slow = backend == "triton" and path.stem not in FAST_TRITON
-            marks = [pytest.mark.slow] if slow else []
+            marks = [pytest.mark.slow, pytest.mark.extended] if slow else []
             case = (path.stem, backend, mode)
             params.append(pytest.param(*case, marks=marks, id="-".join(case)))
     return params
