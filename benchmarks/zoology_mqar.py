@@ -112,6 +112,8 @@ CLAIM = (
     f"p < 0.05 (Welch, 3 seeds) at d_model {BINDS}, where the state binds"
 )
 
+AT_OTHER_WIDTHS = "each delta-rule model above each additive one at p < 0.05"
+
 
 def verdict(rows: list) -> list[str]:
     """Reproduced when each delta-rule model beats each additive one at p < 0.05 at the width
@@ -125,7 +127,8 @@ def verdict(rows: list) -> list[str]:
         lines.append(f"verdict: not reproduced (d_model {BINDS}, where the state binds, not run)")
     for width in widths:
         if width != BINDS:
-            line = rep.pairwise_verdict(at_width(rows, width), DELTA, ADDITIVE, "every pair")
+            here = at_width(rows, width)
+            line = rep.pairwise_verdict(here, DELTA, ADDITIVE, AT_OTHER_WIDTHS)
             lines.append(f"at d_model {width}: " + line.removeprefix("verdict: "))
     rises = []
     for model in MODELS:
@@ -199,7 +202,7 @@ def main() -> None:
             page = plots.page(
                 "MQAR test accuracy against state size",
                 f"{STUDY}, d_model {', '.join(str(w) for w in sorted(set(frame.d_model)))}; "
-                "mean over 3 seeds at each model's selected lr, 95% t interval",
+                "test accuracy, mean over the seeds at each model's selected lr, 95% t interval",
                 [("test accuracy against state size (bytes), per model", figure)],
                 [("the figure's data", frame)],
                 [],

@@ -162,6 +162,8 @@ def test_mqar_verdict_needs_both_delta_models_above_both_additive_where_the_stat
     assert lines[0].startswith("verdict: reproduced")
     assert lines[1].startswith("at d_model 128: not reproduced") and "gated_deltanet vs" in lines[1]
     assert mqar.verdict(mqar_rows(width=128))[0].startswith("verdict: not reproduced (d_model 64")
+    both = mqar.verdict(mqar_rows() + mqar_rows(width=128))
+    assert both[1] == f"at d_model 128: reproduced: {mqar.AT_OTHER_WIDTHS}"
 
 
 def test_mqar_curve_line_compares_each_models_largest_state_with_its_smallest():
