@@ -31,6 +31,7 @@ non-finite value is named in the result (docs/compiler.md, "Checks").
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -101,23 +102,17 @@ def proximal_update(rule: Rule, weights, x, v, bias_args, lr, gamma=1.0) -> dict
     (W_e); x [B, H, Dphi]; v [B, H, Dv]; lr [B, H, X, 1] (per head or per row) or a number > 0;
     gamma [B, H, 1] (the window's weight of the token, c = 1) or a number."""
     forward, loss_of = rule.runtime.memory.forward, rule.functions.bias_loss
-    start = {n: w.detach() for n, w in weights.items()}
-    names, shapes = list(start), [w.shape for w in start.values()]
-    sizes = [w.numel() for w in start.values()]
+    start, unflatten, flat = _flattened(weights)
 
     def objective(flat: torch.Tensor) -> torch.Tensor:
-        parts = torch.split(flat, sizes)
-        pieces = zip(names, parts, shapes, strict=True)
-        point = {n: part.reshape(shape) for n, part, shape in pieces}
+        point = unflatten(flat)
         total = (gamma * loss_of(forward(point, x), v, *bias_args)).sum()
         for n, w in point.items():
             total = total + ((w - start[n]) ** 2 / (2 * lr)).sum()
         return total
 
-    flat = newton_minimize(objective, torch.cat([w.flatten() for w in start.values()]))
-    parts = torch.split(flat.detach(), sizes)
-    pieces = zip(names, parts, shapes, strict=True)
-    return {n: start[n] - part.reshape(shape) for n, part, shape in pieces}
+    minimizer = unflatten(newton_minimize(objective, flat).detach())
+    return {n: start[n] - minimizer[n] for n in start}
 
 
 def curvature_diagonal(rule: Rule, weights, x, v, bias_args, gamma=1.0) -> dict:
@@ -127,23 +122,29 @@ def curvature_diagonal(rule: Rule, weights, x, v, bias_args, gamma=1.0) -> dict:
     with a bias of constant curvature every row holds the same diagonal. weights [B, H, out,
     in] (W_e); x [B, H, Dphi]; v [B, H, Dv]; gamma [B, H, 1] or a number."""
     forward, loss_of = rule.runtime.memory.forward, rule.functions.bias_loss
+    _, unflatten, flat = _flattened(weights)
+
+    def objective(flat: torch.Tensor) -> torch.Tensor:
+        return (gamma * loss_of(forward(unflatten(flat), x), v, *bias_args)).sum()
+
+    with torch.enable_grad():
+        hessian = torch.autograd.functional.hessian(objective, flat)
+    return {n: d.mean(-2, keepdim=True) for n, d in unflatten(hessian.diagonal()).items()}
+
+
+def _flattened(weights: dict) -> tuple[dict, Callable[[torch.Tensor], dict], torch.Tensor]:
+    """The weights detached (name -> tensor), the map from one flat vector of all their
+    entries back to name -> tensor of each weight's shape, and the weights as that vector:
+    the one variable the Newton and Hessian computations above take."""
     start = {n: w.detach() for n, w in weights.items()}
     names, shapes = list(start), [w.shape for w in start.values()]
     sizes = [w.numel() for w in start.values()]
 
-    def objective(flat: torch.Tensor) -> torch.Tensor:
+    def unflatten(flat: torch.Tensor) -> dict:
         parts = torch.split(flat, sizes)
-        point = {n: p.reshape(shape) for n, p, shape in zip(names, parts, shapes, strict=True)}
-        return (gamma * loss_of(forward(point, x), v, *bias_args)).sum()
+        return {n: p.reshape(shape) for n, p, shape in zip(names, parts, shapes, strict=True)}
 
-    flat = torch.cat([w.flatten() for w in start.values()])
-    with torch.enable_grad():
-        hessian = torch.autograd.functional.hessian(objective, flat)
-    parts = torch.split(hessian.diagonal(), sizes)
-    return {
-        n: p.reshape(shape).mean(-2, keepdim=True)
-        for n, p, shape in zip(names, parts, shapes, strict=True)
-    }
+    return start, unflatten, torch.cat([w.flatten() for w in start.values()])
 
 
 def step_inputs(rule: Rule, q, k, v, gates):
